@@ -1,0 +1,313 @@
+//! `LockError` and what each node answered in a round.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::lock::ParseTokenError;
+
+/// Everything that can go wrong when building a [`Redlock`](crate::Redlock)
+/// or running one of its operations.
+///
+/// Match on the variant to decide what to do:
+///
+/// | variant | what happened | what to do |
+/// |---|---|---|
+/// | [`Config`](Self::Config) | the client's configuration is invalid | fix the configuration |
+/// | [`Argument`](Self::Argument) | an argument of the call is invalid | fix the call |
+/// | [`Contended`](Self::Contended) | another client holds the lock | wait and try again, or give up |
+/// | [`NoQuorum`](Self::NoQuorum) | too few nodes answered to decide | check the nodes in the report |
+/// | [`TooSlow`](Self::TooSlow) | a quorum agreed, but no validity was left | use a longer TTL |
+/// | [`Lost`](Self::Lost) | the lock had expired or was taken | assume your critical section may have overlapped another's |
+/// | [`Random`](Self::Random) | the OS random source failed | retry; check the system |
+///
+/// Every variant that comes from talking to the nodes carries a [`Report`]
+/// of the last round: what each node answered and how long it took.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// The client's configuration is invalid (see [`ConfigError`]).
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
+
+    /// An argument of the call is invalid (see [`ArgumentError`]).
+    #[error("invalid argument: {0}")]
+    Argument(#[from] ArgumentError),
+
+    /// The lock is held by another client: the last round reached enough
+    /// nodes to decide, and too few of them granted it.
+    #[error("`{resource}` is held by another client: not granted after {attempts} attempt(s); last round: {report}")]
+    Contended {
+        /// The resource asked for (the first one, for a multi-resource lock).
+        resource: String,
+        /// How many rounds were tried.
+        attempts: u32,
+        /// What each node answered in the last round.
+        report: Report,
+    },
+
+    /// Too few nodes answered for a quorum: the others failed or timed out.
+    /// Each failed node's error is in the report.
+    #[error(
+        "too few nodes answered for a quorum on `{resource}` after {attempts} attempt(s): {report}"
+    )]
+    NoQuorum {
+        /// The resource asked for (the first one, for a multi-resource lock).
+        resource: String,
+        /// How many rounds were tried.
+        attempts: u32,
+        /// What each node answered in the last round.
+        report: Report,
+    },
+
+    /// A quorum granted the lock, but the round took so long that no
+    /// validity was left (`elapsed + drift >= ttl`). Use a longer TTL, or
+    /// find out why the nodes are slow.
+    #[error("`{resource}` was granted by a quorum, but the round used up the whole TTL of {ttl:?}; last round: {report}")]
+    TooSlow {
+        /// The resource asked for (the first one, for a multi-resource lock).
+        resource: String,
+        /// The TTL asked for.
+        ttl: Duration,
+        /// What each node answered in the last round.
+        report: Report,
+    },
+
+    /// The lock was lost: at release or extension, too few nodes still held
+    /// our token (it had expired, or another client took it after it
+    /// expired). The critical section may have overlapped another holder's.
+    /// No other client's key was touched.
+    #[error("the lock on `{resource}` was lost (it expired or was taken): {report}")]
+    Lost {
+        /// The resource of the lock (the first one, for a multi-resource lock).
+        resource: String,
+        /// What each node answered in the last round.
+        report: Report,
+    },
+
+    /// The operating system's random source failed while making a token or
+    /// a retry delay.
+    #[error("the operating system's random source failed: {0}")]
+    Random(getrandom::Error),
+}
+
+impl LockError {
+    /// The report of the last round, for the variants that talked to nodes.
+    ///
+    /// ```
+    /// # use redlock_sync::LockError;
+    /// let err = LockError::from(redlock_sync::ConfigError::NoNodes);
+    /// assert!(err.report().is_none());
+    /// ```
+    pub fn report(&self) -> Option<&Report> {
+        match self {
+            Self::Contended { report, .. }
+            | Self::NoQuorum { report, .. }
+            | Self::TooSlow { report, .. }
+            | Self::Lost { report, .. } => Some(report),
+            _ => None,
+        }
+    }
+}
+
+/// An invalid client configuration, found when the client is built.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// No node URL was given.
+    #[error("no nodes: give at least one node URL (three or more for fault tolerance)")]
+    NoNodes,
+
+    /// A node URL could not be parsed or is not supported.
+    #[error("node URL `{url}` is not usable: {reason}")]
+    NodeUrl {
+        /// The URL, with any password replaced by `***`.
+        url: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+
+    /// The same node is listed twice; it would count twice toward the quorum.
+    #[error("node `{node}` is listed twice; one server must have one vote (list each independent master once)")]
+    DuplicateNode {
+        /// The node's address (host and port, or socket path).
+        node: String,
+    },
+
+    /// The drift factor is not a number in `[0, 1)`.
+    #[error("drift factor {value} is outside [0, 1)")]
+    DriftFactor {
+        /// The value given.
+        value: f64,
+    },
+
+    /// A timeout was zero; a zero timeout would fail every round.
+    #[error("{which} must be greater than zero")]
+    ZeroTimeout {
+        /// Which setting: `io_timeout` or `connect_timeout`.
+        which: &'static str,
+    },
+}
+
+/// An invalid argument to one operation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ArgumentError {
+    /// The resource name is empty.
+    #[error("the resource name is empty")]
+    EmptyResource,
+
+    /// A multi-resource call was given no resources.
+    #[error("no resources given")]
+    NoResources,
+
+    /// A multi-resource call named the same resource twice.
+    #[error("resource `{0}` is named twice")]
+    DuplicateResource(String),
+
+    /// The TTL is zero (or shorter than one millisecond, Redis' unit).
+    #[error("the TTL is zero; give at least a few milliseconds more than the drift term")]
+    ZeroTtl,
+
+    /// The TTL is not longer than the drift term, so no validity could ever
+    /// be left.
+    #[error("the TTL of {ttl:?} is not longer than the drift term of {drift:?} (ttl * drift_factor + 2 ms)")]
+    TtlBelowDrift {
+        /// The TTL given.
+        ttl: Duration,
+        /// The drift term for that TTL.
+        drift: Duration,
+    },
+
+    /// The TTL is larger than Redis accepts.
+    #[error("the TTL of {ttl:?} is larger than the maximum of {max:?}")]
+    TtlTooLarge {
+        /// The TTL given.
+        ttl: Duration,
+        /// The largest TTL accepted.
+        max: Duration,
+    },
+
+    /// A token string is not 40 lowercase hex characters.
+    #[error(transparent)]
+    Token(#[from] ParseTokenError),
+}
+
+/// What one node answered in one round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NodeOutcome {
+    /// The node did what was asked: it set the key (acquire), or our token
+    /// was there and it was extended or deleted (extend, release).
+    Granted,
+    /// The node answered no: another client holds the key (acquire), or our
+    /// token was not there (extend, release).
+    Refused,
+    /// No answer before the round's deadline. The connection was dropped.
+    TimedOut,
+    /// The node could not be asked or answered with an error. The connection,
+    /// if any, was dropped.
+    Failed(NodeError),
+}
+
+/// Why a node failed in a round.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// Connecting (or authenticating, or selecting the database) failed.
+    #[error("connect: {0}")]
+    Connect(String),
+    /// Writing or reading failed.
+    #[error("i/o: {0}")]
+    Io(String),
+    /// The server answered with an error.
+    #[error("server: {0}")]
+    Server(String),
+    /// The server answered something this client does not expect.
+    #[error("unexpected reply: {0}")]
+    Protocol(String),
+}
+
+/// One node's answer in a round, and how long after the round began it came.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeReport {
+    /// The node's address, never with its password: `host:port`, or the
+    /// socket path.
+    pub node: String,
+    /// What it answered.
+    pub outcome: NodeOutcome,
+    /// Time from the start of the round to the answer (or the failure).
+    pub elapsed: Duration,
+}
+
+/// What every node answered in one round of an operation.
+///
+/// A successful operation keeps it too ([`Lock::report`](crate::Lock::report),
+/// the return value of [`Redlock::release`](crate::Redlock::release)), for
+/// debugging a flaky quorum.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Report {
+    /// One entry a node, in the order the nodes were configured.
+    pub nodes: Vec<NodeReport>,
+    /// How many nodes make a quorum.
+    pub quorum: usize,
+    /// How long the round took.
+    pub elapsed: Duration,
+}
+
+impl Report {
+    /// How many nodes answered [`NodeOutcome::Granted`].
+    pub fn granted(&self) -> usize {
+        self.count(|o| matches!(o, NodeOutcome::Granted))
+    }
+
+    /// How many nodes answered [`NodeOutcome::Refused`].
+    pub fn refused(&self) -> usize {
+        self.count(|o| matches!(o, NodeOutcome::Refused))
+    }
+
+    /// How many nodes failed or timed out.
+    pub fn failed(&self) -> usize {
+        self.count(|o| matches!(o, NodeOutcome::TimedOut | NodeOutcome::Failed(_)))
+    }
+
+    fn count(&self, pred: impl Fn(&NodeOutcome) -> bool) -> usize {
+        self.nodes.iter().filter(|n| pred(&n.outcome)).count()
+    }
+}
+
+impl fmt::Display for NodeOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Granted => f.write_str("granted"),
+            Self::Refused => f.write_str("refused"),
+            Self::TimedOut => f.write_str("timed out"),
+            Self::Failed(err) => write!(f, "failed ({err})"),
+        }
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} of {} granted, quorum {}, in {:?} [",
+            self.granted(),
+            self.nodes.len(),
+            self.quorum,
+            self.elapsed
+        )?;
+        for (i, node) in self.nodes.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(
+                f,
+                "{}: {} after {:?}",
+                node.node, node.outcome, node.elapsed
+            )?;
+        }
+        f.write_str("]")
+    }
+}

@@ -1,0 +1,103 @@
+//! Distributed locks over N independent Redis (or Valkey) masters, following
+//! the Redlock algorithm: synchronous, with no async runtime, and one network
+//! round trip per quorum round.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use redlock_sync::Redlock;
+//!
+//! let locks = Redlock::new([
+//!     "redis://127.0.0.1:7001",
+//!     "redis://127.0.0.1:7002",
+//!     "redis://127.0.0.1:7003",
+//!     "redis://127.0.0.1:7004",
+//!     "redis://127.0.0.1:7005",
+//! ])?;
+//!
+//! let lock = locks.acquire("invoice:42", Duration::from_secs(10))?;
+//! // Work only while lock.validity() is comfortably above zero.
+//! locks.release(lock)?;
+//! # Ok::<(), redlock_sync::LockError>(())
+//! ```
+//!
+//! # How it works
+//!
+//! A [`Redlock`] holds the node URLs, the settings, and a pool of
+//! connections per node; share one between threads. Every operation is a
+//! *round*: the same command goes to every node, written to all the sockets
+//! first, and only then are the replies read, against a single deadline
+//! (`io_timeout` after the round began). A round therefore costs about one
+//! round trip to the slowest healthy node, and a dead or hung node costs at
+//! most `io_timeout`.
+//!
+//! - [`acquire`](Redlock::acquire) sends `SET resource token NX PX ttl` to
+//!   every node. The lock is granted when a quorum (`N / 2 + 1`) set the key
+//!   and some validity is left: `validity = ttl - elapsed - (ttl *
+//!   drift_factor + 2 ms)`, measured on the monotonic clock from just before
+//!   the first write. Otherwise it releases on every node (also the ones
+//!   that failed: the `SET` may have landed though its reply was lost) and
+//!   tries again after a random pause, up to the retry count.
+//!   [`try_acquire`](Redlock::try_acquire) runs one round only.
+//! - [`extend`](Redlock::extend) and [`release`](Redlock::release) run Lua
+//!   scripts that touch the key only if it still holds our token; a plain
+//!   `DEL` could delete another client's lock. Both go as `EVALSHA`, with a
+//!   fallback to `EVAL` inside the same round.
+//! - Any error or timeout on a connection throws that connection away: a
+//!   connection with a reply still in flight is never reused, so a late
+//!   `OK` can never be mistaken for a grant.
+//!
+//! A [`Token`] is 160 random bits from the operating system. A lock acquired
+//! in one process can be released or extended in another that knows only
+//! its resource and token: see [`Lock::from_token`].
+//!
+//! Every operation reports what each node answered: [`Lock::report`] after
+//! success, [`LockError::report`] after failure.
+//!
+//! # What a lease-based lock can and cannot promise
+//!
+//! A Redlock lock is a *lease*: it is yours until its validity runs out,
+//! whether or not you are done. If the holder pauses (a long GC, swapping,
+//! `SIGSTOP`, a VM migration) past its validity and then writes, another
+//! client may have taken the lock in between, and both write. No client
+//! library can prevent that.
+//!
+//! - For **efficiency** (avoid doing the same work twice, avoid a thundering
+//!   herd), Redlock is a good fit: a rare overlap costs some duplicate work.
+//! - For **correctness** (two writers corrupt data), the protected resource
+//!   must itself reject stale holders: a fencing token checked by the
+//!   resource, or a consensus system (etcd, ZooKeeper) with a transaction
+//!   that includes the check. Check [`Lock::validity`] before each write,
+//!   and treat [`LockError::Lost`] from `release` as "my critical section
+//!   may have overlapped another's".
+//!
+//! Nodes that restart without persistence forget their locks, and another
+//! client may then win a quorum while the first still holds the lock. Run
+//! the nodes with `appendonly yes` and `appendfsync always`, or keep a
+//! restarted node out of service for longer than your longest TTL.
+//! Timing uses [`std::time::Instant`] only; clock drift between processes is
+//! assumed small next to the TTL, which is what the drift term pays for.
+//!
+//! # Features
+//!
+//! - `tls`: `rediss://` node URLs, through the `redis` crate's rustls support.
+//! - `testing`: the [`testing`] module: throwaway real `redis-server` nodes
+//!   and a fault-injecting proxy, for your own tests.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod client;
+mod error;
+mod lock;
+mod node;
+mod round;
+mod script;
+
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use client::{Redlock, RedlockBuilder, MAX_TTL};
+pub use error::{
+    ArgumentError, ConfigError, LockError, NodeError, NodeOutcome, NodeReport, Report,
+};
+pub use lock::{Lock, ParseTokenError, Token};

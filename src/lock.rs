@@ -1,0 +1,280 @@
+//! `Lock`, what a holder has, and `Token`, the proof of ownership.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use crate::error::{ArgumentError, LockError, Report};
+
+/// How many random bytes a token has: 160 bits.
+const TOKEN_BYTES: usize = 20;
+
+/// The proof of ownership of a lock: 160 random bits from the operating
+/// system's random source (the kernel's, the same as `/dev/urandom`),
+/// shown as 40 lowercase hex characters.
+///
+/// Each acquisition gets a fresh token; the nodes store it as the lock key's
+/// value, and only the holder of the token can extend or release the lock.
+/// A token can be written out and parsed back, so a lock acquired in one
+/// process can be released or extended in another (see
+/// [`Lock::from_token`]).
+///
+/// ```
+/// use redlock_sync::Token;
+///
+/// let token = Token::random()?;
+/// let text = token.to_string();
+/// assert_eq!(text.len(), 40);
+/// assert_eq!(text.parse::<Token>()?, token);
+/// assert!("not a token".parse::<Token>().is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Token([u8; TOKEN_BYTES]);
+
+impl Token {
+    /// A new token from the operating system's random source.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Random`] if the random source fails (it practically
+    /// never does on a running system).
+    pub fn random() -> Result<Token, LockError> {
+        let mut bytes = [0u8; TOKEN_BYTES];
+        getrandom::fill(&mut bytes).map_err(LockError::Random)?;
+        Ok(Token(bytes))
+    }
+
+    /// The token's 20 bytes.
+    pub fn as_bytes(&self) -> &[u8; TOKEN_BYTES] {
+        &self.0
+    }
+
+    /// The 40 hex characters that go on the wire (and that `Display` shows).
+    pub(crate) fn hex(&self) -> [u8; 2 * TOKEN_BYTES] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 2 * TOKEN_BYTES];
+        for (i, byte) in self.0.iter().enumerate() {
+            out[2 * i] = DIGITS[usize::from(byte >> 4)];
+            out[2 * i + 1] = DIGITS[usize::from(byte & 0x0f)];
+        }
+        out
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hex = self.hex();
+        // The digits are ASCII, so this never fails.
+        f.write_str(std::str::from_utf8(&hex).map_err(|_| fmt::Error)?)
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Token({self})")
+    }
+}
+
+/// A string that is not a token: a token is exactly 40 lowercase hex
+/// characters (`0-9`, `a-f`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a token is 40 lowercase hex characters (0-9, a-f): {problem}")]
+pub struct ParseTokenError {
+    problem: String,
+}
+
+impl FromStr for Token {
+    type Err = ParseTokenError;
+
+    fn from_str(s: &str) -> Result<Token, ParseTokenError> {
+        let bytes = s.as_bytes();
+        if bytes.len() != 2 * TOKEN_BYTES {
+            return Err(ParseTokenError {
+                problem: format!("got {} bytes", bytes.len()),
+            });
+        }
+        let nibble = |i: usize| match bytes[i] {
+            c @ b'0'..=b'9' => Ok(c - b'0'),
+            c @ b'a'..=b'f' => Ok(c - b'a' + 10),
+            _ => Err(ParseTokenError {
+                problem: format!("byte {i} is not a lowercase hex digit"),
+            }),
+        };
+        let mut out = [0u8; TOKEN_BYTES];
+        for (i, byte) in out.iter_mut().enumerate() {
+            *byte = (nibble(2 * i)? << 4) | nibble(2 * i + 1)?;
+        }
+        Ok(Token(out))
+    }
+}
+
+/// A lock held on a quorum of nodes: its resource(s), its token, and until
+/// when it is valid by this process's monotonic clock.
+///
+/// A `Lock` is not `Clone`: [`Redlock::release`](crate::Redlock::release)
+/// consumes it. Dropping a `Lock` does not release it (the keys expire at
+/// the end of their TTL); release it, or use
+/// [`Redlock::with_lock`](crate::Redlock::with_lock) when it exists in your
+/// version.
+///
+/// ```no_run
+/// # use redlock_sync::Redlock;
+/// # use std::time::Duration;
+/// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+/// let lock = locks.acquire("invoice:42", Duration::from_secs(10))?;
+/// println!("{} held with token {} for {:?} more", lock.resource(), lock.token(), lock.validity());
+/// locks.release(lock)?;
+/// # Ok::<(), redlock_sync::LockError>(())
+/// ```
+#[derive(Debug)]
+pub struct Lock {
+    pub(crate) resources: Vec<String>,
+    pub(crate) token: Token,
+    pub(crate) valid_until: Instant,
+    pub(crate) report: Report,
+}
+
+impl Lock {
+    /// A lock rebuilt from its resource and token, for releasing or
+    /// extending in another process (or another [`Redlock`](crate::Redlock)
+    /// value) a lock that was acquired elsewhere.
+    ///
+    /// This process did not time the acquisition, so it cannot know how much
+    /// validity is left: [`validity`](Self::validity) is zero until a
+    /// successful [`extend`](crate::Redlock::extend) measures it anew.
+    /// The nodes decide whether the token still holds the lock.
+    ///
+    /// ```no_run
+    /// use redlock_sync::{Lock, Redlock, Token};
+    ///
+    /// // In the process that acquired it, print `resource` and `token`;
+    /// // in another, given both on the command line:
+    /// let token: Token = "0123456789abcdef0123456789abcdef01234567".parse()?;
+    /// let lock = Lock::from_token("nightly-report", token)?;
+    /// let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// locks.release(lock)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ArgumentError::EmptyResource`] if `resource` is empty.
+    pub fn from_token(resource: impl Into<String>, token: Token) -> Result<Lock, LockError> {
+        Self::from_token_many([resource.into()], token)
+    }
+
+    /// Like [`from_token`](Self::from_token), for a lock over several
+    /// resources acquired together.
+    ///
+    /// # Errors
+    ///
+    /// [`ArgumentError::NoResources`], [`ArgumentError::EmptyResource`] or
+    /// [`ArgumentError::DuplicateResource`] for a bad list of resources.
+    pub fn from_token_many<I, S>(resources: I, token: Token) -> Result<Lock, LockError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let resources: Vec<String> = resources.into_iter().map(Into::into).collect();
+        check_resources(&resources)?;
+        Ok(Lock {
+            resources,
+            token,
+            valid_until: Instant::now(),
+            report: Report::default(),
+        })
+    }
+
+    /// The resource this lock holds (the first one, for a lock over several).
+    pub fn resource(&self) -> &str {
+        &self.resources[0]
+    }
+
+    /// Every resource this lock holds, in the order given.
+    pub fn resources(&self) -> &[String] {
+        &self.resources
+    }
+
+    /// The token that proves ownership.
+    pub fn token(&self) -> &Token {
+        &self.token
+    }
+
+    /// How long the lock is still valid, by the monotonic clock; zero once
+    /// it has run out. Do the protected work only while this is comfortably
+    /// above zero.
+    pub fn validity(&self) -> Duration {
+        self.valid_until.saturating_duration_since(Instant::now())
+    }
+
+    /// Whether some validity is left.
+    pub fn is_valid(&self) -> bool {
+        !self.validity().is_zero()
+    }
+
+    /// The instant (monotonic clock) at which the validity runs out.
+    pub fn valid_until(&self) -> Instant {
+        self.valid_until
+    }
+
+    /// What each node answered in the round that acquired or last extended
+    /// this lock (empty for a lock made by [`from_token`](Self::from_token)).
+    pub fn report(&self) -> &Report {
+        &self.report
+    }
+}
+
+/// Checks a list of resources: not empty, no empty name, no name twice.
+pub(crate) fn check_resources(resources: &[String]) -> Result<(), ArgumentError> {
+    if resources.is_empty() {
+        return Err(ArgumentError::NoResources);
+    }
+    for (i, resource) in resources.iter().enumerate() {
+        if resource.is_empty() {
+            return Err(ArgumentError::EmptyResource);
+        }
+        if resources[..i].contains(resource) {
+            return Err(ArgumentError::DuplicateResource(resource.clone()));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_round_trips_through_its_text() {
+        let token = Token::random().unwrap();
+        let text = token.to_string();
+        assert_eq!(text.len(), 40);
+        assert!(text
+            .bytes()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert_eq!(text.parse::<Token>().unwrap(), token);
+    }
+
+    #[test]
+    fn tokens_differ() {
+        assert_ne!(Token::random().unwrap(), Token::random().unwrap());
+    }
+
+    #[test]
+    fn token_parse_rejects_everything_but_40_lowercase_hex() {
+        let good = "0123456789abcdef0123456789abcdef01234567";
+        assert!(good.parse::<Token>().is_ok());
+        for bad in [
+            "",
+            &good[..39],
+            &format!("{good}0"),
+            &good.to_uppercase(),
+            "0123456789abcdef0123456789abcdef0123456g",
+            "0123456789abcdef0123456789abcdef012345 7",
+            "é123456789abcdef0123456789abcdef0123456",
+        ] {
+            assert!(bad.parse::<Token>().is_err(), "{bad:?} was accepted");
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! The Lua scripts, and the commands that run them.
+//!
+//! A script goes as `EVALSHA` on a connection whose server is known to have
+//! it, and as `EVAL` (which also caches it on the server) otherwise. A
+//! `NOSCRIPT` answer (after `SCRIPT FLUSH`, say) is retried as `EVAL` within
+//! the same round. So the common path costs one round trip, always.
+
+use crate::lock::Token;
+
+/// One Lua script, its SHA1 (hex), and its bit in a connection's set of
+/// scripts known to be cached on the server.
+pub(crate) struct Script {
+    pub(crate) bit: u8,
+    pub(crate) body: &'static str,
+    pub(crate) sha: &'static str,
+}
+
+/// Deletes each key whose value is our token; returns how many it deleted.
+/// The node still held the lock when that equals the number of keys.
+/// For one key this is the classic `if get == token then del` script.
+pub(crate) const RELEASE: Script = Script {
+    bit: 1,
+    body: "local n = 0\n\
+           for _, key in ipairs(KEYS) do\n  \
+             if redis.call('get', key) == ARGV[1] then\n    \
+               n = n + redis.call('del', key)\n  \
+             end\n\
+           end\n\
+           return n",
+    sha: "98fbebb7909a0f90e72dbb0338124c0bcce6cdc2",
+};
+
+/// Sets a new TTL (ARGV[2], milliseconds) on every key if, and only if, every
+/// key's value is our token. Returns 1 if it did, 0 if not.
+pub(crate) const EXTEND: Script = Script {
+    bit: 2,
+    body: "for _, key in ipairs(KEYS) do\n  \
+             if redis.call('get', key) ~= ARGV[1] then\n    \
+               return 0\n  \
+             end\n\
+           end\n\
+           for _, key in ipairs(KEYS) do\n  \
+             redis.call('pexpire', key, ARGV[2])\n\
+           end\n\
+           return 1",
+    sha: "3fdb96af36d7519568db1de89f03882d59b5de1d",
+};
+
+/// Sets every key to our token with a TTL if, and only if, none of them
+/// exists: all or nothing on this node. Returns 1 if it set them, 0 if not.
+pub(crate) const ACQUIRE_MANY: Script = Script {
+    bit: 4,
+    body: "for _, key in ipairs(KEYS) do\n  \
+             if redis.call('exists', key) == 1 then\n    \
+               return 0\n  \
+             end\n\
+           end\n\
+           for _, key in ipairs(KEYS) do\n  \
+             redis.call('set', key, ARGV[1], 'PX', ARGV[2])\n\
+           end\n\
+           return 1",
+    sha: "593a40f397e4a826c82cc7adb7cc44d68ccec191",
+};
+
+/// One command, packed once, sent to every node of a round.
+pub(crate) struct Command {
+    /// The script it runs, if any.
+    pub(crate) script: Option<&'static Script>,
+    /// The packed command: `EVALSHA ...` for a script, else the command.
+    pub(crate) fast: Vec<u8>,
+    /// The packed `EVAL ...` form (scripts only; empty otherwise).
+    pub(crate) full: Vec<u8>,
+}
+
+impl Command {
+    /// `SET resource token NX PX ttl_ms`.
+    pub(crate) fn acquire(resource: &str, token: &Token, ttl_ms: u64) -> Command {
+        let mut fast = Vec::with_capacity(64 + resource.len());
+        let ttl = ttl_ms.to_string();
+        pack(
+            &mut fast,
+            &[
+                b"SET",
+                resource.as_bytes(),
+                &token.hex(),
+                b"NX",
+                b"PX",
+                ttl.as_bytes(),
+            ],
+        );
+        Command {
+            script: None,
+            fast,
+            full: Vec::new(),
+        }
+    }
+
+    /// A script over `keys` with arguments `args`, as EVALSHA and as EVAL.
+    pub(crate) fn script(script: &'static Script, keys: &[String], args: &[&[u8]]) -> Command {
+        let numkeys = keys.len().to_string();
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(3 + keys.len() + args.len());
+        parts.push(b"EVALSHA");
+        parts.push(script.sha.as_bytes());
+        parts.push(numkeys.as_bytes());
+        parts.extend(keys.iter().map(|k| k.as_bytes()));
+        parts.extend_from_slice(args);
+        let mut fast = Vec::new();
+        pack(&mut fast, &parts);
+        parts[0] = b"EVAL";
+        parts[1] = script.body.as_bytes();
+        let mut full = Vec::new();
+        pack(&mut full, &parts);
+        Command {
+            script: Some(script),
+            fast,
+            full,
+        }
+    }
+
+    /// The bytes to send on a connection that knows the scripts in `known`.
+    pub(crate) fn bytes_for(&self, known: u8) -> &[u8] {
+        match self.script {
+            Some(script) if known & script.bit == 0 => &self.full,
+            _ => &self.fast,
+        }
+    }
+}
+
+/// Appends `args` as one RESP array of bulk strings.
+pub(crate) fn pack(out: &mut Vec<u8>, args: &[&[u8]]) {
+    out.push(b'*');
+    out.extend_from_slice(args.len().to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for arg in args {
+        out.push(b'$');
+        out.extend_from_slice(arg.len().to_string().as_bytes());
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(arg);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pack_writes_resp_arrays_of_bulk_strings() {
+        let mut out = Vec::new();
+        pack(&mut out, &[b"GET", b"key"]);
+        assert_eq!(out, b"*2\r\n$3\r\nGET\r\n$3\r\nkey\r\n");
+    }
+
+    #[test]
+    fn script_command_sends_eval_until_the_script_is_known() {
+        let cmd = Command::script(&RELEASE, &["k".to_string()], &[b"tok"]);
+        assert!(cmd.bytes_for(0).starts_with(b"*5\r\n$4\r\nEVAL\r\n"));
+        assert!(cmd
+            .bytes_for(RELEASE.bit)
+            .starts_with(b"*5\r\n$7\r\nEVALSHA\r\n"));
+    }
+}
