@@ -114,9 +114,7 @@ impl FromStr for Token {
 ///
 /// A `Lock` is not `Clone`: [`Redlock::release`](crate::Redlock::release)
 /// consumes it. Dropping a `Lock` does not release it (the keys expire at
-/// the end of their TTL); release it, or use
-/// [`Redlock::with_lock`](crate::Redlock::with_lock) when it exists in your
-/// version.
+/// the end of their TTL); release it when done.
 ///
 /// ```no_run
 /// # use redlock_sync::Redlock;

@@ -53,6 +53,12 @@ impl Node {
                     .to_string(),
             ));
         }
+        if scheme == "rediss" && !cfg!(feature = "tls") {
+            return Err(bad(
+                "rediss:// needs the crate's `tls` feature: redlock-sync = { features = [\"tls\"] }"
+                    .to_string(),
+            ));
+        }
         let info: ConnectionInfo = url.into_connection_info().map_err(|e| bad(e.to_string()))?;
         let redis = info.redis_settings();
         let (name, identity) = match info.addr() {
@@ -61,12 +67,6 @@ impl Node {
                 (n.clone(), format!("tcp {}", n.to_ascii_lowercase()))
             }
             ConnectionAddr::TcpTls { host, port, .. } => {
-                if !cfg!(feature = "tls") {
-                    return Err(bad(
-                        "rediss:// needs the crate's `tls` feature: redlock-sync = { features = [\"tls\"] }"
-                            .to_string(),
-                    ));
-                }
                 let n = format!("{host}:{port}");
                 (
                     format!("tls {n}"),
@@ -202,8 +202,17 @@ impl Conn {
     }
 
     /// Reads one reply, giving up at `deadline`.
+    ///
+    /// Replies are read one node after another, so a silent node can use up
+    /// the round's time before the others' replies, which arrived long ago,
+    /// are read. Past the deadline a read therefore still collects a reply
+    /// that is already here: its timeout is the smallest the OS offers (a
+    /// reply in the buffer returns at once; a silent node costs one
+    /// scheduler tick at most).
     pub(crate) fn recv(&mut self, deadline: Instant) -> Result<Value, Failure> {
-        let left = time_left(deadline)?;
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_micros(1));
         self.inner
             .set_read_timeout(Some(left))
             .and_then(|()| self.inner.recv_response())

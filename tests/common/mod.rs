@@ -1,0 +1,72 @@
+//! Helpers shared by the integration tests: real nodes, clients with quick
+//! retry settings, and checks of what the nodes hold.
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use redlock_sync::testing::Cluster;
+use redlock_sync::{Lock, Redlock, RedlockBuilder};
+
+/// Starts `n` throwaway redis-server nodes, or fails the test saying why
+/// (for instance that redis-server is not installed, and how to install it).
+pub fn cluster(n: usize) -> Cluster {
+    Cluster::start(n).unwrap_or_else(|e| panic!("could not start {n} redis-server nodes: {e}"))
+}
+
+/// A builder over the cluster's nodes with short, test-friendly pauses.
+pub fn builder(cluster: &Cluster) -> RedlockBuilder {
+    Redlock::builder(cluster.urls())
+        .retry_count(3)
+        .retry_delay(Duration::from_millis(10))
+        .retry_jitter(Duration::from_millis(10))
+        .io_timeout(Duration::from_millis(100))
+        .connect_timeout(Duration::from_millis(100))
+}
+
+/// A client over the cluster's nodes with short, test-friendly pauses.
+pub fn client(cluster: &Cluster) -> Redlock {
+    builder(cluster).build().expect("valid test configuration")
+}
+
+/// The value each node holds under `key` (None where missing or unreachable).
+pub fn values(cluster: &Cluster, key: &str) -> Vec<Option<String>> {
+    cluster
+        .nodes()
+        .iter()
+        .map(|node| node.get(key).ok().flatten())
+        .collect()
+}
+
+/// How many nodes hold `lock`'s token under each of its resources.
+pub fn holders(cluster: &Cluster, lock: &Lock) -> usize {
+    let token = lock.token().to_string();
+    cluster
+        .nodes()
+        .iter()
+        .filter(|node| {
+            lock.resources()
+                .iter()
+                .all(|r| node.get(r).ok().flatten().as_deref() == Some(token.as_str()))
+        })
+        .count()
+}
+
+/// Waits until `cond` holds, polling every few milliseconds; panics with
+/// `what` after `limit`.
+pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < limit,
+            "gave up after {limit:?} waiting until {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits until no node of the cluster (that is up) holds `key`.
+pub fn wait_until_gone(cluster: &Cluster, key: &str, limit: Duration) {
+    wait_until(limit, &format!("`{key}` expired on every node"), || {
+        values(cluster, key).iter().all(Option::is_none)
+    });
+}

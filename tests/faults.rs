@@ -1,0 +1,133 @@
+//! Node failures: killed nodes, a paused (SIGSTOP) node, and what the
+//! client does about late replies.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{builder, cluster, holders, values};
+use redlock_sync::{LockError, NodeOutcome};
+
+const TTL: Duration = Duration::from_secs(10);
+const IO_TIMEOUT: Duration = Duration::from_millis(100);
+const RETRY_DELAY: Duration = Duration::from_millis(10);
+const RETRY_JITTER: Duration = Duration::from_millis(10);
+const RETRY_COUNT: u32 = 3;
+
+#[test]
+fn a_minority_of_dead_nodes_does_not_stop_acquire_but_a_majority_gives_the_quorum_error_in_bounded_time(
+) {
+    let nodes = cluster(5);
+    let locks = builder(&nodes)
+        .retry_count(RETRY_COUNT)
+        .retry_delay(RETRY_DELAY)
+        .retry_jitter(RETRY_JITTER)
+        .io_timeout(IO_TIMEOUT)
+        .build()
+        .unwrap();
+    // Warm the pool, so that the dead nodes' connections are stale ones.
+    locks.release(locks.acquire("warm", TTL).unwrap()).unwrap();
+
+    nodes.node(0).kill().unwrap();
+    nodes.node(1).kill().unwrap();
+    let lock = locks
+        .acquire("two-dead", TTL)
+        .expect("3 of 5 nodes are a quorum");
+    assert_eq!(holders(&nodes, &lock), 3);
+    let report = locks.release(lock).expect("release on the live quorum");
+    assert_eq!(report.granted(), 3, "{report}");
+    assert!(
+        matches!(report.nodes[0].outcome, NodeOutcome::Failed(_)),
+        "a dead node is reported as failed: {report}"
+    );
+
+    nodes.node(2).kill().unwrap();
+    let start = Instant::now();
+    let err = locks
+        .acquire("three-dead", TTL)
+        .expect_err("2 of 5 nodes are no quorum");
+    let took = start.elapsed();
+    match &err {
+        LockError::NoQuorum {
+            attempts, report, ..
+        } => {
+            assert_eq!(*attempts, RETRY_COUNT + 1);
+            assert_eq!(report.failed(), 3, "{report}");
+            assert_eq!(report.granted(), 2, "{report}");
+        }
+        other => panic!("expected the quorum error, got {other}"),
+    }
+    let bound =
+        (IO_TIMEOUT + RETRY_DELAY + RETRY_JITTER) * (RETRY_COUNT + 1) + Duration::from_millis(250);
+    assert!(
+        took <= bound,
+        "quorum error after {took:?}, bound {bound:?}"
+    );
+    assert_eq!(
+        values(&nodes, "three-dead")[3..],
+        [None, None],
+        "failed attempts released the live nodes"
+    );
+}
+
+#[test]
+fn a_paused_node_costs_at_most_the_io_timeout_and_its_late_replies_are_never_taken() {
+    let nodes = cluster(5);
+    let locks = builder(&nodes).io_timeout(IO_TIMEOUT).build().unwrap();
+    // Warm the pool: node 0's idle connections must be dropped, not reused.
+    for i in 0..4 {
+        let lock = locks.acquire(&format!("warm-{i}"), TTL).unwrap();
+        locks.release(lock).unwrap();
+    }
+
+    nodes.node(0).pause().unwrap();
+    for i in 0..5 {
+        let resource = format!("paused-{i}");
+        let lock = locks.acquire(&resource, TTL).expect("4 of 5 nodes answer");
+        let report = lock.report().clone();
+        assert_eq!(report.nodes[0].outcome, NodeOutcome::TimedOut, "{report}");
+        assert_eq!(report.granted(), 4, "{report}");
+        assert!(
+            report.elapsed <= IO_TIMEOUT + Duration::from_millis(50),
+            "a round with a hung node took {:?}, more than io_timeout {IO_TIMEOUT:?}",
+            report.elapsed
+        );
+        locks.release(lock).unwrap();
+    }
+    nodes.node(0).resume().unwrap();
+
+    // Node 0 now executes the commands it had queued and answers them on
+    // connections that were dropped. None of those replies may be read as
+    // the answer to a later command: each reported outcome must match what
+    // the node really holds.
+    for i in 0..200 {
+        let resource = format!("after-{}", i % 7);
+        let lock = locks.try_acquire(&resource, TTL).expect("all nodes are up");
+        let token = lock.token().to_string();
+        for (node, entry) in nodes.nodes().iter().zip(&lock.report().nodes) {
+            let held = node.get(&resource).unwrap();
+            match entry.outcome {
+                NodeOutcome::Granted => assert_eq!(
+                    held.as_deref(),
+                    Some(token.as_str()),
+                    "cycle {i}: {} reported granted but holds {held:?}",
+                    entry.node
+                ),
+                _ => assert_ne!(
+                    held.as_deref(),
+                    Some(token.as_str()),
+                    "cycle {i}: {} holds our token but reported {}",
+                    entry.node,
+                    entry.outcome
+                ),
+            }
+        }
+        let report = locks.release(lock).expect("release");
+        assert_eq!(
+            report.granted(),
+            5,
+            "cycle {i}: every node held and released: {report}"
+        );
+        assert_eq!(values(&nodes, &resource), vec![None; 5], "cycle {i}");
+    }
+}

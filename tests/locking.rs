@@ -1,0 +1,289 @@
+//! The basic lock operations against real redis-server nodes: what the nodes
+//! hold after acquire, release, extend; contention; expiry; tokens carried
+//! between clients.
+
+mod common;
+
+use std::sync::Barrier;
+use std::time::Duration;
+
+use common::{client, cluster, holders, values, wait_until_gone};
+use redlock_sync::{Lock, LockError, NodeOutcome, Redlock, Token};
+
+const TTL: Duration = Duration::from_secs(10);
+
+#[test]
+fn acquire_sets_our_token_with_the_ttl_on_every_node_and_release_removes_it() {
+    let nodes = cluster(5);
+    let locks = client(&nodes);
+
+    let lock = locks
+        .acquire("invoice:42", TTL)
+        .expect("free lock is granted");
+    let token = lock.token().to_string();
+    assert_eq!(lock.resource(), "invoice:42");
+    assert!(
+        lock.validity() > TTL - Duration::from_millis(500) && lock.validity() <= TTL,
+        "validity {:?} should be just under the TTL {TTL:?}",
+        lock.validity()
+    );
+    assert_eq!(lock.report().granted(), 5, "report: {}", lock.report());
+    for (i, node) in nodes.nodes().iter().enumerate() {
+        assert_eq!(
+            node.get("invoice:42").unwrap().as_deref(),
+            Some(token.as_str()),
+            "node {i} should hold our token"
+        );
+        let pttl = node.pttl("invoice:42").unwrap();
+        assert!(
+            (9_000..=10_000).contains(&pttl),
+            "node {i}: PTTL {pttl} ms should be close to 10000 ms"
+        );
+    }
+
+    let report = locks
+        .release(lock)
+        .expect("release of a held lock succeeds");
+    assert_eq!(report.granted(), 5, "report: {report}");
+    assert_eq!(values(&nodes, "invoice:42"), vec![None; 5]);
+}
+
+#[test]
+fn of_two_clients_exactly_one_wins_and_the_other_can_acquire_after_release() {
+    let nodes = cluster(5);
+    let first = client(&nodes);
+    let second = client(&nodes);
+    let barrier = Barrier::new(2);
+
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| {
+            barrier.wait();
+            first.try_acquire("report", TTL)
+        });
+        let b = s.spawn(|| {
+            barrier.wait();
+            second.try_acquire("report", TTL)
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let (winner_client, winner, loser_client, loser) = match (a, b) {
+        (Ok(lock), Err(e)) => (&first, lock, &second, e),
+        (Err(e), Ok(lock)) => (&second, lock, &first, e),
+        (a, b) => panic!("exactly one should win, got {a:?} and {b:?}"),
+    };
+    assert!(
+        matches!(
+            loser,
+            LockError::Contended { .. } | LockError::NoQuorum { .. }
+        ),
+        "the loser of a race is refused: {loser}"
+    );
+
+    // The race may have split the vote (the winner got a quorum, the loser
+    // the rest, which it released), so the winner holds a quorum of nodes.
+    assert!(holders(&nodes, &winner) >= 3, "the winner holds a quorum");
+    // With the winner holding it, the loser's retries all fail as contended.
+    match loser_client.acquire("report", TTL) {
+        Err(LockError::Contended {
+            attempts, report, ..
+        }) => {
+            assert_eq!(attempts, 4, "retry_count 3 means 4 attempts");
+            assert!(report.refused() >= 3, "a quorum refuses: {report}");
+        }
+        other => panic!("expected the contended error, got {other:?}"),
+    }
+    let token = winner.token().to_string();
+    for value in values(&nodes, "report") {
+        assert!(
+            value.is_none() || value.as_deref() == Some(token.as_str()),
+            "the loser left no key of its own and did not touch the winner's: {value:?}"
+        );
+    }
+    assert!(
+        holders(&nodes, &winner) >= 3,
+        "the winner still holds a quorum"
+    );
+
+    winner_client.release(winner).expect("winner releases");
+    let lock = loser_client
+        .acquire("report", TTL)
+        .expect("after release the other client acquires");
+    loser_client.release(lock).unwrap();
+}
+
+#[test]
+fn release_after_expiry_and_takeover_reports_lost_and_leaves_the_new_holders_key() {
+    let nodes = cluster(5);
+    let first = client(&nodes);
+    let second = client(&nodes);
+
+    let stale = first
+        .acquire("job", Duration::from_millis(200))
+        .expect("granted");
+    wait_until_gone(&nodes, "job", Duration::from_secs(5));
+    assert!(!stale.is_valid(), "validity ran out with the keys");
+    let current = second.acquire("job", TTL).expect("expired lock is free");
+
+    match first.release(stale) {
+        Err(LockError::Lost { resource, report }) => {
+            assert_eq!(resource, "job");
+            assert_eq!(report.refused(), 5, "no node held our token: {report}");
+        }
+        other => panic!("expected the lost-lock error, got {other:?}"),
+    }
+    assert_eq!(
+        holders(&nodes, &current),
+        5,
+        "the new holder's key is untouched on every node"
+    );
+    second.release(current).unwrap();
+}
+
+#[test]
+fn extend_keeps_the_lock_past_its_ttl_and_fails_once_it_expired() {
+    let nodes = cluster(5);
+    let locks = client(&nodes);
+    let rival = client(&nodes);
+    let ttl = Duration::from_millis(300);
+
+    let mut lock = locks.acquire("lease", ttl).expect("granted");
+    let original_deadline = lock.valid_until();
+    // Extend every 100 ms for about four TTLs; the rival never gets in.
+    for _ in 0..12 {
+        std::thread::sleep(Duration::from_millis(100));
+        locks.extend(&mut lock, ttl).expect("extension while held");
+        assert!(lock.validity() > Duration::from_millis(200));
+        assert!(
+            matches!(
+                rival.try_acquire("lease", ttl),
+                Err(LockError::Contended { .. })
+            ),
+            "the rival must not win while the lock is extended"
+        );
+    }
+    assert!(
+        lock.valid_until() > original_deadline + ttl,
+        "the lock outlived its original TTL"
+    );
+    assert_eq!(holders(&nodes, &lock), 5);
+
+    wait_until_gone(&nodes, "lease", Duration::from_secs(5));
+    match locks.extend(&mut lock, ttl) {
+        Err(LockError::Lost { report, .. }) => assert_eq!(report.refused(), 5),
+        other => panic!("expected the lost-lock error, got {other:?}"),
+    }
+    assert_eq!(
+        values(&nodes, "lease"),
+        vec![None; 5],
+        "extend created no key"
+    );
+}
+
+#[test]
+fn a_resource_and_token_carried_to_another_client_release_and_extend_the_lock_there() {
+    let nodes = cluster(3);
+    let acquiring = client(&nodes);
+    let lock = acquiring.acquire("nightly", TTL).expect("granted");
+    // What a CLI would print and read back in another process.
+    let (resource, token_text) = (lock.resource().to_string(), lock.token().to_string());
+    drop(lock);
+
+    let other = Redlock::new(nodes.urls()).unwrap();
+    let token: Token = token_text.parse().expect("a printed token parses");
+    let mut carried = Lock::from_token(resource.clone(), token).unwrap();
+    assert!(carried.validity().is_zero(), "unknown validity is zero");
+
+    other
+        .extend(&mut carried, TTL)
+        .expect("extend with a carried token");
+    assert!(carried.validity() > TTL - Duration::from_secs(1));
+    assert_eq!(holders(&nodes, &carried), 3);
+
+    other
+        .release(carried)
+        .expect("release with a carried token");
+    assert_eq!(values(&nodes, &resource), vec![None; 3]);
+
+    // A made-up token releases nothing that someone else holds.
+    let held = acquiring.acquire("nightly", TTL).unwrap();
+    let forged = Lock::from_token("nightly", Token::random().unwrap()).unwrap();
+    assert!(matches!(other.release(forged), Err(LockError::Lost { .. })));
+    assert_eq!(holders(&nodes, &held), 3, "the holder's keys are untouched");
+    acquiring.release(held).unwrap();
+}
+
+#[test]
+fn release_script_falls_back_to_eval_when_the_server_lost_it() {
+    let nodes = cluster(3);
+    let locks = client(&nodes);
+    // Warm the connections so they believe the scripts are cached.
+    let lock = locks.acquire("flush", TTL).unwrap();
+    locks.release(lock).unwrap();
+    for node in nodes.nodes() {
+        node.query(&["SCRIPT", "FLUSH"]).unwrap();
+    }
+    let lock = locks.acquire("flush", TTL).unwrap();
+    let report = locks.release(lock).expect("release survives SCRIPT FLUSH");
+    assert!(
+        report
+            .nodes
+            .iter()
+            .all(|n| n.outcome == NodeOutcome::Granted),
+        "every node released after the EVAL fallback: {report}"
+    );
+    assert_eq!(values(&nodes, "flush"), vec![None; 3]);
+}
+
+#[test]
+fn unix_socket_nodes_work_like_tcp_nodes() {
+    let nodes = redlock_sync::testing::Cluster::start_unix(3)
+        .unwrap_or_else(|e| panic!("could not start unix-socket nodes: {e}"));
+    let locks = Redlock::new(nodes.urls()).unwrap();
+    let lock = locks.acquire("over-unix", TTL).unwrap();
+    assert_eq!(holders(&nodes, &lock), 3);
+    locks.release(lock).unwrap();
+    assert_eq!(values(&nodes, "over-unix"), vec![None; 3]);
+}
+
+/// GET over a fresh connection to `url` (which may carry a password and db).
+fn get_at(url: &str, key: &str) -> Option<String> {
+    let client = redis::Client::open(url).unwrap();
+    let mut con = client.get_connection().unwrap();
+    redis::cmd("GET").arg(key).query(&mut con).unwrap()
+}
+
+#[test]
+fn password_and_db_in_the_url_are_used() {
+    let nodes = cluster(3);
+    for node in nodes.nodes() {
+        node.query(&["CONFIG", "SET", "requirepass", "s3cret"])
+            .unwrap();
+    }
+    let with_password: Vec<String> = nodes
+        .urls()
+        .iter()
+        .map(|u| u.replace("redis://", "redis://:s3cret@"))
+        .collect();
+    let in_db2: Vec<String> = with_password.iter().map(|u| format!("{u}/2")).collect();
+
+    let locks = Redlock::new(&in_db2).unwrap();
+    let lock = locks.acquire("in-db-2", TTL).expect("AUTH and SELECT work");
+    let token = lock.token().to_string();
+    for (db2, db0) in in_db2.iter().zip(&with_password) {
+        assert_eq!(get_at(db2, "in-db-2").as_deref(), Some(token.as_str()));
+        assert_eq!(get_at(db0, "in-db-2"), None, "db 0 is not touched");
+    }
+
+    let without_password = Redlock::new(nodes.urls()).unwrap();
+    match without_password.try_acquire("x", TTL) {
+        Err(LockError::NoQuorum { report, .. }) => {
+            assert_eq!(report.failed(), 3, "{report}");
+            assert!(!report.to_string().contains("s3cret"));
+        }
+        other => panic!("without the password every node fails: {other:?}"),
+    }
+    locks.release(lock).unwrap();
+    for db2 in &in_db2 {
+        assert_eq!(get_at(db2, "in-db-2"), None);
+    }
+}
