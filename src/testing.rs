@@ -56,7 +56,6 @@
 //! # }
 //! ```
 
-use std::collections::VecDeque;
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::fs;
@@ -65,7 +64,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -1452,75 +1451,79 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, shared: &ProxyShared) -> PipeEnd
 }
 
 fn pipe_loop(from: &mut TcpStream, to: &mut TcpStream, shared: &ProxyShared) -> PipeEnd {
+    // The reader stamps each chunk with its delivery time; the writer sleeps
+    // until then (a thread sleep is precise to microseconds, where a socket
+    // read timeout rounds up to a scheduler tick) and delivers in order.
+    let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
+    thread::scope(|s| {
+        let writer = s.spawn(move || deliver(to, &rx, shared));
+        let read_end = read_chunks(from, &tx, shared);
+        drop(tx);
+        let write_end = writer.join().unwrap_or(PipeEnd::Abort);
+        if read_end == PipeEnd::Abort || write_end == PipeEnd::Abort {
+            PipeEnd::Abort
+        } else {
+            PipeEnd::Eof
+        }
+    })
+}
+
+/// Reads chunks and queues them with their delivery time, until EOF, error,
+/// reset or shutdown. Under a partition what is read is discarded.
+fn read_chunks(
+    from: &mut TcpStream,
+    tx: &mpsc::Sender<(Instant, Vec<u8>)>,
+    shared: &ProxyShared,
+) -> PipeEnd {
+    let _ = from.set_read_timeout(Some(PROXY_POLL));
     let mut buf = vec![0u8; 16 * 1024];
-    // Chunks waiting for their delivery time, in read order.
-    let mut queue: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
     loop {
         if shared.stopped() {
             return PipeEnd::Abort;
         }
-        match shared.fault() {
-            Fault::Reset => return PipeEnd::Abort,
-            Fault::Partition => queue.clear(),
-            Fault::None | Fault::Delay(_) => {}
-        }
-        // Deliver what is due.
-        while queue.front().is_some_and(|(due, _)| *due <= Instant::now()) {
-            if let Some((_, chunk)) = queue.pop_front() {
-                if !write_all(to, &chunk, shared) {
+        match from.read(&mut buf) {
+            Ok(0) => return PipeEnd::Eof,
+            Ok(n) => {
+                let due = match shared.fault() {
+                    Fault::None => Instant::now(),
+                    Fault::Delay(delay) => Instant::now() + delay,
+                    Fault::Partition => continue,
+                    Fault::Reset => return PipeEnd::Abort,
+                };
+                if tx.send((due, buf[..n].to_vec())).is_err() {
                     return PipeEnd::Abort;
                 }
             }
-        }
-        // Read, waking up in time for the next delivery.
-        let wait = queue.front().map_or(PROXY_POLL, |(due, _)| {
-            due.saturating_duration_since(Instant::now())
-                .clamp(Duration::from_millis(1), PROXY_POLL)
-        });
-        let _ = from.set_read_timeout(Some(wait));
-        match from.read(&mut buf) {
-            Ok(0) => return drain(to, queue, shared),
-            Ok(n) => {
-                let chunk = &buf[..n];
-                match shared.fault() {
-                    Fault::None => {
-                        if queue.is_empty() {
-                            if !write_all(to, chunk, shared) {
-                                return PipeEnd::Abort;
-                            }
-                        } else {
-                            queue.push_back((Instant::now(), chunk.to_vec()));
-                        }
-                    }
-                    Fault::Delay(delay) => {
-                        queue.push_back((Instant::now() + delay, chunk.to_vec()))
-                    }
-                    Fault::Partition => {}
-                    Fault::Reset => return PipeEnd::Abort,
+            Err(e) if is_transient(&e) => {
+                if shared.fault() == Fault::Reset {
+                    return PipeEnd::Abort;
                 }
             }
-            Err(e) if is_transient(&e) => {}
             Err(_) => return PipeEnd::Abort,
         }
     }
 }
 
-/// After EOF on the source: deliver the queued chunks on time, then report
-/// EOF.
-fn drain(
+/// Delivers queued chunks at their time, in order; chunks due while a
+/// partition is on are dropped. Returns when the reader is done and the
+/// queue is empty, or on reset or shutdown.
+fn deliver(
     to: &mut TcpStream,
-    mut queue: VecDeque<(Instant, Vec<u8>)>,
+    rx: &mpsc::Receiver<(Instant, Vec<u8>)>,
     shared: &ProxyShared,
 ) -> PipeEnd {
-    while let Some((due, chunk)) = queue.pop_front() {
+    loop {
+        if shared.stopped() || shared.fault() == Fault::Reset {
+            return PipeEnd::Abort;
+        }
+        let (due, chunk) = match rx.recv_timeout(PROXY_POLL) {
+            Ok(item) => item,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return PipeEnd::Eof,
+        };
         loop {
-            if shared.stopped() {
+            if shared.stopped() || shared.fault() == Fault::Reset {
                 return PipeEnd::Abort;
-            }
-            match shared.fault() {
-                Fault::Reset => return PipeEnd::Abort,
-                Fault::Partition => return PipeEnd::Eof,
-                Fault::None | Fault::Delay(_) => {}
             }
             let now = Instant::now();
             if due <= now {
@@ -1528,11 +1531,10 @@ fn drain(
             }
             thread::sleep((due - now).min(PROXY_POLL));
         }
-        if !write_all(to, &chunk, shared) {
+        if shared.fault() != Fault::Partition && !write_all(to, &chunk, shared) {
             return PipeEnd::Abort;
         }
     }
-    PipeEnd::Eof
 }
 
 /// Writes all of `bytes` unless the proxy stops, the connection breaks or a

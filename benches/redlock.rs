@@ -1,0 +1,395 @@
+//! Figures for the README's "Performance" section, all measured in one run
+//! against 5 throwaway local redis-server nodes:
+//!
+//! ```text
+//! cargo bench --bench redlock
+//! ```
+//!
+//! Every figure is compared with a floor measured in the same run: bare
+//! sockets that write `SET key token NX PX ttl` to all 5 nodes and then read
+//! all 5 replies, then the same for the release script (EVALSHA), with one
+//! connection per node per thread and no library logic. Set
+//! `BENCH_SECONDS` to change how long each throughput phase runs (default 2).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use redlock_sync::testing::{Cluster, Fault, Proxy};
+use redlock_sync::{LockError, Redlock};
+
+const TTL: Duration = Duration::from_secs(10);
+const NODES: usize = 5;
+
+/// The crate's release script, for the floor (same text, so same SHA1).
+const RELEASE: &str = "local n = 0\n\
+for _, key in ipairs(KEYS) do\n  \
+if redis.call('get', key) == ARGV[1] then\n    \
+n = n + redis.call('del', key)\n  \
+end\n\
+end\n\
+return n";
+
+fn main() {
+    let seconds: f64 = std::env::var("BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2.0);
+    let phase = Duration::from_secs_f64(seconds);
+    let cluster = Cluster::start(NODES).expect("start 5 redis-server nodes");
+    let addrs: Vec<String> = cluster
+        .urls()
+        .iter()
+        .map(|u| u.trim_start_matches("redis://").to_string())
+        .collect();
+    let locks = Redlock::builder(cluster.urls())
+        .io_timeout(Duration::from_millis(200))
+        .connect_timeout(Duration::from_millis(200))
+        .build()
+        .expect("client");
+
+    println!(
+        "# redlock-sync benchmark: 5 local redis-server nodes, TTL 10 s, acquire + release pairs"
+    );
+    println!("machine: {} cores, {}", cores(), cpu_model());
+    println!();
+
+    // b. Latency on one thread.
+    let mut floor_conn = Floor::connect(&addrs);
+    let floor_lat = latencies(|i| floor_pair(&mut floor_conn, i), 5_000);
+    let ours_lat = latencies(
+        |i| {
+            let lock = locks
+                .try_acquire(&format!("lat:{}", i % 64), TTL)
+                .expect("uncontended acquire");
+            locks.release(lock).expect("release");
+        },
+        5_000,
+    );
+    println!("## one thread, try_acquire + release");
+    println!();
+    println!("| | p50 | p99 | p50 ratio to floor |");
+    println!("|---|--:|--:|--:|");
+    println!(
+        "| floor (bare sockets) | {} | {} | 1.00 |",
+        us(floor_lat.p50),
+        us(floor_lat.p99)
+    );
+    println!(
+        "| redlock-sync | {} | {} | {:.2} |",
+        us(ours_lat.p50),
+        us(ours_lat.p99),
+        ours_lat.p50.as_secs_f64() / floor_lat.p50.as_secs_f64()
+    );
+    println!();
+
+    // c. Throughput over threads, distinct resources.
+    println!("## pairs per second, distinct resources per thread");
+    println!();
+    println!("| threads | floor pairs/s | redlock-sync pairs/s | ratio | floor CPU/pair | redlock-sync CPU/pair |");
+    println!("|--:|--:|--:|--:|--:|--:|");
+    for threads in [1, 2, 4, 8] {
+        let floor = throughput(threads, phase, |t| {
+            let mut conn = Floor::connect(&addrs);
+            move |i| floor_pair(&mut conn, t * 1_000_000 + i)
+        });
+        let ours = throughput(threads, phase, |t| {
+            let locks = &locks;
+            move |i| {
+                let lock = locks
+                    .try_acquire(&format!("tp:{t}:{}", i % 64), TTL)
+                    .expect("uncontended acquire");
+                locks.release(lock).expect("release");
+            }
+        });
+        println!(
+            "| {threads} | {:.0} | {:.0} | {:.2} | {} | {} |",
+            floor.per_second,
+            ours.per_second,
+            ours.per_second / floor.per_second,
+            us(floor.cpu_per_op),
+            us(ours.cpu_per_op),
+        );
+    }
+    println!();
+
+    // d. One contended resource, 4 threads, one try each.
+    let acquired = AtomicU64::new(0);
+    let contended = throughput(4, phase, |_| {
+        let (locks, acquired) = (&locks, &acquired);
+        move |_| match locks.try_acquire("contended", TTL) {
+            Ok(lock) => {
+                acquired.fetch_add(1, Ordering::Relaxed);
+                locks.release(lock).expect("release");
+            }
+            Err(LockError::Contended { .. }) => {}
+            Err(e) => panic!("unexpected error under contention: {e}"),
+        }
+    });
+    let secs = contended.elapsed.as_secs_f64();
+    println!("## one contended resource, 4 threads, try once each");
+    println!();
+    println!("| attempts/s | acquisitions/s | CPU/attempt |");
+    println!("|--:|--:|--:|");
+    println!(
+        "| {:.0} | {:.0} | {} |",
+        contended.per_second,
+        acquired.load(Ordering::Relaxed) as f64 / secs,
+        us(contended.cpu_per_op)
+    );
+    println!();
+
+    // e. Behind a proxy that delays each direction by 1 ms.
+    let proxies: Vec<Proxy> = cluster.proxies().expect("proxies");
+    for proxy in &proxies {
+        proxy.set_fault(Fault::Delay(Duration::from_millis(1)));
+    }
+    let proxied: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+    let slow_locks = Redlock::builder(proxies.iter().map(Proxy::url))
+        .io_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .expect("client");
+    let mut sequential = Floor::connect(&proxied);
+    let seq_lat = latencies(|i| sequential_pair(&mut sequential, i), 100);
+    let delayed_lat = latencies(
+        |i| {
+            let lock = slow_locks
+                .try_acquire(&format!("delay:{}", i % 8), TTL)
+                .expect("acquire behind the proxy");
+            slow_locks.release(lock).expect("release");
+        },
+        100,
+    );
+    println!("## behind a 1 ms-each-way delay proxy (one round trip = 2 ms)");
+    println!();
+    println!("| | p50 | round trips | speed-up |");
+    println!("|---|--:|--:|--:|");
+    println!(
+        "| sequential loop over the nodes | {} | {:.1} | 1.0 |",
+        us(seq_lat.p50),
+        seq_lat.p50.as_secs_f64() / 0.002
+    );
+    println!(
+        "| redlock-sync | {} | {:.1} | {:.1} |",
+        us(delayed_lat.p50),
+        delayed_lat.p50.as_secs_f64() / 0.002,
+        seq_lat.p50.as_secs_f64() / delayed_lat.p50.as_secs_f64()
+    );
+}
+
+/// One connection per node, speaking raw RESP.
+struct Floor {
+    conns: Vec<TcpStream>,
+    buf: Vec<u8>,
+    sha: String,
+}
+
+impl Floor {
+    fn connect(addrs: &[String]) -> Floor {
+        let mut floor = Floor {
+            conns: addrs
+                .iter()
+                .map(|a| {
+                    let s = TcpStream::connect(a).expect("connect");
+                    s.set_nodelay(true).expect("nodelay");
+                    s
+                })
+                .collect(),
+            buf: Vec::with_capacity(256),
+            sha: String::new(),
+        };
+        let load = pack(&["SCRIPT", "LOAD", RELEASE]);
+        for i in 0..floor.conns.len() {
+            floor.conns[i].write_all(&load).expect("write");
+            let reply = floor.read_reply(i);
+            floor.sha = String::from_utf8_lossy(&reply)
+                .lines()
+                .nth(1)
+                .unwrap_or_default()
+                .to_string();
+        }
+        floor
+    }
+
+    /// Reads one reply (simple string, integer, nil or a short bulk).
+    fn read_reply(&mut self, i: usize) -> Vec<u8> {
+        self.buf.clear();
+        let mut chunk = [0u8; 256];
+        loop {
+            if complete(&self.buf) {
+                return self.buf.clone();
+            }
+            let n = self.conns[i].read(&mut chunk).expect("read");
+            assert!(n > 0, "node closed the connection");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+/// Whether `buf` holds one whole reply of the kinds the floor reads.
+fn complete(buf: &[u8]) -> bool {
+    let Some(end) = buf.windows(2).position(|w| w == b"\r\n") else {
+        return false;
+    };
+    if buf[0] == b'$' {
+        let len: i64 = std::str::from_utf8(&buf[1..end])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(-1);
+        len < 0 || buf.len() >= end + 2 + len as usize + 2
+    } else {
+        true
+    }
+}
+
+fn pack(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+    }
+    out
+}
+
+/// Write all, read all: SET NX PX, then the release script.
+fn floor_pair(floor: &mut Floor, i: usize) {
+    let key = format!("floor:{}", i % 64);
+    let token = format!("{:040x}", i);
+    let set = pack(&["SET", &key, &token, "NX", "PX", "10000"]);
+    let release = pack(&["EVALSHA", &floor.sha, "1", &key, &token]);
+    for cmd in [&set, &release] {
+        for conn in &mut floor.conns {
+            conn.write_all(cmd).expect("write");
+        }
+        for n in 0..floor.conns.len() {
+            floor.read_reply(n);
+        }
+    }
+}
+
+/// One node after another: SET then read, for each; then release likewise.
+fn sequential_pair(floor: &mut Floor, i: usize) {
+    let key = format!("seq:{}", i % 64);
+    let token = format!("{:040x}", i);
+    let set = pack(&["SET", &key, &token, "NX", "PX", "10000"]);
+    let release = pack(&["EVALSHA", &floor.sha, "1", &key, &token]);
+    for cmd in [&set, &release] {
+        for n in 0..floor.conns.len() {
+            floor.conns[n].write_all(cmd).expect("write");
+            floor.read_reply(n);
+        }
+    }
+}
+
+struct Latency {
+    p50: Duration,
+    p99: Duration,
+}
+
+/// Runs `op` `count` times (after a tenth as many for warm-up) and returns
+/// the percentiles.
+fn latencies(mut op: impl FnMut(usize), count: usize) -> Latency {
+    for i in 0..count / 10 {
+        op(i);
+    }
+    let mut samples: Vec<Duration> = (0..count)
+        .map(|i| {
+            let start = Instant::now();
+            op(i);
+            start.elapsed()
+        })
+        .collect();
+    samples.sort();
+    let at = |q: f64| {
+        samples
+            .get(((samples.len() as f64 * q) as usize).min(samples.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
+    Latency {
+        p50: at(0.50),
+        p99: at(0.99),
+    }
+}
+
+struct Throughput {
+    per_second: f64,
+    cpu_per_op: Duration,
+    elapsed: Duration,
+}
+
+/// Runs `threads` threads, each doing the operation `make(thread)` returns in
+/// a loop for `phase`, and counts operations and this process's CPU time.
+fn throughput<'a, F, Op>(threads: usize, phase: Duration, make: F) -> Throughput
+where
+    F: Fn(usize) -> Op + Sync + 'a,
+    Op: FnMut(usize),
+{
+    let done = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let start_line = Barrier::new(threads + 1);
+    let (elapsed, cpu) = std::thread::scope(|s| {
+        for t in 0..threads {
+            let (make, done, stop, start_line) = (&make, &done, &stop, &start_line);
+            s.spawn(move || {
+                let mut op = make(t);
+                for i in 0..100 {
+                    op(i);
+                }
+                start_line.wait();
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    op(i);
+                    i += 1;
+                }
+                done.fetch_add(i as u64, Ordering::Relaxed);
+            });
+        }
+        start_line.wait();
+        let (start, cpu0) = (Instant::now(), cpu_time());
+        std::thread::sleep(phase);
+        stop.store(true, Ordering::Relaxed);
+        (start.elapsed(), cpu0)
+    });
+    // Threads finish their last operation after `stop`; count them in.
+    let cpu = cpu_time().saturating_sub(cpu);
+    let ops = done.load(Ordering::Relaxed).max(1);
+    Throughput {
+        per_second: ops as f64 / elapsed.as_secs_f64(),
+        cpu_per_op: cpu / ops as u32,
+        elapsed,
+    }
+}
+
+/// This process's user + system CPU time, from /proc/self/stat.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after_name = stat.rsplit(')').next().unwrap_or("");
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // Fields 14 and 15 of the file; 12 and 13 after the name and state.
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<u64>().ok()))
+        .sum();
+    Duration::from_millis(ticks * 10)
+}
+
+fn us(d: Duration) -> String {
+    format!("{:.0} us", d.as_secs_f64() * 1e6)
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|| "unknown CPU".to_string())
+}
