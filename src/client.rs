@@ -297,7 +297,7 @@ impl Redlock {
 
     /// The nodes' addresses (`host:port` or socket path; never passwords).
     pub fn nodes(&self) -> Vec<&str> {
-        self.inner.nodes.iter().map(Node::name).collect()
+        self.inner.nodes.iter().map(|n| &**n.name()).collect()
     }
 
     /// Acquires a lock on `resource` for `ttl`, retrying after a jittered
@@ -384,9 +384,9 @@ impl Redlock {
                     report: tally.report,
                 });
             }
-            // The SET may have landed where the reply was lost or late:
-            // release everywhere before trying again or giving up.
-            self.release_round(&resources, &token);
+            // The SET may have landed where the reply was lost, late or not
+            // awaited: release there before trying again or giving up.
+            self.clean_up(&resources, &token, &tally.report);
             if attempt > retries {
                 return Err(tally.error(&resources[0], attempt, ttl));
             }
@@ -498,8 +498,25 @@ impl Redlock {
         })
     }
 
+    /// After a failed attempt: sends the release to every node that may hold
+    /// our key (all but those that refused), without waiting for replies.
+    /// The next attempt's command follows it on the same connections.
+    fn clean_up(&self, resources: &[String], token: &Token, report: &Report) {
+        let inner = &*self.inner;
+        let cmd = Command::script(&script::RELEASE, resources, &[&token.hex()]);
+        let deadline = Instant::now() + inner.config.io_timeout;
+        round::send_only(
+            &inner.nodes,
+            &cmd,
+            deadline,
+            inner.config.connect_timeout,
+            |i| report.nodes[i].outcome != NodeOutcome::Refused,
+        );
+    }
+
     /// Runs one round and counts the votes. `vote` reads one node's reply:
-    /// `Ok(true)` granted, `Ok(false)` refused, `Err` unexpected.
+    /// `Ok(true)` granted, `Ok(false)` refused, `Err` unexpected. The round
+    /// stops waiting as soon as a quorum granted, or can no longer grant.
     fn round(
         &self,
         cmd: &Command,
@@ -507,6 +524,8 @@ impl Redlock {
         vote: impl Fn(&Value) -> Result<bool, &Value>,
     ) -> Tally {
         let inner = &*self.inner;
+        let (n, quorum) = (inner.nodes.len(), inner.quorum);
+        let (mut yes, mut no) = (0, 0);
         let start = Instant::now();
         let deadline = start + inner.config.io_timeout;
         let replies = round::run(
@@ -515,6 +534,14 @@ impl Redlock {
             start,
             deadline,
             inner.config.connect_timeout,
+            |_| true,
+            |result| {
+                match result {
+                    Ok(value) if vote(value) == Ok(true) => yes += 1,
+                    _ => no += 1,
+                }
+                yes >= quorum || no > n - quorum
+            },
         );
         let elapsed = start.elapsed();
         let nodes = inner
@@ -522,7 +549,7 @@ impl Redlock {
             .iter()
             .zip(replies)
             .map(|(node, Reply { result, elapsed })| NodeReport {
-                node: node.name().to_string(),
+                node: Arc::clone(node.name()),
                 outcome: outcome(result, &vote),
                 elapsed,
             })
@@ -531,7 +558,7 @@ impl Redlock {
         Tally {
             report: Report {
                 nodes,
-                quorum: inner.quorum,
+                quorum,
                 elapsed,
             },
             validity: ttl
@@ -603,6 +630,7 @@ fn outcome(
 ) -> NodeOutcome {
     match result {
         Err(Failure::TimedOut) => NodeOutcome::TimedOut,
+        Err(Failure::NotAwaited) => NodeOutcome::NotAwaited,
         Err(Failure::Error(e)) => NodeOutcome::Failed(e),
         Ok(Value::ServerError(e)) => NodeOutcome::Failed(NodeError::Server(format!(
             "{} {}",

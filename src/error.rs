@@ -1,6 +1,7 @@
 //! `LockError` and what each node answered in a round.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::lock::ParseTokenError;
@@ -207,6 +208,11 @@ pub enum NodeOutcome {
     /// The node could not be asked or answered with an error. The connection,
     /// if any, was dropped.
     Failed(NodeError),
+    /// The round was decided before this node's reply was read (a quorum had
+    /// already answered, or could no longer be reached). The command was
+    /// sent; its reply is read and discarded before the connection's next
+    /// reply.
+    NotAwaited,
 }
 
 /// Why a node failed in a round.
@@ -233,7 +239,7 @@ pub enum NodeError {
 pub struct NodeReport {
     /// The node's address, never with its password: `host:port`, or the
     /// socket path.
-    pub node: String,
+    pub node: Arc<str>,
     /// What it answered.
     pub outcome: NodeOutcome,
     /// Time from the start of the round to the answer (or the failure).
@@ -284,6 +290,7 @@ impl fmt::Display for NodeOutcome {
             Self::Refused => f.write_str("refused"),
             Self::TimedOut => f.write_str("timed out"),
             Self::Failed(err) => write!(f, "failed ({err})"),
+            Self::NotAwaited => f.write_str("not awaited"),
         }
     }
 }

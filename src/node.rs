@@ -1,31 +1,57 @@
-//! One node: its address, a pool of idle connections, and the connection
-//! itself, which is thrown away on any error or timeout.
+//! One node: its address, and one connection that every thread shares.
+//!
+//! Threads batch their commands on the shared connection. A thread that finds
+//! the connection busy leaves its packed command in the node's outbox; the
+//! thread doing I/O writes the whole outbox in one write before it lets go.
+//! Replies come back in order: each is matched to its request by sequence
+//! number and handed to the thread that asked (or discarded, if that thread
+//! stopped waiting). No async runtime, no background thread: the threads that
+//! want answers do the I/O.
+//!
+//! Any error or timeout on the connection ends its *epoch*: the connection is
+//! dropped for every thread that shared it, and every request still on it
+//! fails. A reply is never matched across epochs, so a late reply can never
+//! be taken for the answer to another command.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, Value};
 
 use crate::error::{ConfigError, NodeError};
-use crate::script::pack;
+use crate::script::{pack, Command};
 
-/// Idle connections kept per node; more than this many at once are closed
-/// when handed back.
-const MAX_IDLE: usize = 64;
+/// How far past the time left a socket timeout already set may reach before
+/// it is set again (one `setsockopt` saved per read in steady state).
+const TIMEOUT_SLACK: Duration = Duration::from_micros(500);
+
+/// Past this many unread replies on a connection, a round waits for its
+/// reply even after the outcome is decided, draining the backlog (or, on a
+/// hung node, ending the connection).
+const MAX_BACKLOG: u64 = 16;
 
 /// Why one exchange with a node did not produce a reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Failure {
     /// The round's deadline passed first.
     TimedOut,
+    /// The round was decided without this node's reply (or it was not asked).
+    NotAwaited,
     /// Anything else.
     Error(NodeError),
+}
+
+/// A request on a node's connection: which epoch, and its place in line.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ticket {
+    epoch: u64,
+    seq: u64,
 }
 
 /// One Redis master.
 pub(crate) struct Node {
     /// `host:port` or the socket path; never the password.
-    name: String,
+    name: Arc<str>,
     /// What makes two nodes the same server: the address without the db.
     identity: String,
     /// Address only: no password, no db, no `CLIENT SETINFO`; we do the
@@ -34,7 +60,42 @@ pub(crate) struct Node {
     /// `AUTH` and `SELECT`, packed, if the URL asks for them.
     handshake: Vec<u8>,
     handshake_replies: usize,
-    idle: Mutex<Vec<Conn>>,
+    state: Mutex<State>,
+    /// Signalled whenever a reply is stored, the I/O role is free, or the
+    /// epoch ends.
+    changed: Condvar,
+}
+
+/// The shared connection and everything queued on it.
+struct State {
+    /// The connection, unless there is none or the I/O thread holds it.
+    conn: Option<Conn>,
+    /// A thread is doing I/O (it has taken `conn`).
+    busy: bool,
+    /// Bumped whenever the connection is dropped.
+    epoch: u64,
+    /// Why the last epoch ended.
+    ended: Option<(u64, Failure)>,
+    /// Bits of the scripts known to be cached on this connection's server.
+    scripts: u8,
+    /// Packed commands not written yet, in sequence order.
+    outbox: Vec<u8>,
+    /// Sequence number of the next request, in this epoch.
+    next_seq: u64,
+    /// Requests below this sequence number are on the wire.
+    written: u64,
+    /// Sequence number of the next reply to read.
+    next_read: u64,
+    /// Replies read and not yet taken by their threads.
+    replies: Vec<(u64, Value)>,
+    /// Requests whose threads stopped waiting: their replies are discarded,
+    /// except that a `NOSCRIPT` answer gets the request's `EVAL` form sent
+    /// (and left unread) in its place.
+    abandoned: Vec<(u64, Option<Arc<[u8]>>)>,
+    /// Threads blocked waiting for a reply that another thread will read.
+    waiters: usize,
+    /// The last connection ended in a timeout, and no reply came since.
+    slow: bool,
 }
 
 impl Node {
@@ -103,17 +164,32 @@ impl Node {
             .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
         let client = redis::Client::open(bare).map_err(|e| bad(e.to_string()))?;
         Ok(Node {
-            name,
+            name: name.into(),
             identity,
             client,
             handshake,
             handshake_replies,
-            idle: Mutex::new(Vec::new()),
+            state: Mutex::new(State {
+                conn: None,
+                busy: false,
+                epoch: 0,
+                ended: None,
+                scripts: 0,
+                outbox: Vec::new(),
+                next_seq: 0,
+                written: 0,
+                next_read: 0,
+                replies: Vec::new(),
+                abandoned: Vec::new(),
+                waiters: 0,
+                slow: false,
+            }),
+            changed: Condvar::new(),
         })
     }
 
     /// The node's address for people: `host:port` or the socket path.
-    pub(crate) fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &Arc<str> {
         &self.name
     }
 
@@ -122,25 +198,205 @@ impl Node {
         &self.identity
     }
 
-    /// An idle connection, if there is one.
-    pub(crate) fn checkout(&self) -> Option<Conn> {
-        self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop()
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Hands back a connection that completed its exchange cleanly.
-    pub(crate) fn checkin(&self, conn: Conn) {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.len() < MAX_IDLE {
-            idle.push(conn);
+    /// Queues `cmd` on the connection and gets it written: by this thread
+    /// now, or, if another thread is doing I/O, by that thread before it
+    /// lets go. Connects first if there is no connection.
+    pub(crate) fn submit(
+        &self,
+        cmd: &Command,
+        deadline: Instant,
+        connect_timeout: Duration,
+    ) -> Result<Ticket, Failure> {
+        let mut st = self.lock();
+        let bytes = cmd.bytes_for(st.scripts);
+        st.outbox.extend_from_slice(bytes);
+        let ticket = Ticket {
+            epoch: st.epoch,
+            seq: st.next_seq,
+        };
+        st.next_seq += 1;
+        if !st.busy {
+            st = self.io(st, false, deadline, connect_timeout);
+        }
+        check(&st, ticket)?;
+        Ok(ticket)
+    }
+
+    /// Waits for the reply to `ticket`, reading it (and whatever comes
+    /// before it) when no other thread is doing I/O.
+    pub(crate) fn wait(
+        &self,
+        ticket: Ticket,
+        deadline: Instant,
+        connect_timeout: Duration,
+    ) -> Result<Value, Failure> {
+        let mut st = self.lock();
+        loop {
+            check(&st, ticket)?;
+            if let Some(i) = st.replies.iter().position(|(seq, _)| *seq == ticket.seq) {
+                return Ok(st.replies.swap_remove(i).1);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !st.busy {
+                if left.is_zero() && st.waiters > 0 {
+                    // Late, and others still want this connection: a read
+                    // that timed out now would drop it for them too.
+                    st.abandoned.push((ticket.seq, None));
+                    return Err(Failure::TimedOut);
+                }
+                st = self.io(st, true, deadline, connect_timeout);
+                continue;
+            }
+            if left.is_zero() {
+                st.abandoned.push((ticket.seq, None));
+                return Err(Failure::TimedOut);
+            }
+            st.waiters += 1;
+            st = self
+                .changed
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            st.waiters -= 1;
         }
     }
 
-    /// A connection failed: the idle ones are suspect too (the server may
-    /// have restarted or gone away), so close them all; later rounds
-    /// reconnect.
-    pub(crate) fn discard_idle(&self) {
-        let stale = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|e| e.into_inner()));
-        drop(stale);
+    /// Whether this node's last connection ended in a timeout with no reply
+    /// since: rounds read it last, so a decided round need not wait for it.
+    pub(crate) fn is_slow(&self) -> bool {
+        self.lock().slow
+    }
+
+    /// Whether the connection has so many unread replies that the next
+    /// round should wait for its reply rather than leave it unread.
+    pub(crate) fn backlogged(&self, ticket: Ticket) -> bool {
+        let st = self.lock();
+        st.epoch == ticket.epoch && ticket.seq >= st.next_read + MAX_BACKLOG
+    }
+
+    /// The reply to `ticket` (a request for `cmd`) is no longer wanted:
+    /// discard it when it comes, but if it is `NOSCRIPT`, send the script
+    /// again as `EVAL`, so the command still runs. (That happens when the
+    /// connection is next used; until then a key it was to delete or extend
+    /// keeps its TTL. Only a server that lost its scripts, after `SCRIPT
+    /// FLUSH` say, answers `NOSCRIPT` to a connection that sent them.)
+    pub(crate) fn abandon(&self, ticket: Ticket, cmd: &Command) {
+        let mut st = self.lock();
+        if st.epoch != ticket.epoch {
+            return;
+        }
+        let stored = st.replies.iter().position(|(seq, _)| *seq == ticket.seq);
+        match stored.map(|i| st.replies.swap_remove(i).1) {
+            Some(reply) => {
+                if is_noscript(&reply) {
+                    if let Some(full) = cmd.fallback() {
+                        requeue(&mut st, full);
+                        if !st.busy {
+                            drop(self.io(st, false, Instant::now(), Duration::ZERO));
+                        }
+                    }
+                }
+            }
+            None => st.abandoned.push((ticket.seq, cmd.fallback())),
+        }
+    }
+
+    /// Records whether the server of `ticket`'s connection has `script`.
+    pub(crate) fn note_script(&self, ticket: Ticket, bit: u8, known: bool) {
+        let mut st = self.lock();
+        if st.epoch == ticket.epoch {
+            if known {
+                st.scripts |= bit;
+            } else {
+                st.scripts &= !bit;
+            }
+        }
+    }
+
+    /// The I/O role: writes the outbox (connecting first if needed), then,
+    /// if `read`, reads one reply; writes again whatever was queued
+    /// meanwhile; then lets go. The lock is not held during I/O.
+    fn io<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        read: bool,
+        deadline: Instant,
+        connect_timeout: Duration,
+    ) -> MutexGuard<'a, State> {
+        st.busy = true;
+        let epoch = st.epoch;
+        let mut conn = st.conn.take();
+        let mut to_read = read;
+        loop {
+            if !st.outbox.is_empty() {
+                let out = std::mem::take(&mut st.outbox);
+                let count = st.next_seq - st.written;
+                drop(st);
+                let sent = match conn.take() {
+                    Some(c) => Ok(c),
+                    None => self.connect(deadline, connect_timeout),
+                }
+                .and_then(|mut c| c.send(&out, deadline).map(|()| c));
+                st = self.lock();
+                match sent {
+                    Ok(c) => {
+                        conn = Some(c);
+                        st.written += count;
+                        if st.outbox.is_empty() {
+                            // Keep the buffer's capacity for the next batch.
+                            st.outbox = out;
+                            st.outbox.clear();
+                        }
+                    }
+                    Err(failure) => {
+                        end_epoch(&mut st, failure);
+                        break;
+                    }
+                }
+                continue;
+            }
+            if !to_read || st.next_read >= st.written {
+                break;
+            }
+            let Some(mut c) = conn.take() else { break };
+            drop(st);
+            let received = c.recv(deadline);
+            st = self.lock();
+            to_read = false;
+            match received {
+                Ok(value) => {
+                    conn = Some(c);
+                    st.slow = false;
+                    let seq = st.next_read;
+                    st.next_read += 1;
+                    if let Some(i) = st.abandoned.iter().position(|(s, _)| *s == seq) {
+                        let (_, fallback) = st.abandoned.swap_remove(i);
+                        if let (true, Some(full)) = (is_noscript(&value), fallback) {
+                            requeue(&mut st, full);
+                        }
+                    } else {
+                        st.replies.push((seq, value));
+                    }
+                }
+                Err(failure) => {
+                    end_epoch(&mut st, failure);
+                    break;
+                }
+            }
+        }
+        if st.epoch == epoch {
+            st.conn = conn;
+        }
+        st.busy = false;
+        // A notify is a syscall even with nobody waiting: skip it then.
+        if st.waiters > 0 {
+            self.changed.notify_all();
+        }
+        st
     }
 
     /// Opens a new connection, authenticates and selects the db, all within
@@ -155,7 +411,7 @@ impl Node {
             .client
             .get_connection_with_timeout(left.min(connect_timeout))
             .map_err(|e| {
-                if is_timeout(&e) {
+                if e.is_timeout() {
                     Failure::TimedOut
                 } else {
                     Failure::Error(NodeError::Connect(e.to_string()))
@@ -163,7 +419,8 @@ impl Node {
             })?;
         let mut conn = Conn {
             inner: connection,
-            scripts: 0,
+            read_timeout: None,
+            write_timeout: None,
         };
         if self.handshake_replies > 0 {
             conn.send(&self.handshake, deadline)?;
@@ -184,21 +441,66 @@ impl Node {
     }
 }
 
-/// One open connection, owned by one round at a time.
+/// Fails `ticket` if its epoch has ended.
+fn check(st: &State, ticket: Ticket) -> Result<(), Failure> {
+    if st.epoch == ticket.epoch {
+        return Ok(());
+    }
+    Err(match &st.ended {
+        Some((epoch, failure)) if *epoch == ticket.epoch => failure.clone(),
+        _ => Failure::Error(NodeError::Io(
+            "the connection was dropped after an earlier failure".to_string(),
+        )),
+    })
+}
+
+/// Whether a reply says the server does not have the script.
+pub(crate) fn is_noscript(value: &Value) -> bool {
+    matches!(value, Value::ServerError(e) if e.code() == "NOSCRIPT")
+}
+
+/// Queues `full` (an `EVAL` command) as a request nobody waits for, after an
+/// unread request's `NOSCRIPT`; the server has lost our scripts.
+fn requeue(st: &mut State, full: Arc<[u8]>) {
+    st.scripts = 0;
+    st.outbox.extend_from_slice(&full);
+    st.abandoned.push((st.next_seq, None));
+    st.next_seq += 1;
+}
+
+/// Drops the connection for everyone: every request on it fails.
+fn end_epoch(st: &mut State, failure: Failure) {
+    st.slow = failure == Failure::TimedOut;
+    st.ended = Some((st.epoch, failure));
+    st.epoch += 1;
+    st.conn = None;
+    st.scripts = 0;
+    st.outbox.clear();
+    st.next_seq = 0;
+    st.written = 0;
+    st.next_read = 0;
+    st.replies.clear();
+    st.abandoned.clear();
+}
+
+/// One open connection and the socket timeouts last set on it.
 pub(crate) struct Conn {
     inner: redis::Connection,
-    /// Bits of the scripts known to be cached on this connection's server.
-    pub(crate) scripts: u8,
+    read_timeout: Option<Duration>,
+    write_timeout: Option<Duration>,
 }
 
 impl Conn {
     /// Writes `bytes`, giving up at `deadline`.
-    pub(crate) fn send(&mut self, bytes: &[u8], deadline: Instant) -> Result<(), Failure> {
+    fn send(&mut self, bytes: &[u8], deadline: Instant) -> Result<(), Failure> {
         let left = time_left(deadline)?;
-        self.inner
-            .set_write_timeout(Some(left))
-            .and_then(|()| self.inner.send_packed_command(bytes))
-            .map_err(io_failure)
+        if needs_reset(self.write_timeout, left) {
+            self.inner
+                .set_write_timeout(Some(left))
+                .map_err(io_failure)?;
+            self.write_timeout = Some(left);
+        }
+        self.inner.send_packed_command(bytes).map_err(io_failure)
     }
 
     /// Reads one reply, giving up at `deadline`.
@@ -209,14 +511,27 @@ impl Conn {
     /// that is already here: its timeout is the smallest the OS offers (a
     /// reply in the buffer returns at once; a silent node costs one
     /// scheduler tick at most).
-    pub(crate) fn recv(&mut self, deadline: Instant) -> Result<Value, Failure> {
+    fn recv(&mut self, deadline: Instant) -> Result<Value, Failure> {
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_micros(1));
-        self.inner
-            .set_read_timeout(Some(left))
-            .and_then(|()| self.inner.recv_response())
-            .map_err(io_failure)
+        if needs_reset(self.read_timeout, left) {
+            self.inner
+                .set_read_timeout(Some(left))
+                .map_err(io_failure)?;
+            self.read_timeout = Some(left);
+        }
+        self.inner.recv_response().map_err(io_failure)
+    }
+}
+
+/// Whether a socket timeout of `set` must change to wait about `left`: it
+/// may overshoot `left` by at most [`TIMEOUT_SLACK`], and must not fall
+/// short of it by more than a quarter (that would time out a healthy node).
+fn needs_reset(set: Option<Duration>, left: Duration) -> bool {
+    match set {
+        None => true,
+        Some(set) => set > left + TIMEOUT_SLACK || set < left - left / 4,
     }
 }
 
@@ -230,12 +545,8 @@ fn time_left(deadline: Instant) -> Result<Duration, Failure> {
     }
 }
 
-fn is_timeout(e: &redis::RedisError) -> bool {
-    e.is_timeout()
-}
-
 fn io_failure(e: redis::RedisError) -> Failure {
-    if is_timeout(&e) {
+    if e.is_timeout() {
         Failure::TimedOut
     } else {
         Failure::Error(NodeError::Io(e.to_string()))
@@ -275,10 +586,10 @@ mod tests {
     #[test]
     fn parse_reads_address_auth_and_db() {
         let node = Node::parse("redis://u:p@127.0.0.1:7001/3").unwrap();
-        assert_eq!(node.name(), "127.0.0.1:7001");
+        assert_eq!(&**node.name(), "127.0.0.1:7001");
         assert_eq!(node.handshake_replies, 2);
         let node = Node::parse("redis+unix:///tmp/x.sock").unwrap();
-        assert_eq!(node.name(), "/tmp/x.sock");
+        assert_eq!(&**node.name(), "/tmp/x.sock");
         assert_eq!(node.handshake_replies, 0);
     }
 }

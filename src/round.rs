@@ -1,16 +1,20 @@
 //! One multiplexed round: the same command to every node, written to every
-//! socket first, then every reply read against one deadline.
+//! node first, then the replies read against one deadline, until the caller
+//! says the outcome is decided.
 //!
-//! A round knows sockets and deadlines, not what a reply means for the lock.
-//! Any error or timeout on a connection drops that connection, so a reply
-//! that arrives late is never read by anyone.
+//! A round knows connections and deadlines, not what a reply means for the
+//! lock: the caller's `decided` callback does the counting.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use crate::node::{Conn, Failure, Node};
+use crate::node::{is_noscript, Failure, Node, Ticket};
 use crate::script::Command;
+
+/// Where the next round starts reading.
+static ROTATION: AtomicUsize = AtomicUsize::new(0);
 
 /// One node's result in a round: its reply or why there is none, and when.
 pub(crate) struct Reply {
@@ -18,124 +22,97 @@ pub(crate) struct Reply {
     pub(crate) elapsed: Duration,
 }
 
-/// Where one node stands during a round.
-struct Slot {
-    /// The connection, while it is healthy.
-    conn: Option<Conn>,
-    /// The reply or failure, once there is one.
-    result: Option<Result<Value, Failure>>,
-    elapsed: Duration,
-}
-
-impl Slot {
-    /// Writes the command; on failure the connection is dropped.
-    fn send(&mut self, cmd: &Command, start: Instant, deadline: Instant) {
-        if let Some(conn) = self.conn.as_mut() {
-            if let Err(failure) = conn.send(cmd.bytes_for(conn.scripts), deadline) {
-                self.finish(Err(failure), start);
-            }
-        }
-    }
-
-    /// Reads one reply if one is awaited; on failure the connection is dropped.
-    fn receive(&mut self, start: Instant, deadline: Instant) {
-        if self.result.is_none() {
-            if let Some(conn) = self.conn.as_mut() {
-                let result = conn.recv(deadline);
-                self.finish(result, start);
-            }
-        }
-    }
-
-    fn finish(&mut self, result: Result<Value, Failure>, start: Instant) {
-        if result.is_err() {
-            self.conn = None;
-        }
-        self.result = Some(result);
-        self.elapsed = start.elapsed();
-    }
-
-    /// Whether the node answered NOSCRIPT and can be asked again.
-    fn lost_script(&self) -> bool {
-        matches!(&self.result, Some(Ok(Value::ServerError(e))) if e.code() == "NOSCRIPT")
-            && self.conn.is_some()
-    }
-}
-
-/// Runs `cmd` on every node. Returns one reply a node, in node order.
+/// Runs `cmd` on the nodes for which `ask` is true. Returns one reply a node,
+/// in node order.
 ///
-/// Nothing in here blocks past `deadline`: every write, connect and read gets
-/// only the time left until it.
+/// After each reply (or failure) `decided` is called; once it returns true,
+/// the replies still outstanding are not waited for: they are read and
+/// discarded later, before anything else on their connections. Nothing in
+/// here blocks past `deadline`, except that a reply already received is
+/// still collected just after it.
 pub(crate) fn run(
     nodes: &[Node],
     cmd: &Command,
     start: Instant,
     deadline: Instant,
     connect_timeout: Duration,
+    ask: impl Fn(usize) -> bool,
+    mut decided: impl FnMut(&Result<Value, Failure>) -> bool,
 ) -> Vec<Reply> {
-    let mut slots: Vec<Slot> = nodes
-        .iter()
-        .map(|node| Slot {
-            conn: node.checkout(),
-            result: None,
-            elapsed: Duration::ZERO,
-        })
-        .collect();
-    // Write first to the nodes with an idle connection, so their replies
-    // travel while we connect to the others.
-    for slot in &mut slots {
-        slot.send(cmd, start, deadline);
-    }
-    for (node, slot) in nodes.iter().zip(&mut slots) {
-        if slot.conn.is_none() && slot.result.is_none() {
-            match node.connect(deadline, connect_timeout) {
-                Ok(conn) => {
-                    slot.conn = Some(conn);
-                    slot.send(cmd, start, deadline);
-                }
-                Err(failure) => slot.finish(Err(failure), start),
-            }
+    let mut done = false;
+    let mut replies: Vec<Reply> = Vec::with_capacity(nodes.len());
+    let mut tickets: Vec<Option<Ticket>> = Vec::with_capacity(nodes.len());
+    for (i, node) in nodes.iter().enumerate() {
+        let submitted = if ask(i) {
+            node.submit(cmd, deadline, connect_timeout)
+        } else {
+            Err(Failure::NotAwaited)
+        };
+        tickets.push(submitted.as_ref().ok().copied());
+        let result = submitted.map(|_| Value::Nil);
+        if result.is_err() && ask(i) {
+            done = done || decided(&result);
         }
-    }
-    // Read every reply against the one deadline.
-    for slot in &mut slots {
-        slot.receive(start, deadline);
-    }
-    // A node that had lost our script gets it once more as EVAL, in the same
-    // round and before the same deadline.
-    if slots.iter().any(Slot::lost_script) {
-        for slot in slots.iter_mut().filter(|s| s.lost_script()) {
-            slot.result = None;
-            if let Some(conn) = slot.conn.as_mut() {
-                conn.scripts = 0;
-            }
-            slot.send(cmd, start, deadline);
-        }
-        for slot in &mut slots {
-            slot.receive(start, deadline);
-        }
+        replies.push(Reply {
+            result,
+            elapsed: start.elapsed(),
+        });
     }
 
-    nodes
-        .iter()
-        .zip(slots)
-        .map(|(node, slot)| {
-            let result = slot.result.unwrap_or(Err(Failure::TimedOut));
-            match slot.conn {
-                Some(mut conn) => {
-                    if let (Some(script), Ok(reply)) = (cmd.script, &result) {
-                        if !matches!(reply, Value::ServerError(_)) {
-                            conn.scripts |= script.bit;
-                        }
-                    }
-                    node.checkin(conn);
+    // Read the nodes that timed out last time after the others, so a decided
+    // round need not wait for them; rotate the rest, so the replies left
+    // unread spread over the nodes.
+    let mut order: Vec<usize> = (0..nodes.len()).collect();
+    order.rotate_left(ROTATION.fetch_add(1, Ordering::Relaxed) % nodes.len().max(1));
+    order.sort_by_key(|&i| nodes[i].is_slow());
+    for i in order {
+        let (node, reply) = (&nodes[i], &mut replies[i]);
+        let Some(ticket) = tickets[i] else { continue };
+        if done && !node.backlogged(ticket) {
+            node.abandon(ticket, cmd);
+            reply.result = Err(Failure::NotAwaited);
+            continue;
+        }
+        let mut result = node.wait(ticket, deadline, connect_timeout);
+        if let Some(script) = cmd.script {
+            let mut ticket = ticket;
+            for retry in [true, false] {
+                let lost = matches!(&result, Ok(value) if is_noscript(value));
+                node.note_script(ticket, script.bit, !lost && result.is_ok());
+                if !(lost && retry) {
+                    break;
                 }
-                None => node.discard_idle(),
+                // The server lost our script: once more as EVAL, in the same
+                // round and against the same deadline.
+                result = node.submit(cmd, deadline, connect_timeout).and_then(|t| {
+                    ticket = t;
+                    node.wait(t, deadline, connect_timeout)
+                });
             }
-            Reply {
-                result,
-                elapsed: slot.elapsed,
+        }
+        reply.elapsed = start.elapsed();
+        if !done {
+            done = decided(&result);
+        }
+        reply.result = result;
+    }
+    replies
+}
+
+/// Writes `cmd` to the nodes for which `ask` is true and does not wait for
+/// the replies (they are read and discarded later). For best-effort clean-up.
+pub(crate) fn send_only(
+    nodes: &[Node],
+    cmd: &Command,
+    deadline: Instant,
+    connect_timeout: Duration,
+    ask: impl Fn(usize) -> bool,
+) {
+    for (i, node) in nodes.iter().enumerate() {
+        if ask(i) {
+            if let Ok(ticket) = node.submit(cmd, deadline, connect_timeout) {
+                node.abandon(ticket, cmd);
             }
-        })
-        .collect()
+        }
+    }
 }

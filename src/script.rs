@@ -5,6 +5,8 @@
 //! `NOSCRIPT` answer (after `SCRIPT FLUSH`, say) is retried as `EVAL` within
 //! the same round. So the common path costs one round trip, always.
 
+use std::sync::Arc;
+
 use crate::lock::Token;
 
 /// One Lua script, its SHA1 (hex), and its bit in a connection's set of
@@ -68,8 +70,9 @@ pub(crate) struct Command {
     pub(crate) script: Option<&'static Script>,
     /// The packed command: `EVALSHA ...` for a script, else the command.
     pub(crate) fast: Vec<u8>,
-    /// The packed `EVAL ...` form (scripts only; empty otherwise).
-    pub(crate) full: Vec<u8>,
+    /// The packed `EVAL ...` form (scripts only; empty otherwise). Shared,
+    /// so that a request left unread can keep it for a `NOSCRIPT` retry.
+    pub(crate) full: Arc<[u8]>,
 }
 
 impl Command {
@@ -91,7 +94,7 @@ impl Command {
         Command {
             script: None,
             fast,
-            full: Vec::new(),
+            full: Arc::from([]),
         }
     }
 
@@ -113,8 +116,14 @@ impl Command {
         Command {
             script: Some(script),
             fast,
-            full,
+            full: full.into(),
         }
+    }
+
+    /// What a request left unread needs to be sent again as `EVAL` if the
+    /// server answers `NOSCRIPT`.
+    pub(crate) fn fallback(&self) -> Option<Arc<[u8]>> {
+        self.script.map(|_| Arc::clone(&self.full))
     }
 
     /// The bytes to send on a connection that knows the scripts in `known`.

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{builder, cluster, holders, values};
+use common::{builder, cluster, holders, values, wait_until, wait_until_gone, SETTLE};
 use redlock_sync::{LockError, NodeOutcome};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -53,7 +53,6 @@ fn a_minority_of_dead_nodes_does_not_stop_acquire_but_a_majority_gives_the_quoru
         } => {
             assert_eq!(*attempts, RETRY_COUNT + 1);
             assert_eq!(report.failed(), 3, "{report}");
-            assert_eq!(report.granted(), 2, "{report}");
         }
         other => panic!("expected the quorum error, got {other}"),
     }
@@ -63,11 +62,9 @@ fn a_minority_of_dead_nodes_does_not_stop_acquire_but_a_majority_gives_the_quoru
         took <= bound,
         "quorum error after {took:?}, bound {bound:?}"
     );
-    assert_eq!(
-        values(&nodes, "three-dead")[3..],
-        [None, None],
-        "failed attempts released the live nodes"
-    );
+    wait_until(SETTLE, "failed attempts released the live nodes", || {
+        values(&nodes, "three-dead")[3..] == [None, None]
+    });
 }
 
 #[test]
@@ -85,8 +82,14 @@ fn a_paused_node_costs_at_most_the_io_timeout_and_its_late_replies_are_never_tak
         let resource = format!("paused-{i}");
         let lock = locks.acquire(&resource, TTL).expect("4 of 5 nodes answer");
         let report = lock.report().clone();
-        assert_eq!(report.nodes[0].outcome, NodeOutcome::TimedOut, "{report}");
-        assert_eq!(report.granted(), 4, "{report}");
+        assert!(
+            matches!(
+                report.nodes[0].outcome,
+                NodeOutcome::TimedOut | NodeOutcome::NotAwaited
+            ),
+            "{report}"
+        );
+        assert!(report.granted() >= 3, "{report}");
         assert!(
             report.elapsed <= IO_TIMEOUT + Duration::from_millis(50),
             "a round with a hung node took {:?}, more than io_timeout {IO_TIMEOUT:?}",
@@ -113,21 +116,35 @@ fn a_paused_node_costs_at_most_the_io_timeout_and_its_late_replies_are_never_tak
                     "cycle {i}: {} reported granted but holds {held:?}",
                     entry.node
                 ),
-                _ => assert_ne!(
+                NodeOutcome::Refused => assert_ne!(
                     held.as_deref(),
                     Some(token.as_str()),
-                    "cycle {i}: {} holds our token but reported {}",
-                    entry.node,
-                    entry.outcome
+                    "cycle {i}: {} holds our token but reported refused",
+                    entry.node
                 ),
+                // Not awaited, timed out, failed: no claim to check.
+                _ => {}
             }
         }
         let report = locks.release(lock).expect("release");
-        assert_eq!(
-            report.granted(),
-            5,
-            "cycle {i}: every node held and released: {report}"
-        );
-        assert_eq!(values(&nodes, &resource), vec![None; 5], "cycle {i}");
+        for (node, entry) in nodes.nodes().iter().zip(&report.nodes) {
+            assert!(
+                matches!(
+                    entry.outcome,
+                    NodeOutcome::Granted | NodeOutcome::NotAwaited
+                ),
+                "cycle {i}: {} did not release: {report}",
+                entry.node
+            );
+            if entry.outcome == NodeOutcome::Granted {
+                assert_eq!(
+                    node.get(&resource).unwrap(),
+                    None,
+                    "cycle {i}: {}",
+                    entry.node
+                );
+            }
+        }
+        wait_until_gone(&nodes, &resource, SETTLE);
     }
 }

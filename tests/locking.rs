@@ -7,7 +7,7 @@ mod common;
 use std::sync::Barrier;
 use std::time::Duration;
 
-use common::{client, cluster, holders, values, wait_until_gone};
+use common::{client, cluster, holders, values, wait_until, wait_until_gone, SETTLE};
 use redlock_sync::{Lock, LockError, NodeOutcome, Redlock, Token};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -27,7 +27,7 @@ fn acquire_sets_our_token_with_the_ttl_on_every_node_and_release_removes_it() {
         "validity {:?} should be just under the TTL {TTL:?}",
         lock.validity()
     );
-    assert_eq!(lock.report().granted(), 5, "report: {}", lock.report());
+    assert!(lock.report().granted() >= 3, "report: {}", lock.report());
     for (i, node) in nodes.nodes().iter().enumerate() {
         assert_eq!(
             node.get("invoice:42").unwrap().as_deref(),
@@ -44,8 +44,10 @@ fn acquire_sets_our_token_with_the_ttl_on_every_node_and_release_removes_it() {
     let report = locks
         .release(lock)
         .expect("release of a held lock succeeds");
-    assert_eq!(report.granted(), 5, "report: {report}");
-    assert_eq!(values(&nodes, "invoice:42"), vec![None; 5]);
+    assert!(report.granted() >= 3, "report: {report}");
+    // The release went to every node; the replies past the quorum are read
+    // later, so the last deletions may land just after release returns.
+    wait_until_gone(&nodes, "invoice:42", SETTLE);
 }
 
 #[test]
@@ -93,12 +95,11 @@ fn of_two_clients_exactly_one_wins_and_the_other_can_acquire_after_release() {
         other => panic!("expected the contended error, got {other:?}"),
     }
     let token = winner.token().to_string();
-    for value in values(&nodes, "report") {
-        assert!(
-            value.is_none() || value.as_deref() == Some(token.as_str()),
-            "the loser left no key of its own and did not touch the winner's: {value:?}"
-        );
-    }
+    wait_until(SETTLE, "the loser's clean-up removed its own keys", || {
+        values(&nodes, "report")
+            .iter()
+            .all(|v| v.is_none() || v.as_deref() == Some(token.as_str()))
+    });
     assert!(
         holders(&nodes, &winner) >= 3,
         "the winner still holds a quorum"
@@ -127,7 +128,7 @@ fn release_after_expiry_and_takeover_reports_lost_and_leaves_the_new_holders_key
     match first.release(stale) {
         Err(LockError::Lost { resource, report }) => {
             assert_eq!(resource, "job");
-            assert_eq!(report.refused(), 5, "no node held our token: {report}");
+            assert!(report.refused() >= 3, "no node held our token: {report}");
         }
         other => panic!("expected the lost-lock error, got {other:?}"),
     }
@@ -169,7 +170,7 @@ fn extend_keeps_the_lock_past_its_ttl_and_fails_once_it_expired() {
 
     wait_until_gone(&nodes, "lease", Duration::from_secs(5));
     match locks.extend(&mut lock, ttl) {
-        Err(LockError::Lost { report, .. }) => assert_eq!(report.refused(), 5),
+        Err(LockError::Lost { report, .. }) => assert!(report.refused() >= 3, "{report}"),
         other => panic!("expected the lost-lock error, got {other:?}"),
     }
     assert_eq!(
@@ -202,7 +203,7 @@ fn a_resource_and_token_carried_to_another_client_release_and_extend_the_lock_th
     other
         .release(carried)
         .expect("release with a carried token");
-    assert_eq!(values(&nodes, &resource), vec![None; 3]);
+    wait_until_gone(&nodes, &resource, SETTLE);
 
     // A made-up token releases nothing that someone else holds.
     let held = acquiring.acquire("nightly", TTL).unwrap();
@@ -228,10 +229,18 @@ fn release_script_falls_back_to_eval_when_the_server_lost_it() {
         report
             .nodes
             .iter()
-            .all(|n| n.outcome == NodeOutcome::Granted),
-        "every node released after the EVAL fallback: {report}"
+            .all(|n| matches!(n.outcome, NodeOutcome::Granted | NodeOutcome::NotAwaited)),
+        "no node failed after the EVAL fallback: {report}"
     );
-    assert_eq!(values(&nodes, "flush"), vec![None; 3]);
+    assert!(report.granted() >= 2, "{report}");
+    // A node whose reply was not awaited answers NOSCRIPT on a connection
+    // nobody reads yet; the next use of that connection reads it and sends
+    // the EVAL in its place.
+    let next = locks.acquire("flush-next", TTL).unwrap();
+    locks.release(next).unwrap();
+    let next = locks.acquire("flush-next", TTL).unwrap();
+    locks.release(next).unwrap();
+    wait_until_gone(&nodes, "flush", SETTLE);
 }
 
 #[test]
@@ -242,7 +251,7 @@ fn unix_socket_nodes_work_like_tcp_nodes() {
     let lock = locks.acquire("over-unix", TTL).unwrap();
     assert_eq!(holders(&nodes, &lock), 3);
     locks.release(lock).unwrap();
-    assert_eq!(values(&nodes, "over-unix"), vec![None; 3]);
+    wait_until_gone(&nodes, "over-unix", SETTLE);
 }
 
 /// GET over a fresh connection to `url` (which may carry a password and db).
@@ -277,13 +286,13 @@ fn password_and_db_in_the_url_are_used() {
     let without_password = Redlock::new(nodes.urls()).unwrap();
     match without_password.try_acquire("x", TTL) {
         Err(LockError::NoQuorum { report, .. }) => {
-            assert_eq!(report.failed(), 3, "{report}");
+            assert!(report.failed() >= 2, "{report}");
             assert!(!report.to_string().contains("s3cret"));
         }
         other => panic!("without the password every node fails: {other:?}"),
     }
     locks.release(lock).unwrap();
-    for db2 in &in_db2 {
-        assert_eq!(get_at(db2, "in-db-2"), None);
-    }
+    wait_until(SETTLE, "the key is gone from db 2 everywhere", || {
+        in_db2.iter().all(|db2| get_at(db2, "in-db-2").is_none())
+    });
 }

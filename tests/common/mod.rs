@@ -7,6 +7,10 @@ use std::time::{Duration, Instant};
 use redlock_sync::testing::Cluster;
 use redlock_sync::{Lock, Redlock, RedlockBuilder};
 
+/// How long a test waits for what a decided round left in flight (replies
+/// past the quorum, fire-and-forget clean-up) to land on the nodes.
+pub const SETTLE: Duration = Duration::from_secs(2);
+
 /// Starts `n` throwaway redis-server nodes, or fails the test saying why
 /// (for instance that redis-server is not installed, and how to install it).
 pub fn cluster(n: usize) -> Cluster {
