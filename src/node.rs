@@ -234,11 +234,35 @@ impl Node {
         deadline: Instant,
         connect_timeout: Duration,
     ) -> Result<Value, Failure> {
+        self.take(ticket, deadline, connect_timeout, true)
+            .unwrap_or(Err(Failure::TimedOut))
+    }
+
+    /// Like [`wait`](Self::wait), but returns `None` instead of sleeping
+    /// when another thread is doing I/O on the connection.
+    pub(crate) fn poll(
+        &self,
+        ticket: Ticket,
+        deadline: Instant,
+        connect_timeout: Duration,
+    ) -> Option<Result<Value, Failure>> {
+        self.take(ticket, deadline, connect_timeout, false)
+    }
+
+    fn take(
+        &self,
+        ticket: Ticket,
+        deadline: Instant,
+        connect_timeout: Duration,
+        block: bool,
+    ) -> Option<Result<Value, Failure>> {
         let mut st = self.lock();
         loop {
-            check(&st, ticket)?;
+            if let Err(failure) = check(&st, ticket) {
+                return Some(Err(failure));
+            }
             if let Some(i) = st.replies.iter().position(|(seq, _)| *seq == ticket.seq) {
-                return Ok(st.replies.swap_remove(i).1);
+                return Some(Ok(st.replies.swap_remove(i).1));
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if !st.busy {
@@ -246,14 +270,17 @@ impl Node {
                     // Late, and others still want this connection: a read
                     // that timed out now would drop it for them too.
                     st.abandoned.push((ticket.seq, None));
-                    return Err(Failure::TimedOut);
+                    return Some(Err(Failure::TimedOut));
                 }
                 st = self.io(st, true, deadline, connect_timeout);
                 continue;
             }
             if left.is_zero() {
                 st.abandoned.push((ticket.seq, None));
-                return Err(Failure::TimedOut);
+                return Some(Err(Failure::TimedOut));
+            }
+            if !block {
+                return None;
             }
             st.waiters += 1;
             st = self

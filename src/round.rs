@@ -49,9 +49,11 @@ pub(crate) fn run(
             Err(Failure::NotAwaited)
         };
         tickets.push(submitted.as_ref().ok().copied());
-        let result = submitted.map(|_| Value::Nil);
-        if result.is_err() && ask(i) {
-            done = done || decided(&result);
+        // Until its reply is read, a node that was sent the command stands
+        // as not awaited.
+        let result = submitted.and(Err(Failure::NotAwaited));
+        if ask(i) && result != Err(Failure::NotAwaited) && !done {
+            done = decided(&result);
         }
         replies.push(Reply {
             result,
@@ -62,20 +64,15 @@ pub(crate) fn run(
     // Read the nodes that timed out last time after the others, so a decided
     // round need not wait for them; rotate the rest, so the replies left
     // unread spread over the nodes.
-    let mut order: Vec<usize> = (0..nodes.len()).collect();
-    order.rotate_left(ROTATION.fetch_add(1, Ordering::Relaxed) % nodes.len().max(1));
-    order.sort_by_key(|&i| nodes[i].is_slow());
-    for i in order {
-        let (node, reply) = (&nodes[i], &mut replies[i]);
-        let Some(ticket) = tickets[i] else { continue };
-        if done && !node.backlogged(ticket) {
-            node.abandon(ticket, cmd);
-            reply.result = Err(Failure::NotAwaited);
-            continue;
-        }
-        let mut result = node.wait(ticket, deadline, connect_timeout);
+    let mut pending: Vec<usize> = (0..nodes.len()).filter(|&i| tickets[i].is_some()).collect();
+    let len = pending.len().max(1);
+    pending.rotate_left(ROTATION.fetch_add(1, Ordering::Relaxed) % len);
+    pending.sort_by_key(|&i| nodes[i].is_slow());
+
+    let mut finish = |i: usize, mut result: Result<Value, Failure>, done: &mut bool| {
+        let node = &nodes[i];
+        let Some(mut ticket) = tickets[i] else { return };
         if let Some(script) = cmd.script {
-            let mut ticket = ticket;
             for retry in [true, false] {
                 let lost = matches!(&result, Ok(value) if is_noscript(value));
                 node.note_script(ticket, script.bit, !lost && result.is_ok());
@@ -90,11 +87,51 @@ pub(crate) fn run(
                 });
             }
         }
-        reply.elapsed = start.elapsed();
-        if !done {
-            done = decided(&result);
+        replies[i].elapsed = start.elapsed();
+        if !*done {
+            *done = decided(&result);
         }
-        reply.result = result;
+        replies[i].result = result;
+    };
+
+    while !pending.is_empty() {
+        if done {
+            for i in pending.drain(..) {
+                let Some(ticket) = tickets[i] else { continue };
+                if nodes[i].backlogged(ticket) {
+                    let result = nodes[i].wait(ticket, deadline, connect_timeout);
+                    finish(i, result, &mut done);
+                } else {
+                    nodes[i].abandon(ticket, cmd);
+                }
+            }
+            break;
+        }
+        // Take whatever can be had without sleeping: a stored reply, or a
+        // connection nobody else is reading.
+        let mut progressed = false;
+        let mut k = 0;
+        while k < pending.len() && !done {
+            let i = pending[k];
+            let polled = tickets[i].and_then(|t| nodes[i].poll(t, deadline, connect_timeout));
+            match polled {
+                Some(result) => {
+                    pending.remove(k);
+                    finish(i, result, &mut done);
+                    progressed = true;
+                }
+                None => k += 1,
+            }
+        }
+        // Every connection still awaited is being read by another thread:
+        // sleep until the first of them hands over our reply.
+        if !progressed && !done {
+            let i = pending.remove(0);
+            if let Some(ticket) = tickets[i] {
+                let result = nodes[i].wait(ticket, deadline, connect_timeout);
+                finish(i, result, &mut done);
+            }
+        }
     }
     replies
 }
