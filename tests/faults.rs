@@ -91,7 +91,7 @@ fn a_paused_node_costs_at_most_the_io_timeout_and_its_late_replies_are_never_tak
         );
         assert!(report.granted() >= 3, "{report}");
         assert!(
-            report.elapsed <= IO_TIMEOUT + Duration::from_millis(50),
+            report.elapsed <= IO_TIMEOUT + Duration::from_millis(100),
             "a round with a hung node took {:?}, more than io_timeout {IO_TIMEOUT:?}",
             report.elapsed
         );
@@ -105,7 +105,7 @@ fn a_paused_node_costs_at_most_the_io_timeout_and_its_late_replies_are_never_tak
     // the node really holds.
     for i in 0..200 {
         let resource = format!("after-{}", i % 7);
-        let lock = locks.try_acquire(&resource, TTL).expect("all nodes are up");
+        let lock = locks.acquire(&resource, TTL).expect("all nodes are up");
         let token = lock.token().to_string();
         for (node, entry) in nodes.nodes().iter().zip(&lock.report().nodes) {
             let held = node.get(&resource).unwrap();

@@ -17,14 +17,16 @@ pub fn cluster(n: usize) -> Cluster {
     Cluster::start(n).unwrap_or_else(|e| panic!("could not start {n} redis-server nodes: {e}"))
 }
 
-/// A builder over the cluster's nodes with short, test-friendly pauses.
+/// A builder over the cluster's nodes with short, test-friendly pauses, and
+/// an I/O timeout roomy enough that a busy 2-core CI machine does not fail
+/// a healthy node (tests about timeouts set their own).
 pub fn builder(cluster: &Cluster) -> RedlockBuilder {
     Redlock::builder(cluster.urls())
         .retry_count(3)
         .retry_delay(Duration::from_millis(10))
         .retry_jitter(Duration::from_millis(10))
-        .io_timeout(Duration::from_millis(100))
-        .connect_timeout(Duration::from_millis(100))
+        .io_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
 }
 
 /// A client over the cluster's nodes with short, test-friendly pauses.
