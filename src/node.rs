@@ -292,6 +292,12 @@ impl Node {
         }
     }
 
+    /// Whether the node has no connection yet (the next round connects).
+    pub(crate) fn is_disconnected(&self) -> bool {
+        let st = self.lock();
+        st.conn.is_none() && !st.busy
+    }
+
     /// Whether this node's last connection ended in a timeout with no reply
     /// since: rounds read it last, so a decided round need not wait for it.
     pub(crate) fn is_slow(&self) -> bool {
@@ -319,13 +325,9 @@ impl Node {
         let stored = st.replies.iter().position(|(seq, _)| *seq == ticket.seq);
         match stored.map(|i| st.replies.swap_remove(i).1) {
             Some(reply) => {
-                if is_noscript(&reply) {
-                    if let Some(full) = cmd.fallback() {
-                        requeue(&mut st, full);
-                        if !st.busy {
-                            drop(self.io(st, false, Instant::now(), Duration::ZERO));
-                        }
-                    }
+                if let (true, Some(full)) = (is_noscript(&reply), cmd.fallback()) {
+                    // Written with the connection's next I/O.
+                    requeue(&mut st, full);
                 }
             }
             None => st.abandoned.push((ticket.seq, cmd.fallback())),
@@ -519,8 +521,15 @@ pub(crate) struct Conn {
 
 impl Conn {
     /// Writes `bytes`, giving up at `deadline`.
+    ///
+    /// A write of a few commands does not block unless the server stopped
+    /// reading and its buffer is full, so past the deadline a write still
+    /// goes out (with the smallest timeout the OS offers): another node's
+    /// slow connect must not make this healthy connection fail.
     fn send(&mut self, bytes: &[u8], deadline: Instant) -> Result<(), Failure> {
-        let left = time_left(deadline)?;
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_micros(1));
         if needs_reset(self.write_timeout, left) {
             self.inner
                 .set_write_timeout(Some(left))

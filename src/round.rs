@@ -41,24 +41,35 @@ pub(crate) fn run(
 ) -> Vec<Reply> {
     let mut done = false;
     let mut replies: Vec<Reply> = Vec::with_capacity(nodes.len());
-    let mut tickets: Vec<Option<Ticket>> = Vec::with_capacity(nodes.len());
-    for (i, node) in nodes.iter().enumerate() {
+    let mut tickets: Vec<Option<Ticket>> = vec![None; nodes.len()];
+    for _ in nodes {
+        replies.push(Reply {
+            result: Err(Failure::NotAwaited),
+            elapsed: Duration::ZERO,
+        });
+    }
+    // Write first to the nodes that are connected, so their replies travel
+    // while we connect to the others.
+    let mut order: Vec<usize> = (0..nodes.len()).collect();
+    order.sort_by_key(|&i| nodes[i].is_disconnected());
+    for i in order {
+        let node = &nodes[i];
         let submitted = if ask(i) {
             node.submit(cmd, deadline, connect_timeout)
         } else {
             Err(Failure::NotAwaited)
         };
-        tickets.push(submitted.as_ref().ok().copied());
+        tickets[i] = submitted.as_ref().ok().copied();
         // Until its reply is read, a node that was sent the command stands
         // as not awaited.
         let result = submitted.and(Err(Failure::NotAwaited));
         if ask(i) && result != Err(Failure::NotAwaited) && !done {
             done = decided(&result);
         }
-        replies.push(Reply {
+        replies[i] = Reply {
             result,
             elapsed: start.elapsed(),
-        });
+        };
     }
 
     // Read the nodes that timed out last time after the others, so a decided
