@@ -548,11 +548,18 @@ impl Redlock {
             .nodes
             .iter()
             .zip(replies)
-            .map(|(node, Reply { result, elapsed })| NodeReport {
-                node: Arc::clone(node.name()),
-                outcome: outcome(result, &vote),
-                elapsed,
-            })
+            .map(
+                |(
+                    node,
+                    Reply {
+                        result, elapsed, ..
+                    },
+                )| NodeReport {
+                    node: Arc::clone(node.name()),
+                    outcome: outcome(result, &vote),
+                    elapsed,
+                },
+            )
             .collect();
         let drift = self.drift(ttl);
         Tally {

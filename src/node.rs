@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, Value};
 
 use crate::error::{ConfigError, NodeError};
-use crate::script::{pack, Command};
+use crate::script::{pack, Command, Fallback};
 
 /// How far past the time left a socket timeout already set may reach before
 /// it is set again (one `setsockopt` saved per read in steady state).
@@ -91,7 +91,7 @@ struct State {
     /// Requests whose threads stopped waiting: their replies are discarded,
     /// except that a `NOSCRIPT` answer gets the request's `EVAL` form sent
     /// (and left unread) in its place.
-    abandoned: Vec<(u64, Option<Arc<[u8]>>)>,
+    abandoned: Vec<(u64, Option<Fallback>)>,
     /// Threads blocked waiting for a reply that another thread will read.
     waiters: usize,
     /// The last connection ended in a timeout, and no reply came since.
@@ -490,9 +490,9 @@ pub(crate) fn is_noscript(value: &Value) -> bool {
 
 /// Queues `full` (an `EVAL` command) as a request nobody waits for, after an
 /// unread request's `NOSCRIPT`; the server has lost our scripts.
-fn requeue(st: &mut State, full: Arc<[u8]>) {
+fn requeue(st: &mut State, full: Fallback) {
     st.scripts = 0;
-    st.outbox.extend_from_slice(&full);
+    st.outbox.extend_from_slice(&full.eval_form());
     st.abandoned.push((st.next_seq, None));
     st.next_seq += 1;
 }

@@ -20,6 +20,8 @@ static ROTATION: AtomicUsize = AtomicUsize::new(0);
 pub(crate) struct Reply {
     pub(crate) result: Result<Value, Failure>,
     pub(crate) elapsed: Duration,
+    /// The request on the node's connection, if it was sent.
+    ticket: Option<Ticket>,
 }
 
 /// Runs `cmd` on the nodes for which `ask` is true. Returns one reply a node,
@@ -41,25 +43,25 @@ pub(crate) fn run(
 ) -> Vec<Reply> {
     let mut done = false;
     let mut replies: Vec<Reply> = Vec::with_capacity(nodes.len());
-    let mut tickets: Vec<Option<Ticket>> = vec![None; nodes.len()];
     for _ in nodes {
         replies.push(Reply {
             result: Err(Failure::NotAwaited),
             elapsed: Duration::ZERO,
+            ticket: None,
         });
     }
     // Write first to the nodes that are connected, so their replies travel
     // while we connect to the others.
     let mut order: Vec<usize> = (0..nodes.len()).collect();
     order.sort_by_key(|&i| nodes[i].is_disconnected());
-    for i in order {
+    for &i in &order {
         let node = &nodes[i];
         let submitted = if ask(i) {
             node.submit(cmd, deadline, connect_timeout)
         } else {
             Err(Failure::NotAwaited)
         };
-        tickets[i] = submitted.as_ref().ok().copied();
+        let ticket = submitted.as_ref().ok().copied();
         // Until its reply is read, a node that was sent the command stands
         // as not awaited.
         let result = submitted.and(Err(Failure::NotAwaited));
@@ -69,49 +71,57 @@ pub(crate) fn run(
         replies[i] = Reply {
             result,
             elapsed: start.elapsed(),
+            ticket,
         };
     }
 
     // Read the nodes that timed out last time after the others, so a decided
     // round need not wait for them; rotate the rest, so the replies left
     // unread spread over the nodes.
-    let mut pending: Vec<usize> = (0..nodes.len()).filter(|&i| tickets[i].is_some()).collect();
+    let mut pending = order;
+    pending.sort_unstable();
+    pending.retain(|&i| replies[i].ticket.is_some());
     let len = pending.len().max(1);
     pending.rotate_left(ROTATION.fetch_add(1, Ordering::Relaxed) % len);
     pending.sort_by_key(|&i| nodes[i].is_slow());
 
-    let mut finish = |i: usize, mut result: Result<Value, Failure>, done: &mut bool| {
-        let node = &nodes[i];
-        let Some(mut ticket) = tickets[i] else { return };
-        if let Some(script) = cmd.script {
-            for retry in [true, false] {
-                let lost = matches!(&result, Ok(value) if is_noscript(value));
-                node.note_script(ticket, script.bit, !lost && result.is_ok());
-                if !(lost && retry) {
-                    break;
+    let mut finish =
+        |replies: &mut [Reply], i: usize, mut result: Result<Value, Failure>, done: &mut bool| {
+            let node = &nodes[i];
+            let Some(mut ticket) = replies[i].ticket else {
+                return;
+            };
+            if let Some(script) = cmd.script {
+                for retry in [true, false] {
+                    let lost = matches!(&result, Ok(value) if is_noscript(value));
+                    node.note_script(ticket, script.bit, !lost && result.is_ok());
+                    if !(lost && retry) {
+                        break;
+                    }
+                    // The server lost our script: once more as EVAL, in the same
+                    // round and against the same deadline.
+                    result = node.submit(cmd, deadline, connect_timeout).and_then(|t| {
+                        ticket = t;
+                        node.wait(t, deadline, connect_timeout)
+                    });
                 }
-                // The server lost our script: once more as EVAL, in the same
-                // round and against the same deadline.
-                result = node.submit(cmd, deadline, connect_timeout).and_then(|t| {
-                    ticket = t;
-                    node.wait(t, deadline, connect_timeout)
-                });
             }
-        }
-        replies[i].elapsed = start.elapsed();
-        if !*done {
-            *done = decided(&result);
-        }
-        replies[i].result = result;
-    };
+            replies[i].elapsed = start.elapsed();
+            if !*done {
+                *done = decided(&result);
+            }
+            replies[i].result = result;
+        };
 
     while !pending.is_empty() {
         if done {
             for i in pending.drain(..) {
-                let Some(ticket) = tickets[i] else { continue };
+                let Some(ticket) = replies[i].ticket else {
+                    continue;
+                };
                 if nodes[i].backlogged(ticket) {
                     let result = nodes[i].wait(ticket, deadline, connect_timeout);
-                    finish(i, result, &mut done);
+                    finish(&mut replies, i, result, &mut done);
                 } else {
                     nodes[i].abandon(ticket, cmd);
                 }
@@ -124,11 +134,13 @@ pub(crate) fn run(
         let mut k = 0;
         while k < pending.len() && !done {
             let i = pending[k];
-            let polled = tickets[i].and_then(|t| nodes[i].poll(t, deadline, connect_timeout));
+            let polled = replies[i]
+                .ticket
+                .and_then(|t| nodes[i].poll(t, deadline, connect_timeout));
             match polled {
                 Some(result) => {
                     pending.remove(k);
-                    finish(i, result, &mut done);
+                    finish(&mut replies, i, result, &mut done);
                     progressed = true;
                 }
                 None => k += 1,
@@ -138,9 +150,9 @@ pub(crate) fn run(
         // sleep until the first of them hands over our reply.
         if !progressed && !done {
             let i = pending.remove(0);
-            if let Some(ticket) = tickets[i] {
+            if let Some(ticket) = replies[i].ticket {
                 let result = nodes[i].wait(ticket, deadline, connect_timeout);
-                finish(i, result, &mut done);
+                finish(&mut replies, i, result, &mut done);
             }
         }
     }

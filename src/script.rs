@@ -5,6 +5,8 @@
 //! `NOSCRIPT` answer (after `SCRIPT FLUSH`, say) is retried as `EVAL` within
 //! the same round. So the common path costs one round trip, always.
 
+use std::cell::OnceCell;
+use std::io::Write;
 use std::sync::Arc;
 
 use crate::lock::Token;
@@ -69,17 +71,17 @@ pub(crate) struct Command {
     /// The script it runs, if any.
     pub(crate) script: Option<&'static Script>,
     /// The packed command: `EVALSHA ...` for a script, else the command.
-    pub(crate) fast: Vec<u8>,
-    /// The packed `EVAL ...` form (scripts only; empty otherwise). Shared,
-    /// so that a request left unread can keep it for a `NOSCRIPT` retry.
-    pub(crate) full: Arc<[u8]>,
+    /// Shared, so that a request left unread can keep it for a `NOSCRIPT`
+    /// retry without a copy.
+    fast: Arc<[u8]>,
+    /// The packed `EVAL ...` form, made only if a connection needs it.
+    full: OnceCell<Vec<u8>>,
 }
 
 impl Command {
     /// `SET resource token NX PX ttl_ms`.
     pub(crate) fn acquire(resource: &str, token: &Token, ttl_ms: u64) -> Command {
-        let mut fast = Vec::with_capacity(64 + resource.len());
-        let ttl = ttl_ms.to_string();
+        let mut fast = Vec::with_capacity(80 + resource.len());
         pack(
             &mut fast,
             &[
@@ -88,17 +90,17 @@ impl Command {
                 &token.hex(),
                 b"NX",
                 b"PX",
-                ttl.as_bytes(),
+                ttl_ms.to_string().as_bytes(),
             ],
         );
         Command {
             script: None,
-            fast,
-            full: Arc::from([]),
+            fast: fast.into(),
+            full: OnceCell::new(),
         }
     }
 
-    /// A script over `keys` with arguments `args`, as EVALSHA and as EVAL.
+    /// A script over `keys` with arguments `args`, as `EVALSHA`.
     pub(crate) fn script(script: &'static Script, keys: &[String], args: &[&[u8]]) -> Command {
         let numkeys = keys.len().to_string();
         let mut parts: Vec<&[u8]> = Vec::with_capacity(3 + keys.len() + args.len());
@@ -107,46 +109,78 @@ impl Command {
         parts.push(numkeys.as_bytes());
         parts.extend(keys.iter().map(|k| k.as_bytes()));
         parts.extend_from_slice(args);
-        let mut fast = Vec::new();
+        let size: usize = parts.iter().map(|p| p.len() + 16).sum();
+        let mut fast = Vec::with_capacity(size);
         pack(&mut fast, &parts);
-        parts[0] = b"EVAL";
-        parts[1] = script.body.as_bytes();
-        let mut full = Vec::new();
-        pack(&mut full, &parts);
         Command {
             script: Some(script),
-            fast,
-            full: full.into(),
+            fast: fast.into(),
+            full: OnceCell::new(),
         }
     }
 
     /// What a request left unread needs to be sent again as `EVAL` if the
     /// server answers `NOSCRIPT`.
-    pub(crate) fn fallback(&self) -> Option<Arc<[u8]>> {
-        self.script.map(|_| Arc::clone(&self.full))
+    pub(crate) fn fallback(&self) -> Option<Fallback> {
+        self.script.map(|script| Fallback {
+            script,
+            fast: Arc::clone(&self.fast),
+        })
     }
 
     /// The bytes to send on a connection that knows the scripts in `known`.
     pub(crate) fn bytes_for(&self, known: u8) -> &[u8] {
         match self.script {
-            Some(script) if known & script.bit == 0 => &self.full,
+            Some(script) if known & script.bit == 0 => {
+                self.full.get_or_init(|| eval_form(script, &self.fast))
+            }
             _ => &self.fast,
         }
     }
 }
 
+/// A script command whose reply nobody waits for, kept so that a `NOSCRIPT`
+/// answer can be followed by the same command as `EVAL`.
+pub(crate) struct Fallback {
+    script: &'static Script,
+    fast: Arc<[u8]>,
+}
+
+impl Fallback {
+    /// The command as `EVAL`.
+    pub(crate) fn eval_form(&self) -> Vec<u8> {
+        eval_form(self.script, &self.fast)
+    }
+}
+
+/// Turns a packed `EVALSHA sha numkeys ...` into `EVAL body numkeys ...`.
+fn eval_form(script: &Script, fast: &[u8]) -> Vec<u8> {
+    // `*N\r\n`, then `$7\r\nEVALSHA\r\n$40\r\n<40 hex>\r\n`, then the rest.
+    const EVALSHA_SHA: usize = b"$7\r\nEVALSHA\r\n$40\r\n".len() + 40 + 2;
+    let head = fast.iter().position(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let rest = fast.get(head + EVALSHA_SHA..).unwrap_or_default();
+    let mut full = Vec::with_capacity(fast.len() + script.body.len());
+    full.extend_from_slice(&fast[..head]);
+    full.extend_from_slice(b"$4\r\nEVAL\r\n");
+    pack_bulk(&mut full, script.body.as_bytes());
+    full.extend_from_slice(rest);
+    full
+}
+
 /// Appends `args` as one RESP array of bulk strings.
 pub(crate) fn pack(out: &mut Vec<u8>, args: &[&[u8]]) {
-    out.push(b'*');
-    out.extend_from_slice(args.len().to_string().as_bytes());
-    out.extend_from_slice(b"\r\n");
+    // Writing into a Vec cannot fail.
+    let _ = write!(out, "*{}\r\n", args.len());
     for arg in args {
-        out.push(b'$');
-        out.extend_from_slice(arg.len().to_string().as_bytes());
-        out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(arg);
-        out.extend_from_slice(b"\r\n");
+        pack_bulk(out, arg);
     }
+}
+
+/// Appends one RESP bulk string.
+fn pack_bulk(out: &mut Vec<u8>, arg: &[u8]) {
+    let _ = write!(out, "${}\r\n", arg.len());
+    out.extend_from_slice(arg);
+    out.extend_from_slice(b"\r\n");
 }
 
 #[cfg(test)]
