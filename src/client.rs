@@ -355,6 +355,68 @@ impl Redlock {
         self.acquire_with(vec![resource.to_string()], ttl, 0)
     }
 
+    /// Acquires one lock over several resources, all or nothing: on each
+    /// node one script sets every key only if none of them is held, so a
+    /// node grants all the resources or none. Retries as
+    /// [`acquire`](Self::acquire) does. The lock is extended and released as
+    /// one ([`extend`](Self::extend), [`release`](Self::release)).
+    ///
+    /// Two multi-resource locks that share a resource exclude each other;
+    /// so do a multi-resource lock and a single-resource lock on one of its
+    /// resources.
+    ///
+    /// ```no_run
+    /// # use redlock_sync::Redlock;
+    /// # use std::time::Duration;
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// // Move credit between two accounts: hold both, or neither.
+    /// let lock = locks.acquire_many(["account:alice", "account:bob"], Duration::from_secs(10))?;
+    /// assert_eq!(lock.resources(), ["account:alice", "account:bob"]);
+    /// // ... debit one, credit the other ...
+    /// locks.release(lock)?;
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire), where the resource named in an error
+    /// is the first one; and [`LockError::Argument`] for no resources, an
+    /// empty resource name, or a resource named twice.
+    pub fn acquire_many<I, S>(&self, resources: I, ttl: Duration) -> Result<Lock, LockError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let retries = self.inner.config.retry_count;
+        self.acquire_with(resource_list(resources), ttl, retries)
+    }
+
+    /// Like [`acquire_many`](Self::acquire_many), but one round only: no
+    /// retry.
+    ///
+    /// ```no_run
+    /// # use redlock_sync::{LockError, Redlock};
+    /// # use std::time::Duration;
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// match locks.try_acquire_many(["shelf:3", "shelf:4"], Duration::from_secs(30)) {
+    ///     Ok(lock) => { /* rearrange both shelves */ locks.release(lock)?; }
+    ///     Err(LockError::Contended { .. }) => println!("one of them is busy"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    pub fn try_acquire_many<I, S>(&self, resources: I, ttl: Duration) -> Result<Lock, LockError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.acquire_with(resource_list(resources), ttl, 0)
+    }
+
     fn acquire_with(
         &self,
         resources: Vec<String>,
@@ -576,6 +638,18 @@ impl Redlock {
             .retry_delay
             .saturating_add(Duration::from_nanos(extra)))
     }
+}
+
+/// Resource names as the owned list the operations work on.
+pub(crate) fn resource_list<I, S>(resources: I) -> Vec<String>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    resources
+        .into_iter()
+        .map(|r| r.as_ref().to_string())
+        .collect()
 }
 
 /// A `SET NX` (or the multi-resource script) reply as a vote.

@@ -45,6 +45,9 @@
 //! - Any error or timeout on a connection throws that connection away: a
 //!   connection with a reply still in flight is never reused, so a late
 //!   `OK` can never be mistaken for a grant.
+//! - [`acquire_many`](Redlock::acquire_many) takes several resources as one
+//!   lock, all or nothing on each node (one Lua script sets every key only
+//!   if none is held); `extend` and `release` then act on all of them.
 //!
 //! A [`Token`] is 160 random bits from the operating system. A lock acquired
 //! in one process can be released or extended in another that knows only

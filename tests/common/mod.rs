@@ -70,3 +70,12 @@ pub fn wait_until_gone(cluster: &Cluster, key: &str, limit: Duration) {
         values(cluster, key).iter().all(Option::is_none)
     });
 }
+
+/// Every key each node holds (`KEYS *`, sorted), in node order.
+pub fn keys(cluster: &Cluster) -> Vec<Vec<String>> {
+    cluster
+        .nodes()
+        .iter()
+        .map(|node| node.keys().expect("KEYS on a live node"))
+        .collect()
+}
