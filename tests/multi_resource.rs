@@ -1,11 +1,12 @@
 //! Locks over several resources, all or nothing on each node: exclusion,
-//! nothing left behind by a failed acquisition, extend and release as one.
+//! nothing left behind by a failed acquisition, extend and release as one,
+//! and `with_lock_many` moving credit between accounts.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{client, cluster, holders, keys, values};
+use common::{client, cluster, contending_client, holders, keys, values};
 use redlock_sync::{ArgumentError, LockError, Redlock};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -161,6 +162,81 @@ fn a_multi_resource_lock_is_extended_and_released_as_one() {
 }
 
 #[test]
+fn with_lock_many_moves_credit_between_accounts_and_loses_none() {
+    const ACCOUNTS: [&str; 3] = ["alice", "bob", "carol"];
+    const TRANSFERS: usize = 20;
+    let nodes = cluster(5);
+    let locks = contending_client(&nodes);
+    let bank = nodes.node(0);
+    for account in ACCOUNTS {
+        bank.set(&format!("balance:{account}"), "100").unwrap();
+    }
+    let balance = |account: &str| -> i64 {
+        bank.get(&format!("balance:{account}"))
+            .unwrap()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+
+    // Three threads move credit around the ring in both directions: each
+    // transfer is a non-atomic read-modify-write of two balances, correct
+    // only if no other transfer touches either account meanwhile.
+    std::thread::scope(|s| {
+        for t in 0..ACCOUNTS.len() {
+            let (locks, balance) = (&locks, &balance);
+            s.spawn(move || {
+                for i in 0..TRANSFERS {
+                    let (from, to) = if i % 2 == 0 {
+                        (ACCOUNTS[t], ACCOUNTS[(t + 1) % 3])
+                    } else {
+                        (ACCOUNTS[(t + 1) % 3], ACCOUNTS[t])
+                    };
+                    let resources = [format!("account:{from}"), format!("account:{to}")];
+                    locks
+                        .with_lock_many(&resources, Duration::from_secs(5), |guard| {
+                            let (a, b) = (balance(from), balance(to));
+                            std::thread::yield_now();
+                            guard.check()?;
+                            bank.set(
+                                &format!("balance:{from}"),
+                                &(a - (i as i64 + 1)).to_string(),
+                            )
+                            .unwrap();
+                            bank.set(&format!("balance:{to}"), &(b + (i as i64 + 1)).to_string())
+                                .unwrap();
+                            Ok::<_, LockError>(())
+                        })
+                        .expect("the transfer ran under both locks");
+                }
+            });
+        }
+    });
+
+    let total: i64 = ACCOUNTS.iter().map(|a| balance(a)).sum();
+    assert_eq!(total, 300, "credit was created or destroyed");
+    // Thread t sends i+1 to its right neighbour for even i and takes i+1
+    // back for odd i: +10 net for its own account, -10 for the neighbour's.
+    // Every account is one thread's own and another's neighbour.
+    for account in ACCOUNTS {
+        assert_eq!(
+            balance(account),
+            100,
+            "{account}: every thread's transfers cancel out"
+        );
+    }
+    for node in nodes.nodes() {
+        let locks_left: Vec<String> = node
+            .keys()
+            .unwrap()
+            .into_iter()
+            .filter(|k| k.starts_with("account:"))
+            .collect();
+        assert!(locks_left.is_empty(), "locks left behind: {locks_left:?}");
+    }
+}
+
+#[test]
 fn bad_resource_lists_are_rejected_before_any_network_traffic() {
     // Nothing listens on port 1: a rejected call never gets that far.
     let locks = Redlock::new(["redis://127.0.0.1:1"]).unwrap();
@@ -177,6 +253,9 @@ fn bad_resource_lists_are_rejected_before_any_network_traffic() {
         for result in [
             locks.acquire_many(resources, TTL).map(drop),
             locks.try_acquire_many(resources, TTL).map(drop),
+            locks.with_lock_many(resources, TTL, |_| -> Result<(), LockError> {
+                panic!("the closure must not run for {resources:?}")
+            }),
         ] {
             match result {
                 Err(LockError::Argument(e)) => assert_eq!(e, expected, "{resources:?}"),
