@@ -70,6 +70,8 @@ pub(crate) struct Config {
     /// `with_lock` never extends the validity past this long after the
     /// acquisition.
     pub(crate) max_hold: Option<Duration>,
+    /// `acquire` starts no attempt (and sleeps no pause) past this long.
+    max_wait: Option<Duration>,
 }
 
 impl Default for Config {
@@ -83,6 +85,7 @@ impl Default for Config {
             connect_timeout: Duration::from_millis(50),
             extend_when_left: 1.0 / 3.0,
             max_hold: None,
+            max_wait: None,
         }
     }
 }
@@ -100,6 +103,7 @@ impl Default for Config {
 ///     .drift_factor(0.01)
 ///     .io_timeout(Duration::from_millis(200))
 ///     .connect_timeout(Duration::from_millis(200))
+///     .max_wait(Duration::from_secs(5))
 ///     .extend_when_left(1.0 / 3.0)
 ///     .max_hold(Duration::from_secs(600))
 ///     .build()?;
@@ -156,6 +160,30 @@ impl RedlockBuilder {
     /// either. Default: 50 ms.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.config.connect_timeout = timeout;
+        self
+    }
+
+    /// A bound on the total time [`Redlock::acquire`] (and the acquisition
+    /// in [`Redlock::with_lock`]) spends waiting: no attempt starts, and no
+    /// pause is slept, past `wait` after the call began. The first attempt
+    /// always runs, so a zero budget means one attempt. The retry count
+    /// still applies as well; set it high to let the budget alone decide.
+    /// Default: none (the retry count alone decides).
+    ///
+    /// ```no_run
+    /// # use redlock_sync::Redlock;
+    /// # use std::time::Duration;
+    /// // Keep trying for up to 5 s, every 50 to 100 ms.
+    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
+    ///     .retry_count(u32::MAX)
+    ///     .retry_delay(Duration::from_millis(50))
+    ///     .retry_jitter(Duration::from_millis(50))
+    ///     .max_wait(Duration::from_secs(5))
+    ///     .build()?;
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
+    pub fn max_wait(mut self, wait: Duration) -> Self {
+        self.config.max_wait = Some(wait);
         self
     }
 
@@ -366,7 +394,8 @@ impl Redlock {
 
     /// Acquires a lock on `resource` for `ttl`, retrying after a jittered
     /// pause while it is held by another client or too few nodes answer, up
-    /// to the retry count.
+    /// to the retry count and within the wait budget
+    /// ([`max_wait`](RedlockBuilder::max_wait)), whichever ends first.
     ///
     /// The returned lock is valid for `ttl` minus the time the winning round
     /// took minus the drift term; see [`Lock::validity`].
@@ -481,13 +510,15 @@ impl Redlock {
         self.acquire_with(resource_list(resources), ttl, 0)
     }
 
-    /// Acquires a lock over `resources`, with up to `retries` retries.
+    /// Acquires a lock over `resources`, with up to `retries` retries and
+    /// within the wait budget.
     pub(crate) fn acquire_with(
         &self,
         resources: Vec<String>,
         ttl: Duration,
         retries: u32,
     ) -> Result<Lock, LockError> {
+        let started = Instant::now();
         check_resources(&resources)?;
         let ttl_ms = self.check_ttl(ttl)?;
         let token = Token::random()?;
@@ -517,7 +548,14 @@ impl Redlock {
             if attempt > retries {
                 return Err(tally.error(&resources[0], attempt, ttl));
             }
-            std::thread::sleep(self.retry_pause()?);
+            let pause = self.retry_pause()?;
+            // The next attempt would start past the wait budget: stop now.
+            if let Some(budget) = self.inner.config.max_wait {
+                if started.elapsed().saturating_add(pause) >= budget {
+                    return Err(tally.error(&resources[0], attempt, ttl));
+                }
+            }
+            std::thread::sleep(pause);
         }
     }
 

@@ -48,6 +48,8 @@
 //! - [`acquire_many`](Redlock::acquire_many) takes several resources as one
 //!   lock, all or nothing on each node (one Lua script sets every key only
 //!   if none is held); `extend` and `release` then act on all of them.
+//! - [`max_wait`](RedlockBuilder::max_wait) bounds the total time `acquire`
+//!   waits, besides the retry count.
 //!
 //! # Scoped locking: `with_lock`
 //!

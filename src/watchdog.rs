@@ -445,8 +445,8 @@ impl fmt::Debug for LockGuard<'_> {
 }
 
 impl Redlock {
-    /// Acquires a lock on `resource` for `ttl` (with the retry policy of
-    /// [`acquire`](Self::acquire)), runs `f` under it while a
+    /// Acquires a lock on `resource` for `ttl` (with the retry policy and
+    /// wait budget of [`acquire`](Self::acquire)), runs `f` under it while a
     /// watchdog thread keeps extending it, and always releases it
     /// afterwards: when `f` returns `Ok` or `Err`, and when it panics (the
     /// panic then resumes after the release).

@@ -1,14 +1,15 @@
 //! `with_lock` against real redis-server nodes: the watchdog keeps the lock
 //! alive, reports a loss at once, honours the hold cap, stops when the
-//! closure ends; and the release always runs.
+//! closure ends; the release always runs; and the wait budget of `acquire`.
 
 mod common;
 
 use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{builder, client, cluster, values, wait_until};
-use redlock_sync::LockError;
+use redlock_sync::{LockError, Redlock};
 
 /// Polls `cond` every few milliseconds for `window`, and fails with `what`
 /// the first time it does not hold.
@@ -310,4 +311,90 @@ fn extend_when_left_sets_how_early_the_watchdog_extends() {
         lowest >= Duration::from_millis(700),
         "lowest validity {lowest:?}, expected about 880 ms"
     );
+}
+
+#[test]
+fn acquire_and_with_lock_give_up_within_the_wait_budget() {
+    let nodes = cluster(3);
+    let holder = client(&nodes);
+    let held = holder
+        .acquire("busy", Duration::from_secs(10))
+        .expect("free lock");
+    let budget = Duration::from_millis(300);
+    let locks = builder(&nodes)
+        .retry_count(u32::MAX)
+        .retry_delay(Duration::from_millis(10))
+        .retry_jitter(Duration::from_millis(10))
+        .max_wait(budget)
+        .build()
+        .unwrap();
+
+    let start = Instant::now();
+    let err = locks
+        .acquire("busy", Duration::from_secs(10))
+        .expect_err("the lock stays held");
+    let took = start.elapsed();
+    match err {
+        LockError::Contended { attempts, .. } => {
+            assert!(attempts > 5, "kept trying: {attempts} attempts")
+        }
+        other => panic!("expected the contended error, got {other}"),
+    }
+    // The last attempt starts before the budget is spent, never after it,
+    // and no pause is slept past it.
+    assert!(
+        took >= budget - Duration::from_millis(50) && took <= budget + Duration::from_millis(150),
+        "acquire gave up after {took:?} with a budget of {budget:?}"
+    );
+
+    let ran = AtomicBool::new(false);
+    let start = Instant::now();
+    let result = locks.with_lock("busy", Duration::from_secs(10), |_| {
+        ran.store(true, Ordering::Relaxed);
+        Ok::<_, LockError>(())
+    });
+    let took = start.elapsed();
+    assert!(
+        matches!(result, Err(LockError::Contended { .. })),
+        "{result:?}"
+    );
+    assert!(!ran.load(Ordering::Relaxed), "the closure must not run");
+    assert!(
+        took <= budget + Duration::from_millis(150),
+        "with_lock gave up after {took:?} with a budget of {budget:?}"
+    );
+    holder.release(held).unwrap();
+}
+
+#[test]
+fn acquire_with_a_wait_budget_wins_once_an_abandoned_lock_expires() {
+    let nodes = cluster(3);
+    let crashed = client(&nodes);
+    let ttl = Duration::from_millis(300);
+    // A holder that never releases: the lock is free only once it expires.
+    let abandoned = crashed.acquire("handover", ttl).expect("free lock");
+    let expires = abandoned.valid_until();
+    let locks: Redlock = builder(&nodes)
+        .retry_count(u32::MAX)
+        .retry_delay(Duration::from_millis(10))
+        .retry_jitter(Duration::from_millis(10))
+        .max_wait(Duration::from_secs(5))
+        .build()
+        .unwrap();
+
+    let lock = locks
+        .acquire("handover", Duration::from_secs(10))
+        .expect("acquired within the budget once the abandoned lock expired");
+    let acquired = Instant::now();
+    assert!(
+        acquired >= expires,
+        "acquired {:?} before the abandoned lock's validity ran out",
+        expires - acquired
+    );
+    assert!(
+        acquired <= expires + Duration::from_millis(200),
+        "acquired {:?} after the abandoned lock expired, expected sooner",
+        acquired - expires
+    );
+    locks.release(lock).unwrap();
 }
