@@ -10,25 +10,16 @@
 //!     cargo run --example quickstart
 //! ```
 
+mod common;
+
 use std::error::Error;
 use std::time::Duration;
 
-use redlock_sync::testing::Cluster;
 use redlock_sync::{Lock, LockError, Redlock};
 
 fn main() -> Result<(), Box<dyn Error>> {
     // Real nodes if REDLOCK_NODES names them, else five throwaway ones.
-    let (cluster, urls) = match std::env::var("REDLOCK_NODES") {
-        Ok(list) if !list.trim().is_empty() => {
-            let urls = list.split(',').map(|u| u.trim().to_string()).collect();
-            (None, urls)
-        }
-        _ => {
-            let cluster = Cluster::start(5)?;
-            let urls = cluster.urls();
-            (Some(cluster), urls)
-        }
-    };
+    let (cluster, urls) = common::nodes(5)?;
     println!("nodes: {}", urls.join(", "));
 
     let locks = Redlock::builder(&urls)

@@ -58,13 +58,20 @@ struct Inner {
 
 /// The settings of a [`Redlock`], with their defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Config {
-    retry_count: u32,
-    retry_delay: Duration,
+pub(crate) struct Config {
+    pub(crate) retry_count: u32,
+    pub(crate) retry_delay: Duration,
     retry_jitter: Duration,
     drift_factor: f64,
     io_timeout: Duration,
     connect_timeout: Duration,
+    /// `with_lock` extends when this share of the validity is left.
+    pub(crate) extend_when_left: f64,
+    /// `with_lock` never extends the validity past this long after the
+    /// acquisition.
+    pub(crate) max_hold: Option<Duration>,
+    /// `acquire` starts no attempt (and sleeps no pause) past this long.
+    max_wait: Option<Duration>,
 }
 
 impl Default for Config {
@@ -76,6 +83,9 @@ impl Default for Config {
             drift_factor: 0.01,
             io_timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_millis(50),
+            extend_when_left: 1.0 / 3.0,
+            max_hold: None,
+            max_wait: None,
         }
     }
 }
@@ -93,6 +103,9 @@ impl Default for Config {
 ///     .drift_factor(0.01)
 ///     .io_timeout(Duration::from_millis(200))
 ///     .connect_timeout(Duration::from_millis(200))
+///     .max_wait(Duration::from_secs(5))
+///     .extend_when_left(1.0 / 3.0)
+///     .max_hold(Duration::from_secs(600))
 ///     .build()?;
 /// # Ok::<(), redlock_sync::LockError>(())
 /// ```
@@ -150,6 +163,78 @@ impl RedlockBuilder {
         self
     }
 
+    /// A bound on the total time [`Redlock::acquire`] (and the acquisition
+    /// in [`Redlock::with_lock`]) spends waiting: no attempt starts, and no
+    /// pause is slept, past `wait` after the call began. The first attempt
+    /// always runs, so a zero budget means one attempt. The retry count
+    /// still applies as well; set it high to let the budget alone decide.
+    /// Default: none (the retry count alone decides).
+    ///
+    /// ```no_run
+    /// # use redlock_sync::Redlock;
+    /// # use std::time::Duration;
+    /// // Keep trying for up to 5 s, every 50 to 100 ms.
+    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
+    ///     .retry_count(u32::MAX)
+    ///     .retry_delay(Duration::from_millis(50))
+    ///     .retry_jitter(Duration::from_millis(50))
+    ///     .max_wait(Duration::from_secs(5))
+    ///     .build()?;
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
+    pub fn max_wait(mut self, wait: Duration) -> Self {
+        self.config.max_wait = Some(wait);
+        self
+    }
+
+    /// When the watchdog of [`Redlock::with_lock`] extends the lock: once
+    /// only this share of its validity is left (the validity measured by
+    /// the acquisition or the last extension, which is the TTL minus the
+    /// round's time and the drift term). Must be in `(0, 1)`. Default: 1/3,
+    /// so a lock with a 30 s TTL is extended when about 10 s are left,
+    /// which leaves room for a few retries of a failed extension. Keep
+    /// `ttl * fraction` well above `io_timeout`.
+    ///
+    /// ```no_run
+    /// # use redlock_sync::Redlock;
+    /// # use std::time::Duration;
+    /// // Extend when half the validity is left: every ~5 s for a 10 s TTL.
+    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
+    ///     .extend_when_left(0.5)
+    ///     .build()?;
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
+    pub fn extend_when_left(mut self, fraction: f64) -> Self {
+        self.config.extend_when_left = fraction;
+        self
+    }
+
+    /// A cap on how long [`Redlock::with_lock`] holds a lock: the watchdog
+    /// never extends the validity past `max_hold` after the acquisition
+    /// (the last extension is shortened to end there), and then stops
+    /// extending; [`LockGuard::is_ending`](crate::LockGuard::is_ending)
+    /// turns true. A cap shorter than the TTL means no extension at all.
+    ///
+    /// Default: none. Without a cap, a closure that hangs (a deadlock, a
+    /// stuck network call) keeps the lock alive for as long as its process
+    /// runs, and every other client waits that long: set a cap above the
+    /// longest time the work may legitimately take.
+    ///
+    /// ```no_run
+    /// # use redlock_sync::Redlock;
+    /// # use std::time::Duration;
+    /// // A nightly job takes 20 minutes at most; never block others for more
+    /// // than an hour, even if it hangs.
+    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
+    ///     .max_hold(Duration::from_secs(3600))
+    ///     .build()?;
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.config.max_hold = Some(max_hold);
+        self
+    }
+
     /// Checks the settings and the node URLs, and builds the client. No
     /// connection is opened yet: each node connects lazily in its first
     /// round.
@@ -158,12 +243,19 @@ impl RedlockBuilder {
     ///
     /// [`LockError::Config`] naming what is wrong: no nodes, a URL that does
     /// not parse or is not supported, the same server listed twice, a drift
-    /// factor outside `[0, 1)`, or a zero timeout.
+    /// factor outside `[0, 1)`, an `extend_when_left` outside `(0, 1)`, or a
+    /// zero timeout.
     pub fn build(self) -> Result<Redlock, LockError> {
         let config = self.config;
         if !(0.0..1.0).contains(&config.drift_factor) {
             return Err(ConfigError::DriftFactor {
                 value: config.drift_factor,
+            }
+            .into());
+        }
+        if !(config.extend_when_left > 0.0 && config.extend_when_left < 1.0) {
+            return Err(ConfigError::ExtendWhenLeft {
+                value: config.extend_when_left,
             }
             .into());
         }
@@ -302,7 +394,8 @@ impl Redlock {
 
     /// Acquires a lock on `resource` for `ttl`, retrying after a jittered
     /// pause while it is held by another client or too few nodes answer, up
-    /// to the retry count.
+    /// to the retry count and within the wait budget
+    /// ([`max_wait`](RedlockBuilder::max_wait)), whichever ends first.
     ///
     /// The returned lock is valid for `ttl` minus the time the winning round
     /// took minus the drift term; see [`Lock::validity`].
@@ -355,12 +448,77 @@ impl Redlock {
         self.acquire_with(vec![resource.to_string()], ttl, 0)
     }
 
-    fn acquire_with(
+    /// Acquires one lock over several resources, all or nothing: on each
+    /// node one script sets every key only if none of them is held, so a
+    /// node grants all the resources or none. Retries as
+    /// [`acquire`](Self::acquire) does. The lock is extended and released as
+    /// one ([`extend`](Self::extend), [`release`](Self::release)).
+    ///
+    /// Two multi-resource locks that share a resource exclude each other;
+    /// so do a multi-resource lock and a single-resource lock on one of its
+    /// resources.
+    ///
+    /// ```no_run
+    /// # use redlock_sync::Redlock;
+    /// # use std::time::Duration;
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// // Move credit between two accounts: hold both, or neither.
+    /// let lock = locks.acquire_many(["account:alice", "account:bob"], Duration::from_secs(10))?;
+    /// assert_eq!(lock.resources(), ["account:alice", "account:bob"]);
+    /// // ... debit one, credit the other ...
+    /// locks.release(lock)?;
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire), where the resource named in an error
+    /// is the first one; and [`LockError::Argument`] for no resources, an
+    /// empty resource name, or a resource named twice.
+    pub fn acquire_many<I, S>(&self, resources: I, ttl: Duration) -> Result<Lock, LockError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let retries = self.inner.config.retry_count;
+        self.acquire_with(resource_list(resources), ttl, retries)
+    }
+
+    /// Like [`acquire_many`](Self::acquire_many), but one round only: no
+    /// retry.
+    ///
+    /// ```no_run
+    /// # use redlock_sync::{LockError, Redlock};
+    /// # use std::time::Duration;
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// match locks.try_acquire_many(["shelf:3", "shelf:4"], Duration::from_secs(30)) {
+    ///     Ok(lock) => { /* rearrange both shelves */ locks.release(lock)?; }
+    ///     Err(LockError::Contended { .. }) => println!("one of them is busy"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    pub fn try_acquire_many<I, S>(&self, resources: I, ttl: Duration) -> Result<Lock, LockError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.acquire_with(resource_list(resources), ttl, 0)
+    }
+
+    /// Acquires a lock over `resources`, with up to `retries` retries and
+    /// within the wait budget.
+    pub(crate) fn acquire_with(
         &self,
         resources: Vec<String>,
         ttl: Duration,
         retries: u32,
     ) -> Result<Lock, LockError> {
+        let started = Instant::now();
         check_resources(&resources)?;
         let ttl_ms = self.check_ttl(ttl)?;
         let token = Token::random()?;
@@ -390,7 +548,14 @@ impl Redlock {
             if attempt > retries {
                 return Err(tally.error(&resources[0], attempt, ttl));
             }
-            std::thread::sleep(self.retry_pause()?);
+            let pause = self.retry_pause()?;
+            // The next attempt would start past the wait budget: stop now.
+            if let Some(budget) = self.inner.config.max_wait {
+                if started.elapsed().saturating_add(pause) >= budget {
+                    return Err(tally.error(&resources[0], attempt, ttl));
+                }
+            }
+            std::thread::sleep(pause);
         }
     }
 
@@ -421,6 +586,17 @@ impl Redlock {
     /// On error the lock is left as it was: its validity still counts down
     /// from the last successful round.
     pub fn extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), LockError> {
+        self.extend_with(lock, ttl, self.inner.config.retry_count)
+    }
+
+    /// [`extend`](Self::extend) with up to `retries` retries of a round that
+    /// too few nodes answered.
+    pub(crate) fn extend_with(
+        &self,
+        lock: &mut Lock,
+        ttl: Duration,
+        retries: u32,
+    ) -> Result<(), LockError> {
         let ttl_ms = self.check_ttl(ttl)?;
         let cmd = Command::script(
             &script::EXTEND,
@@ -442,7 +618,7 @@ impl Redlock {
                     report: tally.report,
                 });
             }
-            if attempt > self.inner.config.retry_count || tally.report.granted() >= self.quorum() {
+            if attempt > retries || tally.report.granted() >= self.quorum() {
                 return Err(tally.error(&lock.resources[0], attempt, ttl));
             }
             std::thread::sleep(self.retry_pause()?);
@@ -597,8 +773,13 @@ impl Redlock {
         Ok(ttl_ms)
     }
 
+    /// The settings.
+    pub(crate) fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
     /// A pause drawn from `[retry_delay, retry_delay + retry_jitter)`.
-    fn retry_pause(&self) -> Result<Duration, LockError> {
+    pub(crate) fn retry_pause(&self) -> Result<Duration, LockError> {
         let config = &self.inner.config;
         let jitter_ns = u64::try_from(config.retry_jitter.as_nanos()).unwrap_or(u64::MAX);
         let extra = if jitter_ns == 0 {
@@ -610,6 +791,18 @@ impl Redlock {
             .retry_delay
             .saturating_add(Duration::from_nanos(extra)))
     }
+}
+
+/// Resource names as the owned list the operations work on.
+pub(crate) fn resource_list<I, S>(resources: I) -> Vec<String>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    resources
+        .into_iter()
+        .map(|r| r.as_ref().to_string())
+        .collect()
 }
 
 /// A `SET NX` (or the multi-resource script) reply as a vote.

@@ -141,6 +141,13 @@ pub enum ConfigError {
         value: f64,
     },
 
+    /// `extend_when_left` is not a fraction in `(0, 1)`.
+    #[error("extend_when_left {value} is outside (0, 1): it is the share of the TTL left when with_lock extends")]
+    ExtendWhenLeft {
+        /// The value given.
+        value: f64,
+    },
+
     /// A timeout was zero; a zero timeout would fail every round.
     #[error("{which} must be greater than zero")]
     ZeroTimeout {

@@ -45,6 +45,36 @@
 //! - Any error or timeout on a connection throws that connection away: a
 //!   connection with a reply still in flight is never reused, so a late
 //!   `OK` can never be mistaken for a grant.
+//! - [`acquire_many`](Redlock::acquire_many) takes several resources as one
+//!   lock, all or nothing on each node (one Lua script sets every key only
+//!   if none is held); `extend` and `release` then act on all of them.
+//! - [`max_wait`](RedlockBuilder::max_wait) bounds the total time `acquire`
+//!   waits, besides the retry count.
+//!
+//! # Scoped locking: `with_lock`
+//!
+//! [`with_lock`](Redlock::with_lock) acquires, runs a closure, and always
+//! releases (on return, on error, on panic). Meanwhile a watchdog thread
+//! extends the lock each time a third of its validity is left, so the
+//! closure may run far longer than the TTL. The closure gets a
+//! [`LockGuard`] whose [`check`](LockGuard::check) fails as soon as the
+//! lock is lost; and if it was lost at any moment, `with_lock` returns the
+//! lost-lock error even when the closure returned `Ok`.
+//!
+//! ```no_run
+//! # use std::time::Duration;
+//! # use redlock_sync::{LockError, Redlock};
+//! # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+//! let rows = locks.with_lock("nightly-report", Duration::from_secs(10), |guard| {
+//!     let mut rows = 0;
+//!     for _batch in 0..1_000 {
+//!         guard.check()?; // stop at once if the lock was lost
+//!         rows += 1; // ... one batch of work, however long it all takes ...
+//!     }
+//!     Ok::<_, LockError>(rows)
+//! })?;
+//! # Ok::<(), LockError>(())
+//! ```
 //!
 //! A [`Token`] is 160 random bits from the operating system. A lock acquired
 //! in one process can be released or extended in another that knows only
@@ -92,6 +122,7 @@ mod lock;
 mod node;
 mod round;
 mod script;
+mod watchdog;
 
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -101,3 +132,4 @@ pub use error::{
     ArgumentError, ConfigError, LockError, NodeError, NodeOutcome, NodeReport, Report,
 };
 pub use lock::{Lock, ParseTokenError, Token};
+pub use watchdog::LockGuard;

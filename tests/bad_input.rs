@@ -208,3 +208,22 @@ fn zero_retry_delay_and_zero_jitter_retry_without_panicking() {
     }
     locks.release(held).unwrap();
 }
+
+#[test]
+fn an_extend_when_left_outside_zero_to_one_is_rejected() {
+    for fraction in [0.0, -0.5, 1.0, 2.0, f64::NAN, f64::INFINITY] {
+        let result = Redlock::builder(["redis://127.0.0.1:7001"])
+            .extend_when_left(fraction)
+            .build();
+        assert!(
+            matches!(config_error(result), ConfigError::ExtendWhenLeft { .. }),
+            "extend_when_left {fraction}"
+        );
+    }
+    for fraction in [0.01, 1.0 / 3.0, 0.99] {
+        Redlock::builder(["redis://127.0.0.1:7001"])
+            .extend_when_left(fraction)
+            .build()
+            .unwrap_or_else(|e| panic!("extend_when_left {fraction} is valid: {e}"));
+    }
+}

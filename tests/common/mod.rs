@@ -34,6 +34,17 @@ pub fn client(cluster: &Cluster) -> Redlock {
     builder(cluster).build().expect("valid test configuration")
 }
 
+/// A client for many threads contending for the same locks: it retries
+/// after 1 to 4 ms, practically without limit.
+pub fn contending_client(cluster: &Cluster) -> Redlock {
+    builder(cluster)
+        .retry_count(10_000)
+        .retry_delay(Duration::from_millis(1))
+        .retry_jitter(Duration::from_millis(3))
+        .build()
+        .expect("valid test configuration")
+}
+
 /// The value each node holds under `key` (None where missing or unreachable).
 pub fn values(cluster: &Cluster, key: &str) -> Vec<Option<String>> {
     cluster
@@ -75,4 +86,13 @@ pub fn wait_until_gone(cluster: &Cluster, key: &str, limit: Duration) {
     wait_until(limit, &format!("`{key}` expired on every node"), || {
         values(cluster, key).iter().all(Option::is_none)
     });
+}
+
+/// Every key each node holds (`KEYS *`, sorted), in node order.
+pub fn keys(cluster: &Cluster) -> Vec<Vec<String>> {
+    cluster
+        .nodes()
+        .iter()
+        .map(|node| node.keys().expect("KEYS on a live node"))
+        .collect()
 }
