@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{client, cluster, contending_client, holders, keys, values};
+use common::{client, cluster, contending_client, holders, keys, values, wait_until, SETTLE};
 use redlock_sync::{ArgumentError, LockError, Redlock};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -40,7 +40,7 @@ fn multi_resource_locks_sharing_a_resource_exclude_each_other_and_disjoint_ones_
     ] {
         match result {
             Err(LockError::Contended { report, .. }) => {
-                assert_eq!(report.refused(), 5, "{what}: {report}")
+                assert!(report.refused() >= 3, "{what}: {report}")
             }
             other => panic!("{what} must be refused as contended, got {other:?}"),
         }
@@ -98,15 +98,18 @@ fn a_multi_resource_acquire_that_fails_on_one_resource_leaves_none_of_the_others
     }
     match locks.try_acquire_many(["x", "y", "z"], TTL) {
         Err(LockError::Contended { report, .. }) => {
-            assert_eq!(report.granted(), 2, "{report}");
+            // Decided by the third refusal; the granting nodes may not
+            // have been read by then.
+            assert!(report.granted() <= 2, "{report}");
             assert_eq!(report.refused(), 3, "{report}");
         }
         other => panic!("expected the contended error, got {other:?}"),
     }
-    assert_eq!(
-        keys(&nodes),
-        [on_every_node(3, &["b", "z"]), on_every_node(2, &["b"]),].concat(),
-        "the nodes that granted x, y and z hold none of them any more"
+    let expected = [on_every_node(3, &["b", "z"]), on_every_node(2, &["b"])].concat();
+    wait_until(
+        SETTLE,
+        "the nodes that granted x, y and z hold none of them any more",
+        || keys(&nodes) == expected,
     );
 }
 
@@ -137,7 +140,7 @@ fn a_multi_resource_lock_is_extended_and_released_as_one() {
         node.set("k2", "someone else").unwrap();
     }
     match locks.extend(&mut lock, 6 * TTL) {
-        Err(LockError::Lost { report, .. }) => assert_eq!(report.refused(), 3, "{report}"),
+        Err(LockError::Lost { report, .. }) => assert!(report.refused() >= 2, "{report}"),
         other => panic!("expected the lost-lock error, got {other:?}"),
     }
     for node in nodes.nodes() {
@@ -148,17 +151,22 @@ fn a_multi_resource_lock_is_extended_and_released_as_one() {
     // Release deletes what is still ours, reports the loss, and leaves the
     // other client's key.
     match locks.release(lock) {
-        Err(LockError::Lost { report, .. }) => assert_eq!(report.refused(), 3, "{report}"),
+        Err(LockError::Lost { report, .. }) => assert!(report.refused() >= 2, "{report}"),
         other => panic!("expected the lost-lock error, got {other:?}"),
     }
-    assert_eq!(keys(&nodes), on_every_node(3, &["k2"]));
+    let expected = on_every_node(3, &["k2"]);
+    wait_until(SETTLE, "only the other client's key is left", || {
+        keys(&nodes) == expected
+    });
     assert_eq!(values(&nodes, "k2"), vec![Some("someone else".into()); 3]);
 
     // A lock over several resources is released on all of them.
     let lock = locks.acquire_many(["k1", "k3"], TTL).unwrap();
     let report = locks.release(lock).expect("release of a held lock");
-    assert_eq!(report.granted(), 3, "{report}");
-    assert_eq!(keys(&nodes), on_every_node(3, &["k2"]));
+    assert!(report.granted() >= 2, "{report}");
+    wait_until(SETTLE, "both resources are released", || {
+        keys(&nodes) == expected
+    });
 }
 
 #[test]
