@@ -20,6 +20,10 @@ use crate::script::{self, Command};
 /// leaves room for any clock.
 pub const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 2);
 
+/// The largest `io_timeout` and `connect_timeout` accepted: a round that may
+/// take longer than an hour is no lock round.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+
 /// The fixed part of the drift term: 2 ms for the resolution of Redis'
 /// expiry and of the clocks.
 const DRIFT_FLOOR: Duration = Duration::from_millis(2);
@@ -271,6 +275,18 @@ impl RedlockBuilder {
             }
             .into());
         }
+        for (which, timeout) in [
+            ("io_timeout", config.io_timeout),
+            ("connect_timeout", config.connect_timeout),
+        ] {
+            if timeout > MAX_TIMEOUT {
+                return Err(ConfigError::TimeoutTooLarge {
+                    which,
+                    max: MAX_TIMEOUT,
+                }
+                .into());
+            }
+        }
         if self.urls.is_empty() {
             return Err(ConfigError::NoNodes.into());
         }
@@ -521,18 +537,22 @@ impl Redlock {
         let started = Instant::now();
         check_resources(&resources)?;
         let ttl_ms = self.check_ttl(ttl)?;
-        let token = Token::random()?;
-        let cmd = match resources.as_slice() {
-            [one] => Command::acquire(one, &token, ttl_ms),
-            many => Command::script(
-                &script::ACQUIRE_MANY,
-                many,
-                &[&token.hex(), ttl_ms.to_string().as_bytes()],
-            ),
-        };
+        // Redis is given whole milliseconds: measure validity on the same.
+        let ttl = Duration::from_millis(ttl_ms);
         let mut attempt = 0;
         loop {
             attempt += 1;
+            // A fresh token each attempt: no attempt can be mistaken for an
+            // earlier one (a key of ours still on a node, a late clean-up).
+            let token = Token::random()?;
+            let cmd = match resources.as_slice() {
+                [one] => Command::acquire(one, &token, ttl_ms),
+                many => Command::script(
+                    &script::ACQUIRE_MANY,
+                    many,
+                    &[&token.hex(), ttl_ms.to_string().as_bytes()],
+                ),
+            };
             let tally = self.round(&cmd, ttl, acquire_vote);
             if tally.granted() {
                 return Ok(Lock {
@@ -598,6 +618,8 @@ impl Redlock {
         retries: u32,
     ) -> Result<(), LockError> {
         let ttl_ms = self.check_ttl(ttl)?;
+        // Redis is given whole milliseconds: measure validity on the same.
+        let ttl = Duration::from_millis(ttl_ms);
         let cmd = Command::script(
             &script::EXTEND,
             &lock.resources,
@@ -619,7 +641,20 @@ impl Redlock {
                 });
             }
             if attempt > retries || tally.report.granted() >= self.quorum() {
-                return Err(tally.error(&lock.resources[0], attempt, ttl));
+                return Err(match tally.error(&lock.resources[0], attempt, ttl) {
+                    // Not refused by enough nodes to be lost, not granted by
+                    // enough to be held: too few answered to tell.
+                    LockError::Contended {
+                        resource,
+                        attempts,
+                        report,
+                    } => LockError::NoQuorum {
+                        resource,
+                        attempts,
+                        report,
+                    },
+                    other => other,
+                });
             }
             std::thread::sleep(self.retry_pause()?);
         }

@@ -154,6 +154,15 @@ pub enum ConfigError {
         /// Which setting: `io_timeout` or `connect_timeout`.
         which: &'static str,
     },
+
+    /// A timeout was longer than [`MAX_TIMEOUT`](crate::MAX_TIMEOUT).
+    #[error("{which} must be at most {max:?}")]
+    TimeoutTooLarge {
+        /// Which setting: `io_timeout` or `connect_timeout`.
+        which: &'static str,
+        /// The largest value accepted.
+        max: Duration,
+    },
 }
 
 /// An invalid argument to one operation.

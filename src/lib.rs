@@ -40,8 +40,9 @@
 //!   [`try_acquire`](Redlock::try_acquire) runs one round only.
 //! - [`extend`](Redlock::extend) and [`release`](Redlock::release) run Lua
 //!   scripts that touch the key only if it still holds our token; a plain
-//!   `DEL` could delete another client's lock. Both go as `EVALSHA`, with a
-//!   fallback to `EVAL` inside the same round.
+//!   `DEL` could delete another client's lock. Each new connection loads
+//!   the scripts, so they go as `EVALSHA`, with a fallback to `EVAL` inside
+//!   the same round if a server lost them.
 //! - Any error or timeout on a connection throws that connection away: a
 //!   connection with a reply still in flight is never reused, so a late
 //!   `OK` can never be mistaken for a grant.
@@ -127,7 +128,7 @@ mod watchdog;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use client::{Redlock, RedlockBuilder, MAX_TTL};
+pub use client::{Redlock, RedlockBuilder, MAX_TIMEOUT, MAX_TTL};
 pub use error::{
     ArgumentError, ConfigError, LockError, NodeError, NodeOutcome, NodeReport, Report,
 };

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, Value};
 
 use crate::error::{ConfigError, NodeError};
-use crate::script::{pack, Command, Fallback};
+use crate::script::{self, pack, Command};
 
 /// How far past the time left a socket timeout already set may reach before
 /// it is set again (one `setsockopt` saved per read in steady state).
@@ -57,9 +57,15 @@ pub(crate) struct Node {
     /// Address only: no password, no db, no `CLIENT SETINFO`; we do the
     /// handshake ourselves, against the round's deadline.
     client: redis::Client,
-    /// `AUTH` and `SELECT`, packed, if the URL asks for them.
+    /// What a new connection sends first, packed: `AUTH` and `SELECT` if
+    /// the URL asks for them, then `SCRIPT LOAD` for our scripts.
     handshake: Vec<u8>,
-    handshake_replies: usize,
+    /// How many replies the `AUTH` and `SELECT` give (an error there fails
+    /// the connection).
+    checked_replies: usize,
+    /// How many `SCRIPT LOAD` replies follow (an error there only means the
+    /// scripts go as `EVAL`).
+    script_replies: usize,
     state: Mutex<State>,
     /// Signalled whenever a reply is stored, the I/O role is free, or the
     /// epoch ends.
@@ -88,14 +94,17 @@ struct State {
     next_read: u64,
     /// Replies read and not yet taken by their threads.
     replies: Vec<(u64, Value)>,
-    /// Requests whose threads stopped waiting: their replies are discarded,
-    /// except that a `NOSCRIPT` answer gets the request's `EVAL` form sent
-    /// (and left unread) in its place.
-    abandoned: Vec<(u64, Option<Fallback>)>,
+    /// Requests whose threads stopped waiting: their replies are discarded.
+    /// (Never replayed: a command sent again later could land behind a
+    /// later command of ours and undo it.)
+    abandoned: Vec<u64>,
     /// Threads blocked waiting for a reply that another thread will read.
     waiters: usize,
     /// The last connection ended in a timeout, and no reply came since.
     slow: bool,
+    /// Requests whose threads still want the reply (not read, not
+    /// abandoned).
+    live: u64,
 }
 
 impl Node {
@@ -141,7 +150,7 @@ impl Node {
             other => return Err(bad(format!("unsupported address {other:?}"))),
         };
         let mut handshake = Vec::new();
-        let mut handshake_replies = 0;
+        let mut checked_replies = 0;
         if let Some(password) = redis.password() {
             let mut args: Vec<&[u8]> = vec![b"AUTH"];
             if let Some(user) = redis.username() {
@@ -149,15 +158,16 @@ impl Node {
             }
             args.push(password.as_bytes());
             pack(&mut handshake, &args);
-            handshake_replies += 1;
+            checked_replies += 1;
         }
         if redis.db() != 0 {
             pack(
                 &mut handshake,
                 &[b"SELECT", redis.db().to_string().as_bytes()],
             );
-            handshake_replies += 1;
+            checked_replies += 1;
         }
+        let script_replies = script::load_all(&mut handshake);
         let bare = info
             .clone()
             .set_redis_settings(RedisConnectionInfo::default().set_skip_set_lib_name())
@@ -168,7 +178,8 @@ impl Node {
             identity,
             client,
             handshake,
-            handshake_replies,
+            checked_replies,
+            script_replies,
             state: Mutex::new(State {
                 conn: None,
                 busy: false,
@@ -183,6 +194,7 @@ impl Node {
                 abandoned: Vec::new(),
                 waiters: 0,
                 slow: false,
+                live: 0,
             }),
             changed: Condvar::new(),
         })
@@ -211,14 +223,36 @@ impl Node {
         deadline: Instant,
         connect_timeout: Duration,
     ) -> Result<Ticket, Failure> {
+        self.submit_as(cmd, deadline, connect_timeout, false)
+    }
+
+    /// Like [`submit`](Self::submit), but a script always goes as `EVAL`,
+    /// for a request whose reply nobody will read.
+    pub(crate) fn submit_eval(
+        &self,
+        cmd: &Command,
+        deadline: Instant,
+        connect_timeout: Duration,
+    ) -> Result<Ticket, Failure> {
+        self.submit_as(cmd, deadline, connect_timeout, true)
+    }
+
+    fn submit_as(
+        &self,
+        cmd: &Command,
+        deadline: Instant,
+        connect_timeout: Duration,
+        eval: bool,
+    ) -> Result<Ticket, Failure> {
         let mut st = self.lock();
-        let bytes = cmd.bytes_for(st.scripts);
+        let bytes = cmd.bytes_for(if eval { 0 } else { st.scripts });
         st.outbox.extend_from_slice(bytes);
         let ticket = Ticket {
             epoch: st.epoch,
             seq: st.next_seq,
         };
         st.next_seq += 1;
+        st.live += 1;
         if !st.busy {
             st = self.io(st, false, deadline, connect_timeout);
         }
@@ -266,17 +300,18 @@ impl Node {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if !st.busy {
-                if left.is_zero() && st.waiters > 0 {
-                    // Late, and others still want this connection: a read
-                    // that timed out now would drop it for them too.
-                    st.abandoned.push((ticket.seq, None));
+                if left.is_zero() && st.live > 1 {
+                    // Late, and other threads still want replies on this
+                    // connection: a read that timed out now would drop it
+                    // for them too. Leave the reading to them.
+                    give_up(&mut st, ticket.seq);
                     return Some(Err(Failure::TimedOut));
                 }
                 st = self.io(st, true, deadline, connect_timeout);
                 continue;
             }
             if left.is_zero() {
-                st.abandoned.push((ticket.seq, None));
+                give_up(&mut st, ticket.seq);
                 return Some(Err(Failure::TimedOut));
             }
             if !block {
@@ -311,26 +346,18 @@ impl Node {
         st.epoch == ticket.epoch && ticket.seq >= st.next_read + MAX_BACKLOG
     }
 
-    /// The reply to `ticket` (a request for `cmd`) is no longer wanted:
-    /// discard it when it comes, but if it is `NOSCRIPT`, send the script
-    /// again as `EVAL`, so the command still runs. (That happens when the
-    /// connection is next used; until then a key it was to delete or extend
-    /// keeps its TTL. Only a server that lost its scripts, after `SCRIPT
-    /// FLUSH` say, answers `NOSCRIPT` to a connection that sent them.)
-    pub(crate) fn abandon(&self, ticket: Ticket, cmd: &Command) {
+    /// The reply to `ticket` is no longer wanted: discard it when it comes.
+    pub(crate) fn abandon(&self, ticket: Ticket) {
         let mut st = self.lock();
         if st.epoch != ticket.epoch {
             return;
         }
-        let stored = st.replies.iter().position(|(seq, _)| *seq == ticket.seq);
-        match stored.map(|i| st.replies.swap_remove(i).1) {
-            Some(reply) => {
-                if let (true, Some(full)) = (is_noscript(&reply), cmd.fallback()) {
-                    // Written with the connection's next I/O.
-                    requeue(&mut st, full);
-                }
+        match st.replies.iter().position(|(seq, _)| *seq == ticket.seq) {
+            Some(i) => {
+                let (_, reply) = st.replies.swap_remove(i);
+                forget_scripts_if_lost(&mut st, &reply);
             }
-            None => st.abandoned.push((ticket.seq, cmd.fallback())),
+            None => give_up(&mut st, ticket.seq),
         }
     }
 
@@ -365,15 +392,22 @@ impl Node {
                 let out = std::mem::take(&mut st.outbox);
                 let count = st.next_seq - st.written;
                 drop(st);
+                let mut loaded = None;
                 let sent = match conn.take() {
                     Some(c) => Ok(c),
-                    None => self.connect(deadline, connect_timeout),
+                    None => self.connect(deadline, connect_timeout).map(|(c, scripts)| {
+                        loaded = Some(scripts);
+                        c
+                    }),
                 }
                 .and_then(|mut c| c.send(&out, deadline).map(|()| c));
                 st = self.lock();
                 match sent {
                     Ok(c) => {
                         conn = Some(c);
+                        if let Some(scripts) = loaded {
+                            st.scripts = scripts;
+                        }
                         st.written += count;
                         if st.outbox.is_empty() {
                             // Keep the buffer's capacity for the next batch.
@@ -402,12 +436,11 @@ impl Node {
                     st.slow = false;
                     let seq = st.next_read;
                     st.next_read += 1;
-                    if let Some(i) = st.abandoned.iter().position(|(s, _)| *s == seq) {
-                        let (_, fallback) = st.abandoned.swap_remove(i);
-                        if let (true, Some(full)) = (is_noscript(&value), fallback) {
-                            requeue(&mut st, full);
-                        }
+                    if let Some(i) = st.abandoned.iter().position(|s| *s == seq) {
+                        st.abandoned.swap_remove(i);
+                        forget_scripts_if_lost(&mut st, &value);
                     } else {
+                        st.live -= 1;
                         st.replies.push((seq, value));
                     }
                 }
@@ -428,13 +461,14 @@ impl Node {
         st
     }
 
-    /// Opens a new connection, authenticates and selects the db, all within
-    /// `connect_timeout` and never past `deadline`.
+    /// Opens a new connection, authenticates, selects the db and loads our
+    /// scripts, all within `connect_timeout` and never past `deadline`.
+    /// Returns the connection and the bits of the scripts its server has.
     pub(crate) fn connect(
         &self,
         deadline: Instant,
         connect_timeout: Duration,
-    ) -> Result<Conn, Failure> {
+    ) -> Result<(Conn, u8), Failure> {
         let left = time_left(deadline)?;
         let connection = self
             .client
@@ -451,22 +485,22 @@ impl Node {
             read_timeout: None,
             write_timeout: None,
         };
-        if self.handshake_replies > 0 {
-            conn.send(&self.handshake, deadline)?;
-            for _ in 0..self.handshake_replies {
-                match conn.recv(deadline)? {
-                    Value::ServerError(e) => {
-                        return Err(Failure::Error(NodeError::Connect(format!(
-                            "{} {}",
-                            e.code(),
-                            e.details().unwrap_or("")
-                        ))))
-                    }
-                    _ => continue,
+        conn.send(&self.handshake, deadline)?;
+        let mut scripts = script::ALL_SCRIPTS;
+        for i in 0..self.checked_replies + self.script_replies {
+            if let Value::ServerError(e) = conn.recv(deadline)? {
+                if i < self.checked_replies {
+                    return Err(Failure::Error(NodeError::Connect(format!(
+                        "{} {}",
+                        e.code(),
+                        e.details().unwrap_or("")
+                    ))));
                 }
+                // SCRIPT LOAD refused (an ACL, say): scripts go as EVAL.
+                scripts = 0;
             }
         }
-        Ok(conn)
+        Ok((conn, scripts))
     }
 }
 
@@ -488,13 +522,21 @@ pub(crate) fn is_noscript(value: &Value) -> bool {
     matches!(value, Value::ServerError(e) if e.code() == "NOSCRIPT")
 }
 
-/// Queues `full` (an `EVAL` command) as a request nobody waits for, after an
-/// unread request's `NOSCRIPT`; the server has lost our scripts.
-fn requeue(st: &mut State, full: Fallback) {
-    st.scripts = 0;
-    st.outbox.extend_from_slice(&full.eval_form());
-    st.abandoned.push((st.next_seq, None));
-    st.next_seq += 1;
+/// Marks a request's reply as unwanted.
+fn give_up(st: &mut State, seq: u64) {
+    st.live -= 1;
+    st.abandoned.push(seq);
+}
+
+/// An unread request was answered `NOSCRIPT`: the server lost our scripts
+/// (`SCRIPT FLUSH`), so send them as `EVAL` from now on. The request itself
+/// is not sent again: it could land behind a later command of ours and undo
+/// it. (A release or extension left unread that way did not happen on that
+/// node; the key keeps its TTL there. The quorum had already answered.)
+fn forget_scripts_if_lost(st: &mut State, reply: &Value) {
+    if is_noscript(reply) {
+        st.scripts = 0;
+    }
 }
 
 /// Drops the connection for everyone: every request on it fails.
@@ -510,6 +552,7 @@ fn end_epoch(st: &mut State, failure: Failure) {
     st.next_read = 0;
     st.replies.clear();
     st.abandoned.clear();
+    st.live = 0;
 }
 
 /// One open connection and the socket timeouts last set on it.
@@ -623,9 +666,9 @@ mod tests {
     fn parse_reads_address_auth_and_db() {
         let node = Node::parse("redis://u:p@127.0.0.1:7001/3").unwrap();
         assert_eq!(&**node.name(), "127.0.0.1:7001");
-        assert_eq!(node.handshake_replies, 2);
+        assert_eq!(node.checked_replies, 2);
         let node = Node::parse("redis+unix:///tmp/x.sock").unwrap();
         assert_eq!(&**node.name(), "/tmp/x.sock");
-        assert_eq!(node.handshake_replies, 0);
+        assert_eq!(node.checked_replies, 0);
     }
 }

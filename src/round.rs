@@ -94,7 +94,11 @@ pub(crate) fn run(
             if let Some(script) = cmd.script {
                 for retry in [true, false] {
                     let lost = matches!(&result, Ok(value) if is_noscript(value));
-                    node.note_script(ticket, script.bit, !lost && result.is_ok());
+                    let ran =
+                        matches!(&result, Ok(value) if !matches!(value, Value::ServerError(_)));
+                    if lost || ran {
+                        node.note_script(ticket, script.bit, ran);
+                    }
                     if !(lost && retry) {
                         break;
                     }
@@ -123,7 +127,7 @@ pub(crate) fn run(
                     let result = nodes[i].wait(ticket, deadline, connect_timeout);
                     finish(&mut replies, i, result, &mut done);
                 } else {
-                    nodes[i].abandon(ticket, cmd);
+                    nodes[i].abandon(ticket);
                 }
             }
             break;
@@ -161,6 +165,8 @@ pub(crate) fn run(
 
 /// Writes `cmd` to the nodes for which `ask` is true and does not wait for
 /// the replies (they are read and discarded later). For best-effort clean-up.
+/// A script goes as `EVAL`: nobody reads the reply, so a `NOSCRIPT` would
+/// go unnoticed.
 pub(crate) fn send_only(
     nodes: &[Node],
     cmd: &Command,
@@ -170,8 +176,8 @@ pub(crate) fn send_only(
 ) {
     for (i, node) in nodes.iter().enumerate() {
         if ask(i) {
-            if let Ok(ticket) = node.submit(cmd, deadline, connect_timeout) {
-                node.abandon(ticket, cmd);
+            if let Ok(ticket) = node.submit_eval(cmd, deadline, connect_timeout) {
+                node.abandon(ticket);
             }
         }
     }

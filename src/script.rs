@@ -7,7 +7,6 @@
 
 use std::cell::OnceCell;
 use std::io::Write;
-use std::sync::Arc;
 
 use crate::lock::Token;
 
@@ -71,9 +70,7 @@ pub(crate) struct Command {
     /// The script it runs, if any.
     pub(crate) script: Option<&'static Script>,
     /// The packed command: `EVALSHA ...` for a script, else the command.
-    /// Shared, so that a request left unread can keep it for a `NOSCRIPT`
-    /// retry without a copy.
-    fast: Arc<[u8]>,
+    fast: Vec<u8>,
     /// The packed `EVAL ...` form, made only if a connection needs it.
     full: OnceCell<Vec<u8>>,
 }
@@ -95,7 +92,7 @@ impl Command {
         );
         Command {
             script: None,
-            fast: fast.into(),
+            fast,
             full: OnceCell::new(),
         }
     }
@@ -114,18 +111,9 @@ impl Command {
         pack(&mut fast, &parts);
         Command {
             script: Some(script),
-            fast: fast.into(),
+            fast,
             full: OnceCell::new(),
         }
-    }
-
-    /// What a request left unread needs to be sent again as `EVAL` if the
-    /// server answers `NOSCRIPT`.
-    pub(crate) fn fallback(&self) -> Option<Fallback> {
-        self.script.map(|script| Fallback {
-            script,
-            fast: Arc::clone(&self.fast),
-        })
     }
 
     /// The bytes to send on a connection that knows the scripts in `known`.
@@ -139,18 +127,19 @@ impl Command {
     }
 }
 
-/// A script command whose reply nobody waits for, kept so that a `NOSCRIPT`
-/// answer can be followed by the same command as `EVAL`.
-pub(crate) struct Fallback {
-    script: &'static Script,
-    fast: Arc<[u8]>,
-}
+/// Every script's bit: what a connection knows once the handshake loaded
+/// them all.
+pub(crate) const ALL_SCRIPTS: u8 = RELEASE.bit | EXTEND.bit | ACQUIRE_MANY.bit;
 
-impl Fallback {
-    /// The command as `EVAL`.
-    pub(crate) fn eval_form(&self) -> Vec<u8> {
-        eval_form(self.script, &self.fast)
+/// `SCRIPT LOAD` for every script, packed, for a new connection's
+/// handshake. Loaded scripts, unlike those that come in by `EVAL`, are not
+/// evicted from the server's cache (Redis 7.4 evicts `EVAL` scripts).
+pub(crate) fn load_all(out: &mut Vec<u8>) -> usize {
+    let scripts = [&RELEASE, &EXTEND, &ACQUIRE_MANY];
+    for script in scripts {
+        pack(out, &[b"SCRIPT", b"LOAD", script.body.as_bytes()]);
     }
+    scripts.len()
 }
 
 /// Turns a packed `EVALSHA sha numkeys ...` into `EVAL body numkeys ...`.

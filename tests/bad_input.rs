@@ -113,6 +113,21 @@ fn zero_timeouts_are_rejected() {
             which: "io_timeout"
         }
     );
+    for which in ["io_timeout", "connect_timeout"] {
+        let builder = Redlock::builder(["redis://127.0.0.1:7001"]);
+        let builder = match which {
+            "io_timeout" => builder.io_timeout(Duration::MAX),
+            _ => builder.connect_timeout(Duration::MAX),
+        };
+        assert_eq!(
+            config_error(builder.build()),
+            ConfigError::TimeoutTooLarge {
+                which,
+                max: redlock_sync::MAX_TIMEOUT
+            },
+            "a timeout that no Instant can hold is refused, not a panic later"
+        );
+    }
     let connect = Redlock::builder(["redis://127.0.0.1:7001"])
         .connect_timeout(Duration::ZERO)
         .build();

@@ -218,33 +218,92 @@ fn a_resource_and_token_carried_to_another_client_release_and_extend_the_lock_th
 }
 
 #[test]
-fn release_script_falls_back_to_eval_when_the_server_lost_it() {
+fn after_script_flush_release_falls_back_to_eval_and_later_rounds_heal() {
     let nodes = cluster(3);
     let locks = client(&nodes);
-    // Warm the connections so they believe the scripts are cached.
+    // Warm the connections: their servers have our scripts.
     let lock = locks.acquire("flush", TTL).unwrap();
     locks.release(lock).unwrap();
     for node in nodes.nodes() {
         node.query(&["SCRIPT", "FLUSH"]).unwrap();
     }
-    let lock = locks.acquire("flush", TTL).unwrap();
+    let short = Duration::from_millis(800);
+    let lock = locks.acquire("flush", short).unwrap();
     let report = locks.release(lock).expect("release survives SCRIPT FLUSH");
     assert!(
         report
             .nodes
             .iter()
             .all(|n| matches!(n.outcome, NodeOutcome::Granted | NodeOutcome::NotAwaited)),
-        "no node failed after the EVAL fallback: {report}"
+        "no awaited node failed: the EVALSHA that met NOSCRIPT went again as EVAL: {report}"
     );
     assert!(report.granted() >= 2, "{report}");
-    // A node whose reply was not awaited answers NOSCRIPT on a connection
-    // nobody reads yet; the next use of that connection reads it and sends
-    // the EVAL in its place.
-    let next = locks.acquire("flush-next", TTL).unwrap();
-    locks.release(next).unwrap();
-    let next = locks.acquire("flush-next", TTL).unwrap();
-    locks.release(next).unwrap();
-    wait_until_gone(&nodes, "flush", SETTLE);
+    // A release left unread met NOSCRIPT and is not replayed (a replay could
+    // land behind a later command and undo it): there the key keeps its TTL.
+    wait_until_gone(&nodes, "flush", SETTLE + short);
+
+    // Every connection learns that its server lost the scripts when it
+    // reads that NOSCRIPT; from then on releases work on every node.
+    for _ in 0..3 {
+        let lock = locks.acquire("flush-next", TTL).unwrap();
+        locks.release(lock).unwrap();
+    }
+    let lock = locks.acquire("flush-next", TTL).unwrap();
+    locks.release(lock).unwrap();
+    wait_until_gone(&nodes, "flush-next", SETTLE);
+}
+
+/// A regression test from review: a clean-up release that met NOSCRIPT used
+/// to be replayed as EVAL behind the next attempt's SET with the same token,
+/// deleting a grant the client had counted; a second client then won too.
+#[test]
+fn a_clean_up_after_script_flush_never_undoes_a_later_grant() {
+    let nodes = cluster(3);
+    let (x, y, z) = (nodes.node(0), nodes.node(1), nodes.node(2));
+    let locks = common::builder(&nodes)
+        .retry_count(5)
+        .retry_delay(Duration::from_millis(1100))
+        .retry_jitter(Duration::ZERO)
+        .build()
+        .unwrap();
+    for i in 0..9 {
+        let lock = locks.acquire(&format!("warm{i}"), TTL).unwrap();
+        locks.release(lock).unwrap();
+    }
+    // Another client holds the resource on y (briefly) and z (longer), and
+    // x loses its scripts: attempt 1 wins x only and cleans up there.
+    y.query(&["SET", "res", "other", "PX", "600"]).unwrap();
+    z.query(&["SET", "res", "other", "PX", "1500"]).unwrap();
+    x.query(&["SCRIPT", "FLUSH"]).unwrap();
+
+    let lock = locks
+        .acquire("res", Duration::from_secs(1))
+        .expect("x and y grant a later attempt");
+    let token = lock.token().to_string();
+    wait_until(SETTLE, "z's foreign key expired", || {
+        z.get("res").unwrap().is_none()
+    });
+    assert!(lock.is_valid(), "{:?} left", lock.validity());
+    for entry in lock.report().nodes.iter() {
+        if entry.outcome == NodeOutcome::Granted {
+            let node = nodes
+                .nodes()
+                .iter()
+                .find(|n| n.url().ends_with(&*entry.node));
+            let held = node.unwrap().get("res").unwrap();
+            assert_eq!(
+                held.as_deref(),
+                Some(token.as_str()),
+                "{} was counted as granted and must still hold our key",
+                entry.node
+            );
+        }
+    }
+    let rival = Redlock::new(nodes.urls()).unwrap();
+    match rival.try_acquire("res", TTL) {
+        Err(LockError::Contended { .. }) => {}
+        other => panic!("two holders at once: {other:?}"),
+    }
 }
 
 #[test]
