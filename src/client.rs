@@ -65,6 +65,7 @@ struct Config {
     drift_factor: f64,
     io_timeout: Duration,
     connect_timeout: Duration,
+    restart_grace: Duration,
 }
 
 impl Default for Config {
@@ -76,6 +77,7 @@ impl Default for Config {
             drift_factor: 0.01,
             io_timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_millis(50),
+            restart_grace: Duration::ZERO,
         }
     }
 }
@@ -150,6 +152,50 @@ impl RedlockBuilder {
         self
     }
 
+    /// The restarted-node guard: a node that has been up for less than
+    /// `grace` does not vote. Default: off (zero).
+    ///
+    /// A node that restarts without persistence forgets its locks; if it
+    /// voted at once, another client could win a quorum that includes it
+    /// while the first client still holds the lock on the other nodes. With
+    /// a grace period, every new connection reads the node's uptime with
+    /// `INFO server` (pipelined with the handshake: no extra round trip),
+    /// and while the uptime is below `grace` the node is reported as failed
+    /// with [`NodeError::Restarted`] and gets no command. Once its uptime
+    /// reaches `grace`, it votes again: a later round simply reconnects.
+    ///
+    /// Set `grace` to at least the longest TTL you pass to `acquire` or
+    /// `extend` (the locks a restarted node forgot have all expired by then),
+    /// plus a margin for clock rate differences. The uptime has whole-second
+    /// resolution; the guard takes the least the real uptime can be (a
+    /// second less than reported), so a node is kept out up to about two
+    /// seconds longer than `grace`, never shorter. A node whose `INFO`
+    /// command is disabled or answers without an uptime never votes while
+    /// the guard is on.
+    ///
+    /// It is off by default because the right value depends on the longest
+    /// TTL, which only you know, and because a guard that is too long makes
+    /// every freshly started node (a new deployment, a test cluster) refuse
+    /// to vote for that long. Nodes that run with `appendonly yes` and
+    /// `appendfsync always` keep their locks across restarts and do not need
+    /// it. The guard does not help against data lost without a restart
+    /// (`FLUSHALL`, a failover to a replica that had not caught up).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redlock_sync::Redlock;
+    ///
+    /// // Locks are taken for at most 30 s (TTLs of acquire and extend).
+    /// let locks = Redlock::builder(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
+    ///     .restart_grace(Duration::from_secs(35))
+    ///     .build()?;
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
+    pub fn restart_grace(mut self, grace: Duration) -> Self {
+        self.config.restart_grace = grace;
+        self
+    }
+
     /// Checks the settings and the node URLs, and builds the client. No
     /// connection is opened yet: each node connects lazily in its first
     /// round.
@@ -182,11 +228,14 @@ impl RedlockBuilder {
         if self.urls.is_empty() {
             return Err(ConfigError::NoNodes.into());
         }
-        let nodes = self
+        let mut nodes = self
             .urls
             .iter()
             .map(|url| Node::parse(url))
             .collect::<Result<Vec<_>, _>>()?;
+        for node in &mut nodes {
+            node.guard_restarts(config.restart_grace);
+        }
         let mut seen = HashSet::new();
         for node in &nodes {
             if !seen.insert(node.identity()) {

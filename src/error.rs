@@ -225,6 +225,21 @@ pub enum NodeError {
     /// The server answered something this client does not expect.
     #[error("unexpected reply: {0}")]
     Protocol(String),
+    /// The restarted-node guard kept the node out: it has been up for less
+    /// than the grace period set with
+    /// [`RedlockBuilder::restart_grace`](crate::RedlockBuilder::restart_grace),
+    /// so it may have forgotten locks that are still held. It votes again
+    /// once its uptime reaches the grace period.
+    #[error(
+        "restarted {uptime:?} ago, less than the restart grace of {grace:?}: not voting until then"
+    )]
+    Restarted {
+        /// The node's uptime as it reported it (`uptime_in_seconds`: whole
+        /// seconds, and the real uptime may be up to a second less).
+        uptime: Duration,
+        /// The grace period configured.
+        grace: Duration,
+    },
 }
 
 /// One node's answer in a round, and how long after the round began it came.

@@ -90,6 +90,7 @@ mod client;
 mod error;
 mod lock;
 mod node;
+mod restart_guard;
 mod round;
 mod script;
 

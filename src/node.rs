@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, Value};
 
 use crate::error::{ConfigError, NodeError};
+use crate::restart_guard;
 use crate::script::pack;
 
 /// Idle connections kept per node; more than this many at once are closed
@@ -35,6 +36,9 @@ pub(crate) struct Node {
     handshake: Vec<u8>,
     handshake_replies: usize,
     idle: Mutex<Vec<Conn>>,
+    /// The restarted-node guard: with a grace period, `INFO server` is the
+    /// handshake's last command, and a node up for less does not vote.
+    restart_grace: Option<Duration>,
 }
 
 impl Node {
@@ -109,7 +113,21 @@ impl Node {
             handshake,
             handshake_replies,
             idle: Mutex::new(Vec::new()),
+            restart_grace: None,
         })
+    }
+
+    /// Turns the restarted-node guard on (a zero grace leaves it off): every
+    /// new connection reads the server's uptime with `INFO server`,
+    /// pipelined with the handshake, and fails with
+    /// [`NodeError::Restarted`] while the uptime is below `grace`.
+    pub(crate) fn guard_restarts(&mut self, grace: Duration) {
+        if !grace.is_zero() && self.restart_grace.is_none() {
+            self.handshake
+                .extend_from_slice(&restart_guard::info_server());
+            self.handshake_replies += 1;
+        }
+        self.restart_grace = Some(grace).filter(|g| !g.is_zero());
     }
 
     /// The node's address for people: `host:port` or the socket path.
@@ -165,6 +183,7 @@ impl Node {
             inner: connection,
             scripts: 0,
         };
+        let mut last = Value::Nil;
         if self.handshake_replies > 0 {
             conn.send(&self.handshake, deadline)?;
             for _ in 0..self.handshake_replies {
@@ -176,9 +195,13 @@ impl Node {
                             e.details().unwrap_or("")
                         ))))
                     }
-                    _ => continue,
+                    value => last = value,
                 }
             }
+        }
+        // The restarted-node guard: the last handshake reply is INFO server.
+        if let Some(grace) = self.restart_grace {
+            restart_guard::check(&last, grace).map_err(Failure::Error)?;
         }
         Ok(conn)
     }
