@@ -15,6 +15,8 @@ use crate::node::{Failure, Node};
 use crate::round::{self, Reply};
 use crate::script::{self, Command};
 
+pub(crate) mod fencing;
+
 /// The largest TTL accepted: Redis rejects expiry times that overflow a
 /// signed 64-bit count of milliseconds since the epoch; half of that range
 /// leaves room for any clock.
@@ -431,6 +433,7 @@ impl Redlock {
                     resources,
                     token,
                     report: tally.report,
+                    fencing_token: None,
                 });
             }
             // The SET may have landed where the reply was lost or late:

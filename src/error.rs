@@ -190,6 +190,11 @@ pub enum ArgumentError {
     /// A token string is not 40 lowercase hex characters.
     #[error(transparent)]
     Token(#[from] ParseTokenError),
+
+    /// A fenced acquisition named a resource under the prefix reserved for
+    /// fencing counters ([`FENCE_KEY_PREFIX`](crate::FENCE_KEY_PREFIX)).
+    #[error("resource `{0}` starts with `redlock-sync:fence:`, the prefix reserved for fencing counters")]
+    ReservedResource(String),
 }
 
 /// What one node answered in one round.

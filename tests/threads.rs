@@ -5,7 +5,7 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::{builder, cluster};
+use common::{cluster, patient_client};
 use redlock_sync::Redlock;
 
 const THREADS: usize = 8;
@@ -20,12 +20,7 @@ fn redlock_is_send_sync_and_clone() {
 #[test]
 fn eight_threads_doing_read_modify_write_under_the_lock_lose_no_update() {
     let nodes = cluster(5);
-    let locks = builder(&nodes)
-        .retry_count(10_000)
-        .retry_delay(Duration::from_millis(1))
-        .retry_jitter(Duration::from_millis(3))
-        .build()
-        .unwrap();
+    let locks = patient_client(&nodes);
     let counter = nodes.node(0);
     counter.set("counter", "0").unwrap();
     let acquisitions = AtomicU64::new(0);

@@ -28,6 +28,17 @@ pub fn client(cluster: &Cluster) -> Redlock {
     builder(cluster).build().expect("valid test configuration")
 }
 
+/// A client that keeps retrying (every 1 to 4 ms) for as long as threads
+/// contend: for tests where every acquisition must eventually succeed.
+pub fn patient_client(cluster: &Cluster) -> Redlock {
+    builder(cluster)
+        .retry_count(10_000)
+        .retry_delay(Duration::from_millis(1))
+        .retry_jitter(Duration::from_millis(3))
+        .build()
+        .expect("valid test configuration")
+}
+
 /// The value each node holds under `key` (None where missing or unreachable).
 pub fn values(cluster: &Cluster, key: &str) -> Vec<Option<String>> {
     cluster
