@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use redlock_sync::testing::Cluster;
-use redlock_sync::{Lock, Redlock, RedlockBuilder};
+use redlock_sync::{Lock, LockError, Redlock, RedlockBuilder, Report};
 
 /// Starts `n` throwaway redis-server nodes, or fails the test saying why
 /// (for instance that redis-server is not installed, and how to install it).
@@ -37,6 +37,36 @@ pub fn patient_client(cluster: &Cluster) -> Redlock {
         .retry_jitter(Duration::from_millis(3))
         .build()
         .expect("valid test configuration")
+}
+
+/// Runs `locks.acquire(resource, ttl)`, expecting the quorum error after
+/// `attempts` rounds and within `bound`; returns the last round's report.
+pub fn no_quorum_within(
+    locks: &Redlock,
+    resource: &str,
+    ttl: Duration,
+    attempts: u32,
+    bound: Duration,
+) -> Report {
+    let start = Instant::now();
+    let result = locks.acquire(resource, ttl);
+    let took = start.elapsed();
+    let report = match result {
+        Err(LockError::NoQuorum {
+            attempts: tried,
+            report,
+            ..
+        }) => {
+            assert_eq!(tried, attempts, "attempts: {report}");
+            report
+        }
+        other => panic!("expected the quorum error, got {other:?}"),
+    };
+    assert!(
+        took <= bound,
+        "quorum error after {took:?}, expected at most {bound:?}: {report}"
+    );
+    report
 }
 
 /// The value each node holds under `key` (None where missing or unreachable).
