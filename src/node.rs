@@ -271,8 +271,10 @@ pub(crate) fn redact(url: &str) -> String {
         return url.to_string();
     };
     let rest = &url[scheme_end..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
+    // The last '@' anywhere, not only in the authority: a password may hold
+    // a raw '/', '?' or '#', and the error for that malformed URL must
+    // still hide it.
+    let Some(at) = rest.rfind('@') else {
         return url.to_string();
     };
     let userinfo = &rest[..at];
@@ -293,6 +295,8 @@ mod tests {
         assert_eq!(redact("redis://:s3cret@h:1"), "redis://:***@h:1");
         assert_eq!(redact("redis://h:1/0"), "redis://h:1/0");
         assert_eq!(redact("no scheme"), "no scheme");
+        assert_eq!(redact("redis://:pa/ss@h:1"), "redis://:***@h:1");
+        assert_eq!(redact("redis://u:p?a#s@h:1/0"), "redis://u:***@h:1/0");
     }
 
     #[test]
