@@ -173,7 +173,11 @@ impl RedlockBuilder {
     /// second less than reported), so a node is kept out up to about two
     /// seconds longer than `grace`, never shorter. A node whose `INFO`
     /// command is disabled or answers without an uptime never votes while
-    /// the guard is on.
+    /// the guard is on. The check relies on a restarted server being
+    /// reachable only through new connections, which holds for direct
+    /// connections and plain TCP proxies; a connection pooler that keeps
+    /// the client's connection while it reconnects to a restarted server
+    /// behind it would hide the restart.
     ///
     /// It is off by default because the right value depends on the longest
     /// TTL, which only you know, and because a guard that is too long makes
