@@ -15,6 +15,8 @@ use crate::node::{Failure, Node};
 use crate::round::{self, Reply};
 use crate::script::{self, Command};
 
+pub(crate) mod fencing;
+
 /// The largest TTL accepted: Redis rejects expiry times that overflow a
 /// signed 64-bit count of milliseconds since the epoch; half of that range
 /// leaves room for any clock.
@@ -76,6 +78,8 @@ pub(crate) struct Config {
     pub(crate) max_hold: Option<Duration>,
     /// `acquire` starts no attempt (and sleeps no pause) past this long.
     max_wait: Option<Duration>,
+    /// A node up for less than this does not vote (zero: no check).
+    restart_grace: Duration,
 }
 
 impl Default for Config {
@@ -90,6 +94,7 @@ impl Default for Config {
             extend_when_left: 1.0 / 3.0,
             max_hold: None,
             max_wait: None,
+            restart_grace: Duration::ZERO,
         }
     }
 }
@@ -239,6 +244,54 @@ impl RedlockBuilder {
         self
     }
 
+    /// The restarted-node guard: a node that has been up for less than
+    /// `grace` does not vote. Default: off (zero).
+    ///
+    /// A node that restarts without persistence forgets its locks; if it
+    /// voted at once, another client could win a quorum that includes it
+    /// while the first client still holds the lock on the other nodes. With
+    /// a grace period, every new connection reads the node's uptime with
+    /// `INFO server` (pipelined with the handshake: no extra round trip),
+    /// and while the uptime is below `grace` the node is reported as failed
+    /// with [`NodeError::Restarted`] and gets no command. Once its uptime
+    /// reaches `grace`, it votes again: a later round simply reconnects.
+    ///
+    /// Set `grace` to at least the longest TTL you pass to `acquire` or
+    /// `extend` (the locks a restarted node forgot have all expired by then),
+    /// plus a margin for clock rate differences. The uptime has whole-second
+    /// resolution; the guard takes the least the real uptime can be (a
+    /// second less than reported), so a node is kept out up to about two
+    /// seconds longer than `grace`, never shorter. A node whose `INFO`
+    /// command is disabled or answers without an uptime never votes while
+    /// the guard is on. The check relies on a restarted server being
+    /// reachable only through new connections, which holds for direct
+    /// connections and plain TCP proxies; a connection pooler that keeps
+    /// the client's connection while it reconnects to a restarted server
+    /// behind it would hide the restart.
+    ///
+    /// It is off by default because the right value depends on the longest
+    /// TTL, which only you know, and because a guard that is too long makes
+    /// every freshly started node (a new deployment, a test cluster) refuse
+    /// to vote for that long. Nodes that run with `appendonly yes` and
+    /// `appendfsync always` keep their locks across restarts and do not need
+    /// it. The guard does not help against data lost without a restart
+    /// (`FLUSHALL`, a failover to a replica that had not caught up).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redlock_sync::Redlock;
+    ///
+    /// // Locks are taken for at most 30 s (TTLs of acquire and extend).
+    /// let locks = Redlock::builder(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
+    ///     .restart_grace(Duration::from_secs(35))
+    ///     .build()?;
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
+    pub fn restart_grace(mut self, grace: Duration) -> Self {
+        self.config.restart_grace = grace;
+        self
+    }
+
     /// Checks the settings and the node URLs, and builds the client. No
     /// connection is opened yet: each node connects lazily in its first
     /// round.
@@ -290,11 +343,14 @@ impl RedlockBuilder {
         if self.urls.is_empty() {
             return Err(ConfigError::NoNodes.into());
         }
-        let nodes = self
+        let mut nodes = self
             .urls
             .iter()
             .map(|url| Node::parse(url))
             .collect::<Result<Vec<_>, _>>()?;
+        for node in &mut nodes {
+            node.guard_restarts(config.restart_grace);
+        }
         let mut seen = HashSet::new();
         for node in &nodes {
             if !seen.insert(node.identity()) {
@@ -333,7 +389,11 @@ impl Tally {
         self.report.refused() > self.report.nodes.len() - self.report.quorum
     }
 
-    /// The error for a round that did not succeed.
+    /// The error for a round that did not succeed: too slow if a quorum
+    /// granted; no quorum if the failed nodes alone rule one out; else
+    /// contended (a node refused, and it was that refusal that made the
+    /// difference). Judged on the nodes read, whether or not the round
+    /// stopped early.
     fn error(self, resource: &str, attempts: u32, ttl: Duration) -> LockError {
         let resource = resource.to_string();
         let report = self.report;
@@ -343,7 +403,7 @@ impl Tally {
                 ttl,
                 report,
             }
-        } else if report.granted() + report.refused() >= report.quorum {
+        } else if report.failed() <= report.nodes.len() - report.quorum {
             LockError::Contended {
                 resource,
                 attempts,
@@ -534,45 +594,65 @@ impl Redlock {
         ttl: Duration,
         retries: u32,
     ) -> Result<Lock, LockError> {
-        let started = Instant::now();
         check_resources(&resources)?;
         let ttl_ms = self.check_ttl(ttl)?;
-        // Redis is given whole milliseconds: measure validity on the same.
-        let ttl = Duration::from_millis(ttl_ms);
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            // A fresh token each attempt: no attempt can be mistaken for an
-            // earlier one (a key of ours still on a node, a late clean-up).
-            let token = Token::random()?;
-            let cmd = match resources.as_slice() {
-                [one] => Command::acquire(one, &token, ttl_ms),
+        self.acquire_loop(resources, ttl_ms, retries, |resources, token, ttl| {
+            let cmd = match resources {
+                [one] => Command::acquire(one, token, ttl_ms),
                 many => Command::script(
                     &script::ACQUIRE_MANY,
                     many,
                     &[&token.hex(), ttl_ms.to_string().as_bytes()],
                 ),
             };
-            let tally = self.round(&cmd, ttl, acquire_vote);
+            (self.round(&cmd, ttl, acquire_vote), None)
+        })
+    }
+
+    /// The retry loop of every acquisition: `attempt` runs one attempt with
+    /// a fresh token and returns its tally (and fencing token). After a
+    /// failed attempt the lock is released wherever it may have landed; the
+    /// loop stops after `retries` more attempts, or before one that would
+    /// start past the wait budget.
+    fn acquire_loop(
+        &self,
+        resources: Vec<String>,
+        ttl_ms: u64,
+        retries: u32,
+        mut attempt: impl FnMut(&[String], &Token, Duration) -> (Tally, Option<u64>),
+    ) -> Result<Lock, LockError> {
+        let started = Instant::now();
+        // Redis is given whole milliseconds: measure validity on the same.
+        let ttl = Duration::from_millis(ttl_ms);
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            // A fresh token each attempt: no attempt can be mistaken for an
+            // earlier one (a key of ours still on a node, a late clean-up),
+            // and a token is set at most once on a node (fencing relies on
+            // it).
+            let token = Token::random()?;
+            let (tally, fencing_token) = attempt(&resources, &token, ttl);
             if tally.granted() {
                 return Ok(Lock {
                     valid_until: tally.start + tally.validity.unwrap_or_default(),
                     resources,
                     token,
                     report: tally.report,
+                    fencing_token,
                 });
             }
-            // The SET may have landed where the reply was lost, late or not
+            // The lock may have landed where the reply was lost, late or not
             // awaited: release there before trying again or giving up.
             self.clean_up(&resources, &token, &tally.report);
-            if attempt > retries {
-                return Err(tally.error(&resources[0], attempt, ttl));
+            if attempts > retries {
+                return Err(tally.error(&resources[0], attempts, ttl));
             }
             let pause = self.retry_pause()?;
             // The next attempt would start past the wait budget: stop now.
             if let Some(budget) = self.inner.config.max_wait {
                 if started.elapsed().saturating_add(pause) >= budget {
-                    return Err(tally.error(&resources[0], attempt, ttl));
+                    return Err(tally.error(&resources[0], attempts, ttl));
                 }
             }
             std::thread::sleep(pause);
@@ -725,14 +805,30 @@ impl Redlock {
         );
     }
 
-    /// Runs one round and counts the votes. `vote` reads one node's reply:
-    /// `Ok(true)` granted, `Ok(false)` refused, `Err` unexpected. The round
-    /// stops waiting as soon as a quorum granted, or can no longer grant.
+    /// Runs one round on every node and counts the votes. `vote` reads one
+    /// node's reply: `Ok(true)` granted, `Ok(false)` refused, `Err`
+    /// unexpected. The round stops waiting as soon as a quorum granted, or
+    /// can no longer grant.
     fn round(
         &self,
         cmd: &Command,
         ttl: Duration,
         vote: impl Fn(&Value) -> Result<bool, &Value>,
+    ) -> Tally {
+        self.round_with(cmd, ttl, vote, |_| true, true)
+    }
+
+    /// Like [`round`](Self::round), on the nodes for which `ask` is true
+    /// (the others show as not awaited), and, unless `early`, reading every
+    /// reply until the deadline instead of stopping once the outcome is
+    /// decided.
+    fn round_with(
+        &self,
+        cmd: &Command,
+        ttl: Duration,
+        vote: impl Fn(&Value) -> Result<bool, &Value>,
+        ask: impl Fn(usize) -> bool,
+        early: bool,
     ) -> Tally {
         let inner = &*self.inner;
         let (n, quorum) = (inner.nodes.len(), inner.quorum);
@@ -745,13 +841,13 @@ impl Redlock {
             start,
             deadline,
             inner.config.connect_timeout,
-            |_| true,
+            ask,
             |result| {
                 match result {
                     Ok(value) if vote(value) == Ok(true) => yes += 1,
                     _ => no += 1,
                 }
-                yes >= quorum || no > n - quorum
+                early && (yes >= quorum || no > n - quorum)
             },
         );
         let elapsed = start.elapsed();

@@ -207,6 +207,11 @@ pub enum ArgumentError {
     /// A token string is not 40 lowercase hex characters.
     #[error(transparent)]
     Token(#[from] ParseTokenError),
+
+    /// A fenced acquisition named a resource under the prefix reserved for
+    /// fencing counters ([`FENCE_KEY_PREFIX`](crate::FENCE_KEY_PREFIX)).
+    #[error("resource `{0}` starts with `redlock-sync:fence:`, the prefix reserved for fencing counters")]
+    ReservedResource(String),
 }
 
 /// What one node answered in one round.
@@ -247,6 +252,21 @@ pub enum NodeError {
     /// The server answered something this client does not expect.
     #[error("unexpected reply: {0}")]
     Protocol(String),
+    /// The restarted-node guard kept the node out: it has been up for less
+    /// than the grace period set with
+    /// [`RedlockBuilder::restart_grace`](crate::RedlockBuilder::restart_grace),
+    /// so it may have forgotten locks that are still held. It votes again
+    /// once its uptime reaches the grace period.
+    #[error(
+        "restarted {uptime:?} ago, less than the restart grace of {grace:?}: not voting until then"
+    )]
+    Restarted {
+        /// The node's uptime as it reported it (`uptime_in_seconds`: whole
+        /// seconds, and the real uptime may be up to a second less).
+        uptime: Duration,
+        /// The grace period configured.
+        grace: Duration,
+    },
 }
 
 /// One node's answer in a round, and how long after the round began it came.

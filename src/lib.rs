@@ -97,14 +97,16 @@
 //! - For **correctness** (two writers corrupt data), the protected resource
 //!   must itself reject stale holders: a fencing token checked by the
 //!   resource, or a consensus system (etcd, ZooKeeper) with a transaction
-//!   that includes the check. Check [`Lock::validity`] before each write,
-//!   and treat [`LockError::Lost`] from `release` as "my critical section
-//!   may have overlapped another's".
+//!   that includes the check. This crate gives fencing tokens:
+//!   [`Redlock::acquire_fenced`] (where the safety argument is). Check
+//!   [`Lock::validity`] before each write, and treat [`LockError::Lost`]
+//!   from `release` as "my critical section may have overlapped another's".
 //!
 //! Nodes that restart without persistence forget their locks, and another
 //! client may then win a quorum while the first still holds the lock. Run
 //! the nodes with `appendonly yes` and `appendfsync always`, or keep a
-//! restarted node out of service for longer than your longest TTL.
+//! restarted node out of service for longer than your longest TTL:
+//! [`RedlockBuilder::restart_grace`] does that from the client side.
 //! Timing uses [`std::time::Instant`] only; clock drift between processes is
 //! assumed small next to the TTL, which is what the drift term pays for.
 //!
@@ -121,6 +123,7 @@ mod client;
 mod error;
 mod lock;
 mod node;
+mod restart_guard;
 mod round;
 mod script;
 mod watchdog;
@@ -128,6 +131,7 @@ mod watchdog;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use client::fencing::FENCE_KEY_PREFIX;
 pub use client::{Redlock, RedlockBuilder, MAX_TIMEOUT, MAX_TTL};
 pub use error::{
     ArgumentError, ConfigError, LockError, NodeError, NodeOutcome, NodeReport, Report,

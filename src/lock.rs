@@ -131,6 +131,8 @@ pub struct Lock {
     pub(crate) token: Token,
     pub(crate) valid_until: Instant,
     pub(crate) report: Report,
+    /// Set by the fenced acquisitions only.
+    pub(crate) fencing_token: Option<u64>,
 }
 
 impl Lock {
@@ -181,6 +183,7 @@ impl Lock {
             token,
             valid_until: Instant::now(),
             report: Report::default(),
+            fencing_token: None,
         })
     }
 
@@ -220,6 +223,30 @@ impl Lock {
     /// this lock (empty for a lock made by [`from_token`](Self::from_token)).
     pub fn report(&self) -> &Report {
         &self.report
+    }
+
+    /// The fencing token, for a lock from
+    /// [`acquire_fenced`](crate::Redlock::acquire_fenced) or
+    /// [`try_acquire_fenced`](crate::Redlock::try_acquire_fenced); `None`
+    /// for every other lock. It stays the same across extensions.
+    ///
+    /// Pass it with every write to the protected resource, and have the
+    /// resource reject a write whose token is lower than the highest it has
+    /// seen (see [`acquire_fenced`](crate::Redlock::acquire_fenced)).
+    ///
+    /// ```no_run
+    /// # use redlock_sync::Redlock;
+    /// # use std::time::Duration;
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// let lock = locks.acquire_fenced("ledger", Duration::from_secs(10))?;
+    /// let token = lock.fencing_token().expect("a fenced lock has a token");
+    /// // storage.write_if_token_at_least(token, ...);
+    /// # let _ = token;
+    /// locks.release(lock)?;
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fencing_token
     }
 }
 

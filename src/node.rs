@@ -13,12 +13,14 @@
 //! fails. A reply is never matched across epochs, so a late reply can never
 //! be taken for the answer to another command.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, Value};
 
 use crate::error::{ConfigError, NodeError};
+use crate::restart_guard;
 use crate::script::{self, pack, Command};
 
 /// How far past the time left a socket timeout already set may reach before
@@ -27,8 +29,9 @@ const TIMEOUT_SLACK: Duration = Duration::from_micros(500);
 
 /// Past this many unread replies on a connection, a round waits for its
 /// reply even after the outcome is decided, draining the backlog (or, on a
-/// hung node, ending the connection).
-const MAX_BACKLOG: u64 = 16;
+/// hung node, ending the connection). A reply is a few bytes, so this costs
+/// little memory, and a node that is merely slow seldom holds up a round.
+const MAX_BACKLOG: u64 = 1024;
 
 /// Why one exchange with a node did not produce a reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +69,9 @@ pub(crate) struct Node {
     /// How many `SCRIPT LOAD` replies follow (an error there only means the
     /// scripts go as `EVAL`).
     script_replies: usize,
+    /// The restarted-node guard: with a grace period, `INFO server` is the
+    /// handshake's last command, and a node up for less does not vote.
+    restart_grace: Option<Duration>,
     state: Mutex<State>,
     /// Signalled whenever a reply is stored, the I/O role is free, or the
     /// epoch ends.
@@ -94,14 +100,18 @@ struct State {
     next_read: u64,
     /// Replies read and not yet taken by their threads.
     replies: Vec<(u64, Value)>,
-    /// Requests whose threads stopped waiting: their replies are discarded.
-    /// (Never replayed: a command sent again later could land behind a
-    /// later command of ours and undo it.)
-    abandoned: Vec<u64>,
+    /// One flag per request not read yet, from `next_read` on: whether its
+    /// thread stopped waiting, so that its reply is discarded. (Never
+    /// replayed: a command sent again later could land behind a later
+    /// command of ours and undo it.)
+    abandoned: VecDeque<bool>,
     /// Threads blocked waiting for a reply that another thread will read.
     waiters: usize,
     /// The last connection ended in a timeout, and no reply came since.
     slow: bool,
+    /// A moving average of how long a read of this node blocked, in
+    /// microseconds: rounds read the nodes that keep them waiting last.
+    wait_us: u64,
     /// Requests whose threads still want the reply (not read, not
     /// abandoned).
     live: u64,
@@ -180,6 +190,7 @@ impl Node {
             handshake,
             checked_replies,
             script_replies,
+            restart_grace: None,
             state: Mutex::new(State {
                 conn: None,
                 busy: false,
@@ -191,13 +202,27 @@ impl Node {
                 written: 0,
                 next_read: 0,
                 replies: Vec::new(),
-                abandoned: Vec::new(),
+                abandoned: VecDeque::new(),
                 waiters: 0,
                 slow: false,
+                wait_us: 0,
                 live: 0,
             }),
             changed: Condvar::new(),
         })
+    }
+
+    /// Turns the restarted-node guard on (a zero grace leaves it off): every
+    /// new connection reads the server's uptime with `INFO server`,
+    /// pipelined with the handshake, and fails with
+    /// [`NodeError::Restarted`] while the uptime is below `grace`.
+    pub(crate) fn guard_restarts(&mut self, grace: Duration) {
+        if !grace.is_zero() && self.restart_grace.is_none() {
+            // The handshake's last command: its reply is read last.
+            self.handshake
+                .extend_from_slice(&restart_guard::info_server());
+            self.restart_grace = Some(grace);
+        }
     }
 
     /// The node's address for people: `host:port` or the socket path.
@@ -252,6 +277,7 @@ impl Node {
             seq: st.next_seq,
         };
         st.next_seq += 1;
+        st.abandoned.push_back(false);
         st.live += 1;
         if !st.busy {
             st = self.io(st, false, deadline, connect_timeout);
@@ -333,10 +359,17 @@ impl Node {
         st.conn.is_none() && !st.busy
     }
 
-    /// Whether this node's last connection ended in a timeout with no reply
-    /// since: rounds read it last, so a decided round need not wait for it.
-    pub(crate) fn is_slow(&self) -> bool {
-        self.lock().slow
+    /// How late this node tends to answer, coarsely (a power-of-two bucket
+    /// of the average time a read of it blocked; the largest value once its
+    /// last connection timed out): rounds read the nodes in this order, so
+    /// a round that a quorum decided need not wait for the slow ones.
+    pub(crate) fn lateness(&self) -> u32 {
+        let st = self.lock();
+        if st.slow {
+            u32::MAX
+        } else {
+            st.wait_us.max(1).ilog2()
+        }
     }
 
     /// Whether the connection has so many unread replies that the next
@@ -427,17 +460,19 @@ impl Node {
             }
             let Some(mut c) = conn.take() else { break };
             drop(st);
+            let began = Instant::now();
             let received = c.recv(deadline);
+            let waited = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
             st = self.lock();
             to_read = false;
             match received {
                 Ok(value) => {
                     conn = Some(c);
                     st.slow = false;
+                    st.wait_us = st.wait_us - st.wait_us / 8 + waited / 8;
                     let seq = st.next_read;
                     st.next_read += 1;
-                    if let Some(i) = st.abandoned.iter().position(|s| *s == seq) {
-                        st.abandoned.swap_remove(i);
+                    if st.abandoned.pop_front().unwrap_or(false) {
                         forget_scripts_if_lost(&mut st, &value);
                     } else {
                         st.live -= 1;
@@ -500,6 +535,11 @@ impl Node {
                 scripts = 0;
             }
         }
+        // The restarted-node guard: the last handshake reply is INFO server.
+        if let Some(grace) = self.restart_grace {
+            let info = conn.recv(deadline)?;
+            restart_guard::check(&info, grace).map_err(Failure::Error)?;
+        }
         Ok((conn, scripts))
     }
 }
@@ -525,7 +565,13 @@ pub(crate) fn is_noscript(value: &Value) -> bool {
 /// Marks a request's reply as unwanted.
 fn give_up(st: &mut State, seq: u64) {
     st.live -= 1;
-    st.abandoned.push(seq);
+    if let Some(flag) = seq
+        .checked_sub(st.next_read)
+        .and_then(|i| usize::try_from(i).ok())
+        .and_then(|i| st.abandoned.get_mut(i))
+    {
+        *flag = true;
+    }
 }
 
 /// An unread request was answered `NOSCRIPT`: the server lost our scripts
@@ -638,8 +684,10 @@ pub(crate) fn redact(url: &str) -> String {
         return url.to_string();
     };
     let rest = &url[scheme_end..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
+    // The last '@' anywhere, not only in the authority: a password may hold
+    // a raw '/', '?' or '#', and the error for that malformed URL must
+    // still hide it.
+    let Some(at) = rest.rfind('@') else {
         return url.to_string();
     };
     let userinfo = &rest[..at];
@@ -660,6 +708,8 @@ mod tests {
         assert_eq!(redact("redis://:s3cret@h:1"), "redis://:***@h:1");
         assert_eq!(redact("redis://h:1/0"), "redis://h:1/0");
         assert_eq!(redact("no scheme"), "no scheme");
+        assert_eq!(redact("redis://:pa/ss@h:1"), "redis://:***@h:1");
+        assert_eq!(redact("redis://u:p?a#s@h:1/0"), "redis://u:***@h:1/0");
     }
 
     #[test]

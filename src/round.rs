@@ -75,15 +75,15 @@ pub(crate) fn run(
         };
     }
 
-    // Read the nodes that timed out last time after the others, so a decided
-    // round need not wait for them; rotate the rest, so the replies left
-    // unread spread over the nodes.
+    // Read the nodes that keep us waiting (or timed out last time) after the
+    // others, so a round that a quorum decided need not wait for them; among
+    // equally quick nodes, rotate, so the replies left unread spread out.
     let mut pending = order;
     pending.sort_unstable();
     pending.retain(|&i| replies[i].ticket.is_some());
     let len = pending.len().max(1);
     pending.rotate_left(ROTATION.fetch_add(1, Ordering::Relaxed) % len);
-    pending.sort_by_key(|&i| nodes[i].is_slow());
+    pending.sort_by_key(|&i| nodes[i].lateness());
 
     let mut finish =
         |replies: &mut [Reply], i: usize, mut result: Result<Value, Failure>, done: &mut bool| {

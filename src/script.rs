@@ -65,6 +65,50 @@ pub(crate) const ACQUIRE_MANY: Script = Script {
     sha: "593a40f397e4a826c82cc7adb7cc44d68ccec191",
 };
 
+/// Fenced acquisition, round one: if the lock key (KEYS[1]) is free, raises
+/// the resource's fencing counter (KEYS[2]) to the larger of its value plus
+/// one and the node's clock in microseconds since the epoch, sets the lock
+/// to our token (ARGV[1]) with a TTL (ARGV[2], milliseconds), and returns the
+/// counter. Returns 0, and writes nothing, if the lock is taken. The counter
+/// is read before the lock is written, so a counter that is not a number
+/// fails the script before it sets anything; the counter never expires. A
+/// counter at 2^53 or above (where Lua's numbers lose precision) is refused.
+pub(crate) const FENCE_ACQUIRE: Script = Script {
+    bit: 64,
+    body: "if redis.call('exists', KEYS[1]) == 1 then\n  \
+             return 0\n\
+           end\n\
+           local fence = redis.call('incr', KEYS[2])\n\
+           local time = redis.call('time')\n\
+           local now = time[1] .. string.format('%06d', time[2])\n\
+           if tonumber(now) > fence then\n  \
+             redis.call('set', KEYS[2], now)\n  \
+             fence = tonumber(now)\n\
+           end\n\
+           if fence >= 9007199254740992 then\n  \
+             return redis.error_reply('fencing counter reached 2^53')\n\
+           end\n\
+           redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])\n\
+           return fence",
+    sha: "f39ef435254ddb2cde2e278c131f430e536ecba4",
+};
+
+/// Fenced acquisition, round two: if the lock key (KEYS[1]) still holds our
+/// token (ARGV[1]), raises the fencing counter (KEYS[2]) to at least the
+/// token's fencing number (ARGV[2]) and returns 1; otherwise writes nothing
+/// and returns 0.
+pub(crate) const FENCE_CONFIRM: Script = Script {
+    bit: 128,
+    body: "if redis.call('get', KEYS[1]) ~= ARGV[1] then\n  \
+             return 0\n\
+           end\n\
+           if tonumber(redis.call('get', KEYS[2]) or '0') < tonumber(ARGV[2]) then\n  \
+             redis.call('set', KEYS[2], ARGV[2])\n\
+           end\n\
+           return 1",
+    sha: "9ce553a5967fc2a934f3760e7c931d0e0f2f6f80",
+};
+
 /// One command, packed once, sent to every node of a round.
 pub(crate) struct Command {
     /// The script it runs, if any.
@@ -127,19 +171,28 @@ impl Command {
     }
 }
 
+/// Every script.
+const SCRIPTS: [&Script; 5] = [
+    &RELEASE,
+    &EXTEND,
+    &ACQUIRE_MANY,
+    &FENCE_ACQUIRE,
+    &FENCE_CONFIRM,
+];
+
 /// Every script's bit: what a connection knows once the handshake loaded
 /// them all.
-pub(crate) const ALL_SCRIPTS: u8 = RELEASE.bit | EXTEND.bit | ACQUIRE_MANY.bit;
+pub(crate) const ALL_SCRIPTS: u8 =
+    RELEASE.bit | EXTEND.bit | ACQUIRE_MANY.bit | FENCE_ACQUIRE.bit | FENCE_CONFIRM.bit;
 
 /// `SCRIPT LOAD` for every script, packed, for a new connection's
 /// handshake. Loaded scripts, unlike those that come in by `EVAL`, are not
 /// evicted from the server's cache (Redis 7.4 evicts `EVAL` scripts).
 pub(crate) fn load_all(out: &mut Vec<u8>) -> usize {
-    let scripts = [&RELEASE, &EXTEND, &ACQUIRE_MANY];
-    for script in scripts {
+    for script in SCRIPTS {
         pack(out, &[b"SCRIPT", b"LOAD", script.body.as_bytes()]);
     }
-    scripts.len()
+    SCRIPTS.len()
 }
 
 /// Turns a packed `EVALSHA sha numkeys ...` into `EVAL body numkeys ...`.

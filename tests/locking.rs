@@ -243,14 +243,15 @@ fn after_script_flush_release_falls_back_to_eval_and_later_rounds_heal() {
     wait_until_gone(&nodes, "flush", SETTLE + short);
 
     // Every connection learns that its server lost the scripts when it
-    // reads that NOSCRIPT; from then on releases work on every node.
-    for _ in 0..3 {
-        let lock = locks.acquire("flush-next", TTL).unwrap();
+    // reads that NOSCRIPT, at the latest when its backlog of unread replies
+    // (16) is drained; from then on releases work on every node.
+    for i in 0..20 {
+        let lock = locks.acquire(&format!("flush-{i}"), TTL).unwrap();
         locks.release(lock).unwrap();
     }
-    let lock = locks.acquire("flush-next", TTL).unwrap();
+    let lock = locks.acquire("flush-last", TTL).unwrap();
     locks.release(lock).unwrap();
-    wait_until_gone(&nodes, "flush-next", SETTLE);
+    wait_until_gone(&nodes, "flush-last", SETTLE);
 }
 
 /// A regression test from review: a clean-up release that met NOSCRIPT used

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use redlock_sync::testing::Cluster;
-use redlock_sync::{Lock, Redlock, RedlockBuilder};
+use redlock_sync::{Lock, LockError, Redlock, RedlockBuilder, Report};
 
 /// How long a test waits for what a decided round left in flight (replies
 /// past the quorum, fire-and-forget clean-up) to land on the nodes.
@@ -35,7 +35,8 @@ pub fn client(cluster: &Cluster) -> Redlock {
 }
 
 /// A client for many threads contending for the same locks: it retries
-/// after 1 to 4 ms, practically without limit.
+/// after 1 to 4 ms, practically without limit, so every acquisition
+/// eventually succeeds.
 pub fn contending_client(cluster: &Cluster) -> Redlock {
     builder(cluster)
         .retry_count(10_000)
@@ -43,6 +44,36 @@ pub fn contending_client(cluster: &Cluster) -> Redlock {
         .retry_jitter(Duration::from_millis(3))
         .build()
         .expect("valid test configuration")
+}
+
+/// Runs `locks.acquire(resource, ttl)`, expecting the quorum error after
+/// `attempts` rounds and within `bound`; returns the last round's report.
+pub fn no_quorum_within(
+    locks: &Redlock,
+    resource: &str,
+    ttl: Duration,
+    attempts: u32,
+    bound: Duration,
+) -> Report {
+    let start = Instant::now();
+    let result = locks.acquire(resource, ttl);
+    let took = start.elapsed();
+    let report = match result {
+        Err(LockError::NoQuorum {
+            attempts: tried,
+            report,
+            ..
+        }) => {
+            assert_eq!(tried, attempts, "attempts: {report}");
+            report
+        }
+        other => panic!("expected the quorum error, got {other:?}"),
+    };
+    assert!(
+        took <= bound,
+        "quorum error after {took:?}, expected at most {bound:?}: {report}"
+    );
+    report
 }
 
 /// The value each node holds under `key` (None where missing or unreachable).

@@ -1,0 +1,257 @@
+//! Network faults between the client and the nodes, through the fault
+//! proxy: partitions (connections held open but silent), latency, and
+//! connection resets.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{cluster, no_quorum_within, values, wait_until, wait_until_gone, SETTLE};
+use redlock_sync::testing::{Cluster, Fault, Proxy};
+use redlock_sync::{LockError, NodeOutcome, Redlock, Report};
+
+const TTL: Duration = Duration::from_secs(10);
+const IO_TIMEOUT: Duration = Duration::from_millis(100);
+const RETRY_DELAY: Duration = Duration::from_millis(10);
+const RETRY_JITTER: Duration = Duration::from_millis(10);
+const RETRY_COUNT: u32 = 3;
+/// What scheduling on a busy machine may add to a round.
+const SLACK: Duration = Duration::from_millis(100);
+/// A round with silent nodes: the io_timeout, plus up to one scheduler tick
+/// for each silent node read after the deadline.
+const SILENT_ROUND: Duration = Duration::from_millis(100 + 30);
+
+/// Five nodes, a proxy in front of each, and a client that talks to the
+/// nodes through the proxies only.
+fn behind_proxies() -> (Cluster, Vec<Proxy>, Redlock) {
+    let nodes = cluster(5);
+    let proxies = nodes.proxies().expect("a proxy per node");
+    let locks = Redlock::builder(proxies.iter().map(Proxy::url))
+        .retry_count(RETRY_COUNT)
+        .retry_delay(RETRY_DELAY)
+        .retry_jitter(RETRY_JITTER)
+        .io_timeout(IO_TIMEOUT)
+        .connect_timeout(IO_TIMEOUT)
+        .build()
+        .unwrap();
+    // Warm the pools, so that faults hit open connections too.
+    for _ in 0..3 {
+        locks
+            .release(locks.acquire("warm-up", TTL).unwrap())
+            .unwrap();
+    }
+    (nodes, proxies, locks)
+}
+
+fn outcomes(report: &Report) -> Vec<&NodeOutcome> {
+    report.nodes.iter().map(|n| &n.outcome).collect()
+}
+
+/// A node that gave no answer: timed out, or not awaited because a quorum
+/// had decided the round first (nodes that timed out last are read last).
+fn silent(outcome: &NodeOutcome) -> bool {
+    matches!(outcome, NodeOutcome::TimedOut | NodeOutcome::NotAwaited)
+}
+
+/// Every node the round waited for granted; none failed or timed out.
+fn every_awaited_node_granted(report: &Report) -> bool {
+    report.granted() >= report.quorum
+        && report
+            .nodes
+            .iter()
+            .all(|n| matches!(n.outcome, NodeOutcome::Granted | NodeOutcome::NotAwaited))
+}
+
+#[test]
+fn a_partitioned_minority_does_not_stop_progress() {
+    let (nodes, proxies, locks) = behind_proxies();
+    proxies[0].set_fault(Fault::Partition);
+    proxies[1].set_fault(Fault::Partition);
+    for i in 0..5 {
+        let resource = format!("minority-{i}");
+        let lock = if i % 2 == 0 {
+            locks.acquire(&resource, TTL)
+        } else {
+            locks.acquire_fenced(&resource, TTL)
+        }
+        .unwrap_or_else(|e| panic!("round {i}: 3 of 5 nodes answer, expected the lock, got {e}"));
+        let report = lock.report();
+        assert!(
+            outcomes(report)[..2].iter().all(|o| silent(o)),
+            "round {i}: the partitioned nodes time out or are not awaited: {report}"
+        );
+        assert_eq!(report.granted(), 3, "round {i}: {report}");
+        let bound = if i % 2 == 0 { 1 } else { 2 } * SILENT_ROUND + SLACK;
+        assert!(
+            report.elapsed <= bound,
+            "round {i}: acquiring took {:?}, expected at most {bound:?}",
+            report.elapsed
+        );
+        let released = locks
+            .release(lock)
+            .expect("release on the reachable quorum");
+        assert_eq!(released.granted(), 3, "round {i}: {released}");
+        // The partitioned nodes never saw the commands.
+        assert_eq!(values(&nodes, &resource), vec![None; 5], "round {i}");
+    }
+}
+
+#[test]
+fn a_partitioned_majority_gives_the_quorum_error_within_its_bound() {
+    let (nodes, proxies, locks) = behind_proxies();
+    for proxy in &proxies[..3] {
+        proxy.set_fault(Fault::Partition);
+    }
+    // Each attempt: a round, a release round (both wait for the silent
+    // nodes until the deadline), a pause.
+    let bound = (2 * SILENT_ROUND + RETRY_DELAY + RETRY_JITTER) * (RETRY_COUNT + 1) + SLACK;
+    let report = no_quorum_within(&locks, "majority", TTL, RETRY_COUNT + 1, bound);
+    assert!(
+        outcomes(&report)[..3].iter().all(|o| silent(o)),
+        "the partitioned nodes time out or are not awaited: {report}"
+    );
+    assert!(report.granted() <= 2, "{report}");
+    wait_until(
+        SETTLE,
+        "the failed attempts released the reachable nodes",
+        || values(&nodes, "majority") == vec![None; 5],
+    );
+    match locks.try_acquire_fenced("majority", TTL) {
+        Err(LockError::NoQuorum { .. }) => {}
+        other => panic!("expected the quorum error for a fenced lock too, got {other:?}"),
+    }
+}
+
+#[test]
+fn after_healing_a_partition_locks_flow_again() {
+    let (nodes, proxies, locks) = behind_proxies();
+    for proxy in &proxies[..3] {
+        proxy.set_fault(Fault::Partition);
+    }
+    assert!(matches!(
+        locks.try_acquire("healing", TTL),
+        Err(LockError::NoQuorum { .. })
+    ));
+    for proxy in &proxies {
+        proxy.set_fault(Fault::None);
+    }
+    // The connections that timed out were dropped: the next round opens new
+    // ones, through the healed proxies, and every node answers again.
+    let lock = locks
+        .acquire("healing", TTL)
+        .expect("healed: a quorum answers");
+    assert!(
+        every_awaited_node_granted(lock.report()),
+        "{}",
+        lock.report()
+    );
+    locks.release(lock).unwrap();
+    let fenced = locks.acquire_fenced("healing", TTL).unwrap();
+    assert!(
+        every_awaited_node_granted(fenced.report()),
+        "{}",
+        fenced.report()
+    );
+    locks.release(fenced).unwrap();
+    wait_until_gone(&nodes, "healing", SETTLE);
+}
+
+#[test]
+fn a_slow_minority_does_not_slow_rounds_a_slow_majority_does_and_past_the_io_timeout_is_a_timeout()
+{
+    let (_nodes, proxies, locks) = behind_proxies();
+    let delay = Duration::from_millis(20);
+
+    // One slow node: once a round has waited for it, the client reads it
+    // last, and the other four decide the rounds without it.
+    proxies[0].set_fault(Fault::Delay(delay));
+    // Enough rounds that the rotating read order reads node 0 first at
+    // least once, and the client sees how long it keeps a round waiting.
+    for _ in 0..10 {
+        locks.release(locks.acquire("learn", TTL).unwrap()).unwrap();
+    }
+    for i in 0..5 {
+        let lock = locks.acquire("slow", TTL).unwrap();
+        let report = lock.report().clone();
+        assert!(report.granted() >= 3, "round {i}: {report}");
+        assert!(
+            report.elapsed < 2 * delay,
+            "round {i}: a quorum of fast nodes should decide the round without the slow one, \
+             took {:?}: {report}",
+            report.elapsed
+        );
+        locks.release(lock).unwrap();
+    }
+
+    // Three slow nodes: a quorum needs one of them, so the round waits for
+    // a delayed round trip, below the io_timeout, and gets the lock.
+    for proxy in &proxies[..3] {
+        proxy.set_fault(Fault::Delay(delay));
+    }
+    let lock = locks.acquire("slower", TTL).unwrap();
+    let report = lock.report().clone();
+    assert!(every_awaited_node_granted(&report), "{report}");
+    assert!(
+        report.elapsed >= 2 * delay,
+        "the round needed a slow node, yet took only {:?}: {report}",
+        report.elapsed
+    );
+    locks.release(lock).unwrap();
+
+    // Two nodes slower than the io_timeout: they time out (or are not
+    // awaited once a quorum answered), and the round stays bounded.
+    for proxy in &proxies[..3] {
+        proxy.set_fault(Fault::None);
+    }
+    for proxy in &proxies[..2] {
+        proxy.set_fault(Fault::Delay(2 * IO_TIMEOUT));
+    }
+    let lock = locks.acquire("slowest", TTL).unwrap();
+    let report = lock.report();
+    assert!(outcomes(report)[..2].iter().all(|o| silent(o)), "{report}");
+    assert!(
+        report.elapsed <= SILENT_ROUND + SLACK,
+        "a round with two slow nodes took {:?}",
+        report.elapsed
+    );
+    locks.release(lock).unwrap();
+}
+
+#[test]
+fn reset_connections_fail_fast_instead_of_timing_out() {
+    let (_nodes, proxies, locks) = behind_proxies();
+    proxies[3].set_fault(Fault::Reset);
+    proxies[4].set_fault(Fault::Reset);
+    let lock = locks.acquire("reset", TTL).unwrap();
+    let report = lock.report();
+    for entry in &report.nodes[3..] {
+        assert!(
+            matches!(
+                entry.outcome,
+                NodeOutcome::Failed(_) | NodeOutcome::NotAwaited
+            ),
+            "a reset node fails (or is not awaited once a quorum granted), got {}: {report}",
+            entry.outcome
+        );
+        assert!(
+            entry.elapsed < IO_TIMEOUT,
+            "a reset node's outcome came after {:?}, expected before the io_timeout of {IO_TIMEOUT:?}",
+            entry.elapsed
+        );
+    }
+    assert!(
+        report.elapsed < IO_TIMEOUT,
+        "the round waited {:?} for reset nodes",
+        report.elapsed
+    );
+    locks.release(lock).unwrap();
+    for proxy in &proxies {
+        proxy.set_fault(Fault::None);
+    }
+    wait_until(Duration::from_secs(2), "every node answers again", || {
+        let lock = locks.acquire("reset", TTL).unwrap();
+        let all = every_awaited_node_granted(lock.report());
+        locks.release(lock).unwrap();
+        all
+    });
+}
