@@ -70,7 +70,8 @@ impl Rng {
 struct Section {
     client: usize,
     thread: usize,
-    token: u64,
+    /// The fencing token; `None` for a section run through `with_lock`.
+    token: Option<u64>,
     /// When `acquire_fenced` returned.
     start: Instant,
     /// When the holder stopped working under the lock.
@@ -129,6 +130,10 @@ fn work(
     let mut rng = Rng::new(seed);
     while !stop.load(Ordering::Relaxed) {
         let ttl = TTLS[rng.below(2) as usize];
+        if rng.below(4) == 0 {
+            scoped_section(locks, who, ttl, &mut rng, log, failures);
+            continue;
+        }
         let mut lock: Lock = match locks.acquire_fenced(RESOURCE, ttl) {
             Ok(lock) => lock,
             Err(e) => {
@@ -168,13 +173,64 @@ fn work(
         log.lock().unwrap().push(Section {
             client: who.0,
             thread: who.1,
-            token,
+            token: Some(token),
             start,
             end,
             valid,
         });
         let _ = locks.release(lock);
     }
+}
+
+/// A critical section through `with_lock`: its watchdog extends the lock
+/// while the closure works (sometimes for longer than the TTL). The closure
+/// samples the guard's validity as it goes and stops working as soon as the
+/// guard says the lock is no longer held; the section is logged either way.
+fn scoped_section(
+    locks: &Redlock,
+    who: (usize, usize),
+    ttl: Duration,
+    rng: &mut Rng,
+    log: &Mutex<Vec<Section>>,
+    failures: &Mutex<BTreeMap<&'static str, u64>>,
+) {
+    let work = if rng.below(5) == 0 {
+        ttl.mul_f64(1.5)
+    } else {
+        rng.millis(0, 20)
+    };
+    let result = locks.with_lock(RESOURCE, ttl, |guard| {
+        let start = Instant::now();
+        let mut valid = Vec::new();
+        while start.elapsed() < work && guard.is_held() {
+            let now = Instant::now();
+            valid.push((now, now + guard.validity()));
+            thread::sleep(Duration::from_millis(5).min(work.saturating_sub(start.elapsed())));
+        }
+        let end = Instant::now();
+        log.lock().unwrap().push(Section {
+            client: who.0,
+            thread: who.1,
+            token: None,
+            start,
+            end,
+            valid: valid
+                .into_iter()
+                .map(|(from, until): (Instant, Instant)| (from, until.min(end)))
+                .filter(|(from, until)| from < until)
+                .collect(),
+        });
+        Ok::<(), LockError>(())
+    });
+    let kind = match result {
+        Ok(()) => return,
+        Err(LockError::Contended { .. }) => "contended",
+        Err(LockError::NoQuorum { .. }) => "no quorum",
+        Err(LockError::TooSlow { .. }) => "too slow",
+        Err(LockError::Lost { .. }) => "with_lock: lost while held",
+        Err(other) => panic!("with_lock failed unexpectedly: {other}"),
+    };
+    *failures.lock().unwrap().entry(kind).or_default() += 1;
 }
 
 /// One fault thread: picks a node nobody else is hurting, hurts it for a
@@ -284,14 +340,14 @@ fn overlaps(log: &[Section]) -> Vec<String> {
 /// Places where the fencing tokens, in the order the sections started, do
 /// not strictly increase.
 fn token_regressions(log: &[Section]) -> Vec<String> {
-    let mut by_start: Vec<&Section> = log.iter().collect();
+    let mut by_start: Vec<&Section> = log.iter().filter(|s| s.token.is_some()).collect();
     by_start.sort_by_key(|s| s.start);
     by_start
         .windows(2)
         .filter(|pair| pair[0].token >= pair[1].token)
         .map(|pair| {
             format!(
-                "token {} (client {}, thread {}) started after token {} (client {}, thread {})",
+                "token {:?} (client {}, thread {}) started after token {:?} (client {}, thread {})",
                 pair[1].token,
                 pair[1].client,
                 pair[1].thread,
@@ -304,7 +360,7 @@ fn token_regressions(log: &[Section]) -> Vec<String> {
 }
 
 #[test]
-fn fenced_sections_never_overlap_with_validity_left_and_tokens_increase_under_random_faults() {
+fn sections_never_overlap_with_validity_left_and_fencing_tokens_increase_under_random_faults() {
     let (run_for, seed, grace) = settings();
     println!(
         "checker: running {run_for:?} with REDLOCK_CHECKER_SEED={seed}, restart grace {grace:?}"
@@ -368,8 +424,9 @@ fn fenced_sections_never_overlap_with_validity_left_and_tokens_increase_under_ra
         .iter()
         .filter(|s| s.valid.last().is_none_or(|&(_, until)| until < s.end))
         .count();
+    let scoped = log.iter().filter(|s| s.token.is_none()).count();
     println!(
-        "checker: {} sections (per client {per_client:?}; {past_validity} ran past their validity), failed acquisitions {failures:?}, {injected} faults injected {:?}, violations: {} overlaps, {} token regressions",
+        "checker: {} sections ({scoped} through with_lock; per client {per_client:?}; {past_validity} ran past their validity), failed acquisitions {failures:?}, {injected} faults injected {:?}, violations: {} overlaps, {} token regressions",
         log.len(),
         faults.counts,
         overlapping.len(),
@@ -401,7 +458,7 @@ fn the_checks_find_overlapping_validity_and_token_regressions_in_a_made_up_log()
     let section = |token: u64, start: u64, end: u64, valid: &[(u64, u64)]| Section {
         client: 0,
         thread: 0,
-        token,
+        token: Some(token),
         start: at(start),
         end: at(end),
         valid: valid
