@@ -32,10 +32,10 @@ const DRIFT_FLOOR: Duration = Duration::from_millis(2);
 
 /// A Redlock client over N independent Redis (or Valkey) masters.
 ///
-/// One value holds the configuration and a pool of connections to every
-/// node. It is `Send + Sync` and cheap to clone (an `Arc` inside): share it
-/// between threads rather than building one per thread, so that threads
-/// reuse each other's idle connections.
+/// One value holds the configuration and one connection to every node. It
+/// is `Send + Sync` and cheap to clone (an `Arc` inside): share it between
+/// threads rather than building one per thread, so that their commands
+/// share connections and go out batched.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -164,9 +164,10 @@ impl RedlockBuilder {
         self
     }
 
-    /// The bound on opening one connection (TCP connect and, if the URL asks,
-    /// `AUTH` and `SELECT`). A connect never runs past its round's deadline
-    /// either. Default: 50 ms.
+    /// The bound on opening one connection: TCP connect, then one round trip
+    /// for `AUTH` and `SELECT` if the URL asks for them, `SCRIPT LOAD` for
+    /// the scripts, and `INFO server` if the restart guard is on. A connect
+    /// never runs past its round's deadline either. Default: 50 ms.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.config.connect_timeout = timeout;
         self

@@ -22,13 +22,17 @@
 //!
 //! # How it works
 //!
-//! A [`Redlock`] holds the node URLs, the settings, and a pool of
-//! connections per node; share one between threads. Every operation is a
-//! *round*: the same command goes to every node, written to all the sockets
-//! first, and only then are the replies read, against a single deadline
-//! (`io_timeout` after the round began). A round therefore costs about one
-//! round trip to the slowest healthy node, and a dead or hung node costs at
-//! most `io_timeout`.
+//! A [`Redlock`] holds the node URLs, the settings, and one connection per
+//! node that all threads share; share the client between threads (it is
+//! `Clone`, `Send` and `Sync`). Every operation is a *round*: the same
+//! command goes to every node, written to all of them first, and only then
+//! are the replies read, against a single deadline (`io_timeout` after the
+//! round began). A round therefore costs about one round trip, and a dead or
+//! hung node costs at most `io_timeout`. Reading stops as soon as the
+//! outcome is decided (a quorum granted, or can no longer grant); the other
+//! replies are read and discarded later ([`NodeOutcome::NotAwaited`]).
+//! Threads that meet a busy connection leave their commands in its outbox,
+//! and the thread doing I/O writes them all in one write.
 //!
 //! - [`acquire`](Redlock::acquire) sends `SET resource token NX PX ttl` to
 //!   every node. The lock is granted when a quorum (`N / 2 + 1`) set the key
@@ -43,9 +47,10 @@
 //!   `DEL` could delete another client's lock. Each new connection loads
 //!   the scripts, so they go as `EVALSHA`, with a fallback to `EVAL` inside
 //!   the same round if a server lost them.
-//! - Any error or timeout on a connection throws that connection away: a
-//!   connection with a reply still in flight is never reused, so a late
-//!   `OK` can never be mistaken for a grant.
+//! - Any error or timeout on a connection throws that connection away, for
+//!   every thread that shared it: a connection with a reply still in flight
+//!   is never reused, and replies are matched to requests by sequence
+//!   number, so a late `OK` can never be mistaken for a grant.
 //! - [`acquire_many`](Redlock::acquire_many) takes several resources as one
 //!   lock, all or nothing on each node (one Lua script sets every key only
 //!   if none is held); `extend` and `release` then act on all of them.
@@ -112,7 +117,8 @@
 //!
 //! # Features
 //!
-//! - `tls`: `rediss://` node URLs, through the `redis` crate's rustls support.
+//! - `tls`: `rediss://` node URLs, through the `redis` crate's rustls support
+//!   (with rustls' `ring` provider).
 //! - `testing`: the [`testing`] module: throwaway real `redis-server` nodes
 //!   and a fault-injecting proxy, for your own tests.
 
