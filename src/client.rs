@@ -158,7 +158,10 @@ impl RedlockBuilder {
 
     /// The bound on one round's network I/O: a round's deadline is this long
     /// after it begins, and a node that has not answered by then counts as
-    /// failed. Keep it small next to the TTL. Default: 50 ms.
+    /// failed. Keep it small next to the TTL, and above three round trips
+    /// to your nodes: a round that must (re)connect spends one on the TCP
+    /// connect and one on the handshake before its command. Default: 50 ms,
+    /// for nodes in the same datacenter.
     pub fn io_timeout(mut self, timeout: Duration) -> Self {
         self.config.io_timeout = timeout;
         self
