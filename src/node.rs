@@ -616,9 +616,7 @@ impl Conn {
     /// goes out (with the smallest timeout the OS offers): another node's
     /// slow connect must not make this healthy connection fail.
     fn send(&mut self, bytes: &[u8], deadline: Instant) -> Result<(), Failure> {
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_micros(1));
+        let left = left_or_least(deadline);
         if needs_reset(self.write_timeout, left) {
             self.inner
                 .set_write_timeout(Some(left))
@@ -637,9 +635,7 @@ impl Conn {
     /// reply in the buffer returns at once; a silent node costs one
     /// scheduler tick at most).
     fn recv(&mut self, deadline: Instant) -> Result<Value, Failure> {
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_micros(1));
+        let left = left_or_least(deadline);
         if needs_reset(self.read_timeout, left) {
             self.inner
                 .set_read_timeout(Some(left))
@@ -648,6 +644,14 @@ impl Conn {
         }
         self.inner.recv_response().map_err(io_failure)
     }
+}
+
+/// The time left until `deadline`, or past it the smallest timeout the OS
+/// offers (a socket timeout of zero would mean none at all).
+fn left_or_least(deadline: Instant) -> Duration {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_micros(1))
 }
 
 /// Whether a socket timeout of `set` must change to wait about `left`: it
