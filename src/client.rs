@@ -352,8 +352,10 @@ impl RedlockBuilder {
             .iter()
             .map(|url| Node::parse(url))
             .collect::<Result<Vec<_>, _>>()?;
-        for node in &mut nodes {
+        let servers = Arc::default();
+        for (index, node) in nodes.iter_mut().enumerate() {
             node.guard_restarts(config.restart_grace);
+            node.join(index, &servers);
         }
         let mut seen = HashSet::new();
         for node in &nodes {

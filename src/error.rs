@@ -267,6 +267,15 @@ pub enum NodeError {
         /// The grace period configured.
         grace: Duration,
     },
+
+    /// This node reached the same server (the same `run_id`) as another node
+    /// of this client, under another name: one server must have one vote,
+    /// so this one does not vote. List each server once.
+    #[error("the same server as node `{other}` (one run_id under two names): it does not vote twice; list each server once")]
+    SameServer {
+        /// The node that reached the server first.
+        other: String,
+    },
 }
 
 /// One node's answer in a round, and how long after the round began it came.

@@ -132,6 +132,7 @@ mod node;
 mod restart_guard;
 mod round;
 mod script;
+mod servers;
 mod watchdog;
 
 #[cfg(feature = "testing")]

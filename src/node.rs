@@ -22,6 +22,7 @@ use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionI
 use crate::error::{ConfigError, NodeError};
 use crate::restart_guard;
 use crate::script::{self, pack, Command};
+use crate::servers::Servers;
 
 /// How far past the time left a socket timeout already set may reach before
 /// it is set again (one `setsockopt` saved per read in steady state).
@@ -69,9 +70,14 @@ pub(crate) struct Node {
     /// How many `SCRIPT LOAD` replies follow (an error there only means the
     /// scripts go as `EVAL`).
     script_replies: usize,
-    /// The restarted-node guard: with a grace period, `INFO server` is the
-    /// handshake's last command, and a node up for less does not vote.
+    /// The restarted-node guard: with a grace period, a node up for less
+    /// does not vote (its uptime comes with the handshake's `INFO server`).
     restart_grace: Option<Duration>,
+    /// This node's place among its client's nodes, and the servers they
+    /// reached (by `run_id`): a node that reaches a server another node
+    /// reached first does not vote.
+    index: usize,
+    servers: Arc<Servers>,
     state: Mutex<State>,
     /// Signalled whenever a reply is stored, the I/O role is free, or the
     /// epoch ends.
@@ -178,6 +184,8 @@ impl Node {
             checked_replies += 1;
         }
         let script_replies = script::load_all(&mut handshake);
+        // Last: the server's run_id (and uptime, for the restart guard).
+        handshake.extend_from_slice(&restart_guard::info_server());
         let bare = info
             .clone()
             .set_redis_settings(RedisConnectionInfo::default().set_skip_set_lib_name())
@@ -191,6 +199,8 @@ impl Node {
             checked_replies,
             script_replies,
             restart_grace: None,
+            index: 0,
+            servers: Arc::default(),
             state: Mutex::new(State {
                 conn: None,
                 busy: false,
@@ -217,12 +227,14 @@ impl Node {
     /// pipelined with the handshake, and fails with
     /// [`NodeError::Restarted`] while the uptime is below `grace`.
     pub(crate) fn guard_restarts(&mut self, grace: Duration) {
-        if !grace.is_zero() && self.restart_grace.is_none() {
-            // The handshake's last command: its reply is read last.
-            self.handshake
-                .extend_from_slice(&restart_guard::info_server());
-            self.restart_grace = Some(grace);
-        }
+        self.restart_grace = Some(grace).filter(|g| !g.is_zero());
+    }
+
+    /// Makes this node the `index`th of a client whose nodes share
+    /// `servers`.
+    pub(crate) fn join(&mut self, index: usize, servers: &Arc<Servers>) {
+        self.index = index;
+        self.servers = Arc::clone(servers);
     }
 
     /// The node's address for people: `host:port` or the socket path.
@@ -535,11 +547,15 @@ impl Node {
                 scripts = 0;
             }
         }
-        // The restarted-node guard: the last handshake reply is INFO server.
+        // The last handshake reply is INFO server: the restarted-node guard,
+        // then one vote per server process.
+        let info = conn.recv(deadline)?;
         if let Some(grace) = self.restart_grace {
-            let info = conn.recv(deadline)?;
             restart_guard::check(&info, grace).map_err(Failure::Error)?;
         }
+        self.servers
+            .claim(&info, self.index, &self.name)
+            .map_err(Failure::Error)?;
         Ok((conn, scripts))
     }
 }

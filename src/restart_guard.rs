@@ -20,6 +20,7 @@ use redis::Value;
 
 use crate::error::NodeError;
 use crate::script::pack;
+use crate::servers::info_field;
 
 /// `INFO server`, packed, to send with the handshake.
 pub(crate) fn info_server() -> Vec<u8> {
@@ -55,14 +56,8 @@ pub(crate) fn check(info: &Value, grace: Duration) -> Result<(), NodeError> {
 
 /// `uptime_in_seconds` from an `INFO` reply.
 fn uptime(info: &Value) -> Option<Duration> {
-    let text = match info {
-        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?,
-        Value::SimpleString(text) | Value::VerbatimString { text, .. } => text,
-        _ => return None,
-    };
-    text.lines()
-        .find_map(|line| line.strip_prefix("uptime_in_seconds:"))
-        .and_then(|secs| secs.trim().parse::<u64>().ok())
+    info_field(info, "uptime_in_seconds")
+        .and_then(|secs| secs.parse::<u64>().ok())
         .map(Duration::from_secs)
 }
 

@@ -8,7 +8,7 @@ use std::sync::Barrier;
 use std::time::Duration;
 
 use common::{client, cluster, holders, values, wait_until, wait_until_gone, SETTLE};
-use redlock_sync::{Lock, LockError, NodeOutcome, Redlock, Token};
+use redlock_sync::{Lock, LockError, NodeError, NodeOutcome, Redlock, Token};
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -304,6 +304,44 @@ fn a_clean_up_after_script_flush_never_undoes_a_later_grant() {
     match rival.try_acquire("res", TTL) {
         Err(LockError::Contended { .. }) => {}
         other => panic!("two holders at once: {other:?}"),
+    }
+}
+
+#[test]
+fn the_same_server_under_two_names_gets_one_vote() {
+    let nodes = cluster(2);
+    let port = nodes.node(0).port().expect("a TCP node");
+    // Three URLs, quorum 2; two of them name node 0 (no URL check can tell).
+    let urls = [
+        format!("redis://127.0.0.1:{port}"),
+        format!("redis://localhost:{port}"),
+        nodes.node(1).url(),
+    ];
+    let locks = Redlock::builder(&urls)
+        .retry_count(2)
+        .retry_delay(Duration::from_millis(10))
+        .io_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .expect("three URLs that differ as text");
+    let mut lock = locks.acquire("one-vote", TTL).expect("two servers answer");
+
+    // With node 1 gone, node 0 alone holds our key. Under two names it would
+    // extend it twice and make a quorum of two by itself; as one server it
+    // is one vote, and the extension fails.
+    nodes.node(1).kill().unwrap();
+    match locks.extend(&mut lock, TTL) {
+        Err(LockError::NoQuorum { report, .. }) => {
+            assert!(report.granted() <= 1, "{report}");
+            assert!(
+                report.nodes.iter().any(|n| matches!(
+                    &n.outcome,
+                    NodeOutcome::Failed(NodeError::SameServer { .. })
+                )),
+                "the report names the duplicate: {report}"
+            );
+        }
+        other => panic!("one server must not confirm an extension as a quorum: {other:?}"),
     }
 }
 

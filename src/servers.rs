@@ -1,0 +1,107 @@
+//! Which server process each node reached: one server must have one vote,
+//! also when two URLs name it differently (`localhost` and `127.0.0.1`, two
+//! ports forwarded to one server), which no check of the URLs can see.
+//!
+//! Every new connection's handshake reads the server's `run_id` (`INFO
+//! server`), a random id each Redis or Valkey process draws when it starts.
+//! The first node of a client to reach a server claims its id; any other
+//! node of the same client that reaches the same server does not vote.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use redis::Value;
+
+use crate::error::NodeError;
+
+/// The servers the nodes of one client reached, by `run_id`.
+#[derive(Default)]
+pub(crate) struct Servers {
+    claimed: Mutex<HashMap<String, (usize, Arc<str>)>>,
+}
+
+impl Servers {
+    /// Records that node `index` (named `name`) reached the server that
+    /// answered `info`. Fails if another node reached it first. A reply
+    /// without a `run_id` (INFO disabled, an odd server) is let through:
+    /// there is nothing to compare.
+    pub(crate) fn claim(
+        &self,
+        info: &Value,
+        index: usize,
+        name: &Arc<str>,
+    ) -> Result<(), NodeError> {
+        let Some(run_id) = info_field(info, "run_id") else {
+            return Ok(());
+        };
+        let mut claimed = self.claimed.lock().unwrap_or_else(|e| e.into_inner());
+        match claimed.get(run_id) {
+            Some((other, other_name)) if *other != index => Err(NodeError::SameServer {
+                other: other_name.to_string(),
+            }),
+            Some(_) => Ok(()),
+            None => {
+                claimed.insert(run_id.to_string(), (index, Arc::clone(name)));
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The value of `name` in an `INFO` reply (`name:value` lines).
+pub(crate) fn info_field<'a>(info: &'a Value, name: &str) -> Option<&'a str> {
+    let text = match info {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?,
+        Value::SimpleString(text) | Value::VerbatimString { text, .. } => text,
+        _ => return None,
+    };
+    text.lines().find_map(|line| {
+        line.strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix(':'))
+            .map(str::trim)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(run_id: &str) -> Value {
+        Value::BulkString(
+            format!("# Server\r\nrun_id:{run_id}\r\nuptime_in_seconds:5\r\n").into_bytes(),
+        )
+    }
+
+    #[test]
+    fn a_second_node_reaching_a_claimed_server_is_refused() {
+        let servers = Servers::default();
+        let (a, b): (Arc<str>, Arc<str>) = ("127.0.0.1:7001".into(), "localhost:7001".into());
+        assert_eq!(servers.claim(&info("abc"), 0, &a), Ok(()));
+        assert_eq!(
+            servers.claim(&info("abc"), 0, &a),
+            Ok(()),
+            "the same node again"
+        );
+        assert_eq!(
+            servers.claim(&info("abc"), 1, &b),
+            Err(NodeError::SameServer {
+                other: "127.0.0.1:7001".to_string()
+            })
+        );
+        assert_eq!(servers.claim(&info("def"), 1, &b), Ok(()), "another server");
+        assert_eq!(
+            servers.claim(&Value::Nil, 2, &b),
+            Ok(()),
+            "no run_id to compare"
+        );
+    }
+
+    #[test]
+    fn info_field_reads_whole_names_only() {
+        let reply = info("abc");
+        assert_eq!(info_field(&reply, "run_id"), Some("abc"));
+        assert_eq!(info_field(&reply, "uptime_in_seconds"), Some("5"));
+        assert_eq!(info_field(&reply, "run"), None);
+        assert_eq!(info_field(&Value::Int(1), "run_id"), None);
+    }
+}
