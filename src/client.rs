@@ -26,6 +26,13 @@ pub const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 2);
 /// take longer than an hour is no lock round.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
+/// How long a node waits to connect again after a connect timed out: ten
+/// round deadlines, within [100 ms, 2 s]. A node that accepts connections
+/// but never answers then costs one round in ten a deadline, not every one.
+fn reconnect_backoff(io_timeout: Duration) -> Duration {
+    (io_timeout * 10).clamp(Duration::from_millis(100), Duration::from_secs(2))
+}
+
 /// The fixed part of the drift term: 2 ms for the resolution of Redis'
 /// expiry and of the clocks.
 const DRIFT_FLOOR: Duration = Duration::from_millis(2);
@@ -355,7 +362,7 @@ impl RedlockBuilder {
         let servers = Arc::default();
         for (index, node) in nodes.iter_mut().enumerate() {
             node.guard_restarts(config.restart_grace);
-            node.join(index, &servers);
+            node.join(index, &servers, reconnect_backoff(config.io_timeout));
         }
         let mut seen = HashSet::new();
         for node in &nodes {
@@ -966,7 +973,7 @@ fn outcome(
     vote: &impl Fn(&Value) -> Result<bool, &Value>,
 ) -> NodeOutcome {
     match result {
-        Err(Failure::TimedOut) => NodeOutcome::TimedOut,
+        Err(Failure::TimedOut | Failure::ConnectTimedOut) => NodeOutcome::TimedOut,
         Err(Failure::NotAwaited) => NodeOutcome::NotAwaited,
         Err(Failure::Error(e)) => NodeOutcome::Failed(e),
         Ok(Value::ServerError(e)) => NodeOutcome::Failed(NodeError::Server(format!(

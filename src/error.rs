@@ -20,6 +20,7 @@ use crate::lock::ParseTokenError;
 /// | [`TooSlow`](Self::TooSlow) | a quorum agreed, but no validity was left | use a longer TTL |
 /// | [`Lost`](Self::Lost) | the lock had expired or was taken | assume your critical section may have overlapped another's |
 /// | [`Random`](Self::Random) | the OS random source failed | retry; check the system |
+/// | [`Thread`](Self::Thread) | no thread for `with_lock`'s watchdog | retry; check the system's thread limits |
 ///
 /// Every variant that comes from talking to the nodes carries a [`Report`]
 /// of the last round: what each node answered and how long it took.
@@ -89,6 +90,14 @@ pub enum LockError {
     /// a retry delay.
     #[error("the operating system's random source failed: {0}")]
     Random(getrandom::Error),
+
+    /// The operating system could not start the watchdog thread of
+    /// [`with_lock`](crate::Redlock::with_lock). The lock was released and
+    /// the closure did not run.
+    #[error(
+        "could not start the watchdog thread (the lock was released, the closure did not run): {0}"
+    )]
+    Thread(std::io::Error),
 }
 
 impl LockError {

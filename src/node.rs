@@ -24,8 +24,9 @@ use crate::restart_guard;
 use crate::script::{self, pack, Command};
 use crate::servers::Servers;
 
-/// How far past the time left a socket timeout already set may reach before
-/// it is set again (one `setsockopt` saved per read in steady state).
+/// How far past the time left a socket timeout may reach: a read or write
+/// ends at most this long after the deadline. Within it, a timeout already
+/// set is kept (one `setsockopt` saved per read in steady state).
 const TIMEOUT_SLACK: Duration = Duration::from_micros(500);
 
 /// Past this many unread replies on a connection, a round waits for its
@@ -41,6 +42,9 @@ pub(crate) enum Failure {
     TimedOut,
     /// The round was decided without this node's reply (or it was not asked).
     NotAwaited,
+    /// A connect (or its handshake) timed out: as `TimedOut`, and the node
+    /// backs off reconnecting. Never leaves this module.
+    ConnectTimedOut,
     /// Anything else.
     Error(NodeError),
 }
@@ -78,6 +82,11 @@ pub(crate) struct Node {
     /// reached first does not vote.
     index: usize,
     servers: Arc<Servers>,
+    /// How long to wait before connecting again after a connect (or its
+    /// handshake) timed out: a node that accepts connections but never
+    /// answers (a stopped process) would otherwise cost every round its
+    /// whole deadline.
+    reconnect_backoff: Duration,
     state: Mutex<State>,
     /// Signalled whenever a reply is stored, the I/O role is free, or the
     /// epoch ends.
@@ -115,6 +124,8 @@ struct State {
     waiters: usize,
     /// The last connection ended in a timeout, and no reply came since.
     slow: bool,
+    /// No connect before this, after one timed out.
+    connect_after: Option<Instant>,
     /// A moving average of how long a read of this node blocked, in
     /// microseconds: rounds read the nodes that keep them waiting last.
     wait_us: u64,
@@ -201,6 +212,7 @@ impl Node {
             restart_grace: None,
             index: 0,
             servers: Arc::default(),
+            reconnect_backoff: Duration::ZERO,
             state: Mutex::new(State {
                 conn: None,
                 busy: false,
@@ -215,6 +227,7 @@ impl Node {
                 abandoned: VecDeque::new(),
                 waiters: 0,
                 slow: false,
+                connect_after: None,
                 wait_us: 0,
                 live: 0,
             }),
@@ -232,9 +245,15 @@ impl Node {
 
     /// Makes this node the `index`th of a client whose nodes share
     /// `servers`.
-    pub(crate) fn join(&mut self, index: usize, servers: &Arc<Servers>) {
+    pub(crate) fn join(
+        &mut self,
+        index: usize,
+        servers: &Arc<Servers>,
+        reconnect_backoff: Duration,
+    ) {
         self.index = index;
         self.servers = Arc::clone(servers);
+        self.reconnect_backoff = reconnect_backoff;
     }
 
     /// The node's address for people: `host:port` or the socket path.
@@ -436,17 +455,23 @@ impl Node {
             if !st.outbox.is_empty() {
                 let out = std::mem::take(&mut st.outbox);
                 let count = st.next_seq - st.written;
+                let connect_after = st.connect_after;
                 drop(st);
                 let mut loaded = None;
                 let sent = match conn.take() {
                     Some(c) => Ok(c),
-                    None => self.connect(deadline, connect_timeout).map(|(c, scripts)| {
-                        loaded = Some(scripts);
-                        c
-                    }),
+                    None => self
+                        .connect_unless_backing_off(connect_after, deadline, connect_timeout)
+                        .map(|(c, scripts)| {
+                            loaded = Some(scripts);
+                            c
+                        }),
                 }
                 .and_then(|mut c| c.send(&out, deadline).map(|()| c));
                 st = self.lock();
+                if loaded.is_some() {
+                    st.connect_after = None;
+                }
                 match sent {
                     Ok(c) => {
                         conn = Some(c);
@@ -459,6 +484,11 @@ impl Node {
                             st.outbox = out;
                             st.outbox.clear();
                         }
+                    }
+                    Err(Failure::ConnectTimedOut) => {
+                        st.connect_after = Instant::now().checked_add(self.reconnect_backoff);
+                        end_epoch(&mut st, Failure::TimedOut);
+                        break;
                     }
                     Err(failure) => {
                         end_epoch(&mut st, failure);
@@ -506,6 +536,32 @@ impl Node {
             self.changed.notify_all();
         }
         st
+    }
+
+    /// [`connect`](Self::connect), unless a connect timed out less than the
+    /// reconnect backoff ago: then fail at once. A timeout starts the
+    /// backoff (the caller records it through the failure).
+    fn connect_unless_backing_off(
+        &self,
+        connect_after: Option<Instant>,
+        deadline: Instant,
+        connect_timeout: Duration,
+    ) -> Result<(Conn, u8), Failure> {
+        if let Some(after) = connect_after {
+            let wait = after.saturating_duration_since(Instant::now());
+            if !wait.is_zero() {
+                return Err(Failure::Error(NodeError::Connect(format!(
+                    "a connect timed out; not trying again for {wait:?}"
+                ))));
+            }
+        }
+        self.connect(deadline, connect_timeout).map_err(|failure| {
+            if failure == Failure::TimedOut {
+                Failure::ConnectTimedOut
+            } else {
+                failure
+            }
+        })
     }
 
     /// Opens a new connection, authenticates, selects the db and loads our
@@ -634,10 +690,11 @@ impl Conn {
     fn send(&mut self, bytes: &[u8], deadline: Instant) -> Result<(), Failure> {
         let left = left_or_least(deadline);
         if needs_reset(self.write_timeout, left) {
+            let timeout = timeout_for(left);
             self.inner
-                .set_write_timeout(Some(left))
+                .set_write_timeout(Some(timeout))
                 .map_err(io_failure)?;
-            self.write_timeout = Some(left);
+            self.write_timeout = Some(timeout);
         }
         self.inner.send_packed_command(bytes).map_err(io_failure)
     }
@@ -653,10 +710,11 @@ impl Conn {
     fn recv(&mut self, deadline: Instant) -> Result<Value, Failure> {
         let left = left_or_least(deadline);
         if needs_reset(self.read_timeout, left) {
+            let timeout = timeout_for(left);
             self.inner
-                .set_read_timeout(Some(left))
+                .set_read_timeout(Some(timeout))
                 .map_err(io_failure)?;
-            self.read_timeout = Some(left);
+            self.read_timeout = Some(timeout);
         }
         self.inner.recv_response().map_err(io_failure)
     }
@@ -671,13 +729,19 @@ fn left_or_least(deadline: Instant) -> Duration {
 }
 
 /// Whether a socket timeout of `set` must change to wait about `left`: it
-/// may overshoot `left` by at most [`TIMEOUT_SLACK`], and must not fall
-/// short of it by more than a quarter (that would time out a healthy node).
+/// must not fall short of `left` (that would time out a healthy node before
+/// the deadline), and may reach past it by at most [`TIMEOUT_SLACK`].
 fn needs_reset(set: Option<Duration>, left: Duration) -> bool {
     match set {
         None => true,
-        Some(set) => set > left + TIMEOUT_SLACK || set < left - left / 4,
+        Some(set) => set < left || set > left + TIMEOUT_SLACK,
     }
+}
+
+/// The socket timeout to set for `left`: half the slack above it, so that
+/// the next rounds, whose time left differs by less than that, keep it.
+fn timeout_for(left: Duration) -> Duration {
+    left + TIMEOUT_SLACK / 2
 }
 
 /// Time left until `deadline`, or a timeout if none is.

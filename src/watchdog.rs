@@ -571,16 +571,28 @@ impl Redlock {
             return Err(state.lost_error().into());
         }
 
-        let (outcome, held, watchdog) = std::thread::scope(|s| {
-            let watchdog = s.spawn(|| state.watch(self, &mut lock, ttl, config.extend_when_left));
+        let scoped = std::thread::scope(|s| {
+            let watchdog = std::thread::Builder::new()
+                .name("redlock-watchdog".to_string())
+                .spawn_scoped(s, || {
+                    state.watch(self, &mut lock, ttl, config.extend_when_left)
+                })?;
             let guard = LockGuard { state: &state };
             let outcome = panic::catch_unwind(AssertUnwindSafe(|| f(&guard)));
             // Held now means held all along: the deadline never moves
             // forward once passed.
             let held = state.held();
             state.stop();
-            (outcome, held, watchdog.join())
+            Ok((outcome, held, watchdog.join()))
         });
+        let (outcome, held, watchdog) = match scoped {
+            Ok(ran) => ran,
+            // No thread for the watchdog: the closure did not run.
+            Err(e) => {
+                let _ = self.release(lock);
+                return Err(LockError::Thread(e).into());
+            }
+        };
         // The watchdog is joined: no extension can land after this release.
         let released = self.release(lock);
 
