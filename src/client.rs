@@ -20,10 +20,33 @@ pub(crate) mod fencing;
 /// The largest TTL accepted: Redis rejects expiry times that overflow a
 /// signed 64-bit count of milliseconds since the epoch; half of that range
 /// leaves room for any clock.
+///
+/// ```
+/// # use std::time::Duration;
+/// use redlock_sync::{ArgumentError, LockError, Redlock, MAX_TTL};
+///
+/// let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+/// let too_long = MAX_TTL + Duration::from_millis(1);
+/// assert!(matches!(
+///     locks.try_acquire("r", too_long),
+///     Err(LockError::Argument(ArgumentError::TtlTooLarge { .. }))
+/// ));
+/// # Ok::<(), LockError>(())
+/// ```
 pub const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 2);
 
 /// The largest `io_timeout` and `connect_timeout` accepted: a round that may
 /// take longer than an hour is no lock round.
+///
+/// ```
+/// # use std::time::Duration;
+/// use redlock_sync::{ConfigError, LockError, Redlock, MAX_TIMEOUT};
+///
+/// let built = Redlock::builder(["redis://127.0.0.1:7001"])
+///     .io_timeout(MAX_TIMEOUT + Duration::from_secs(1))
+///     .build();
+/// assert!(matches!(built, Err(LockError::Config(ConfigError::TimeoutTooLarge { .. }))));
+/// ```
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// How long a node waits to connect again after a connect timed out: ten
@@ -135,6 +158,15 @@ pub struct RedlockBuilder {
 impl RedlockBuilder {
     /// How many times [`Redlock::acquire`] tries again after a failed round
     /// (so it runs at most `retry_count + 1` rounds). Default: 3.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use redlock_sync::Redlock;
+    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
+    ///     .retry_count(10)
+    ///     .build()?;
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
     pub fn retry_count(mut self, count: u32) -> Self {
         self.config.retry_count = count;
         self
@@ -142,6 +174,15 @@ impl RedlockBuilder {
 
     /// The fixed part of the pause between two rounds. Default: 200 ms.
     /// Zero is allowed.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use redlock_sync::Redlock;
+    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
+    ///     .retry_delay(Duration::from_millis(50))
+    ///     .build()?;
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
     pub fn retry_delay(mut self, delay: Duration) -> Self {
         self.config.retry_delay = delay;
         self
@@ -150,6 +191,15 @@ impl RedlockBuilder {
     /// The random part of the pause between two rounds: the pause is drawn
     /// from `[retry_delay, retry_delay + retry_jitter)`, so that contending
     /// clients spread out. Default: 100 ms. Zero is allowed.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use redlock_sync::Redlock;
+    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
+    ///     .retry_jitter(Duration::from_millis(50))
+    ///     .build()?;
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
     pub fn retry_jitter(mut self, jitter: Duration) -> Self {
         self.config.retry_jitter = jitter;
         self
@@ -158,6 +208,15 @@ impl RedlockBuilder {
     /// The share of the TTL set aside for clock drift between processes:
     /// `validity = ttl - elapsed - (ttl * drift_factor + 2 ms)`. Must be in
     /// `[0, 1)`. Default: 0.01.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use redlock_sync::Redlock;
+    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
+    ///     .drift_factor(0.02)
+    ///     .build()?;
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
     pub fn drift_factor(mut self, factor: f64) -> Self {
         self.config.drift_factor = factor;
         self
@@ -169,6 +228,15 @@ impl RedlockBuilder {
     /// to your nodes: a round that must (re)connect spends one on the TCP
     /// connect and one on the handshake before its command. Default: 50 ms,
     /// for nodes in the same datacenter.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use redlock_sync::Redlock;
+    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
+    ///     .io_timeout(Duration::from_millis(200))
+    ///     .build()?;
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
     pub fn io_timeout(mut self, timeout: Duration) -> Self {
         self.config.io_timeout = timeout;
         self
@@ -176,8 +244,18 @@ impl RedlockBuilder {
 
     /// The bound on opening one connection: TCP connect, then one round trip
     /// for `AUTH` and `SELECT` if the URL asks for them, `SCRIPT LOAD` for
-    /// the scripts, and `INFO server` if the restart guard is on. A connect
+    /// the scripts, and `INFO server` (the server's `run_id`, and its uptime
+    /// for the restart guard). A connect
     /// never runs past its round's deadline either. Default: 50 ms.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use redlock_sync::Redlock;
+    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
+    ///     .connect_timeout(Duration::from_millis(200))
+    ///     .build()?;
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.config.connect_timeout = timeout;
         self
@@ -312,7 +390,19 @@ impl RedlockBuilder {
     /// [`LockError::Config`] naming what is wrong: no nodes, a URL that does
     /// not parse or is not supported, the same server listed twice, a drift
     /// factor outside `[0, 1)`, an `extend_when_left` outside `(0, 1)`, or a
-    /// zero timeout.
+    /// timeout that is zero or above [`MAX_TIMEOUT`].
+    ///
+    /// ```
+    /// use redlock_sync::{ConfigError, LockError, Redlock};
+    ///
+    /// // No connection is opened: a client over unreachable nodes builds fine.
+    /// let locks = Redlock::builder(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002"]).build()?;
+    /// assert_eq!(locks.quorum(), 2);
+    /// // The same server twice is refused.
+    /// let twice = Redlock::builder(["redis://127.0.0.1:7001", "redis://127.0.0.1:7001/1"]).build();
+    /// assert!(matches!(twice, Err(LockError::Config(ConfigError::DuplicateNode { .. }))));
+    /// # Ok::<(), LockError>(())
+    /// ```
     pub fn build(self) -> Result<Redlock, LockError> {
         let config = self.config;
         if !(0.0..1.0).contains(&config.drift_factor) {
@@ -460,6 +550,15 @@ impl Redlock {
     }
 
     /// A builder over the given node URLs, to change the defaults.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use redlock_sync::Redlock;
+    /// let locks = Redlock::builder(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     .retry_count(5)
+    ///     .build()?;
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
     pub fn builder<I, S>(nodes: I) -> RedlockBuilder
     where
         I: IntoIterator<Item = S>,
@@ -472,11 +571,25 @@ impl Redlock {
     }
 
     /// How many nodes must agree: `N / 2 + 1`.
+    ///
+    /// ```
+    /// # use redlock_sync::Redlock;
+    /// let five = Redlock::new(["redis://h1:6379", "redis://h2:6379", "redis://h3:6379", "redis://h4:6379", "redis://h5:6379"])?;
+    /// assert_eq!(five.quorum(), 3);
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
     pub fn quorum(&self) -> usize {
         self.inner.quorum
     }
 
     /// The nodes' addresses (`host:port` or socket path; never passwords).
+    ///
+    /// ```
+    /// # use redlock_sync::Redlock;
+    /// let locks = Redlock::new(["redis://:s3cret@127.0.0.1:7001/2", "redis+unix:///tmp/redis.sock"])?;
+    /// assert_eq!(locks.nodes(), ["127.0.0.1:7001", "/tmp/redis.sock"]);
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
     pub fn nodes(&self) -> Vec<&str> {
         self.inner.nodes.iter().map(|n| &**n.name()).collect()
     }

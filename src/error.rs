@@ -26,6 +26,20 @@ use crate::lock::ParseTokenError;
 /// of the last round: what each node answered and how long it took.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
+///
+/// ```no_run
+/// # use std::time::Duration;
+/// use redlock_sync::{LockError, Redlock};
+///
+/// let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+/// match locks.try_acquire("report", Duration::from_secs(30)) {
+///     Ok(lock) => { /* do the work */ locks.release(lock)?; }
+///     Err(LockError::Contended { .. }) => println!("someone else is on it"),
+///     Err(e @ LockError::NoQuorum { .. }) => eprintln!("nodes unreachable: {e}"),
+///     Err(e) => return Err(e),
+/// }
+/// # Ok::<(), LockError>(())
+/// ```
 pub enum LockError {
     /// The client's configuration is invalid (see [`ConfigError`]).
     #[error("invalid configuration: {0}")]
@@ -122,6 +136,12 @@ impl LockError {
 /// An invalid client configuration, found when the client is built.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
+///
+/// ```
+/// use redlock_sync::{ConfigError, LockError, Redlock};
+/// let none: [&str; 0] = [];
+/// assert!(matches!(Redlock::new(none), Err(LockError::Config(ConfigError::NoNodes))));
+/// ```
 pub enum ConfigError {
     /// No node URL was given.
     #[error("no nodes: give at least one node URL (three or more for fault tolerance)")]
@@ -177,6 +197,17 @@ pub enum ConfigError {
 /// An invalid argument to one operation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
+///
+/// ```
+/// # use std::time::Duration;
+/// use redlock_sync::{ArgumentError, LockError, Redlock};
+/// let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+/// assert!(matches!(
+///     locks.try_acquire("", Duration::from_secs(1)),
+///     Err(LockError::Argument(ArgumentError::EmptyResource))
+/// ));
+/// # Ok::<(), LockError>(())
+/// ```
 pub enum ArgumentError {
     /// The resource name is empty.
     #[error("the resource name is empty")]
@@ -226,6 +257,21 @@ pub enum ArgumentError {
 /// What one node answered in one round.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
+///
+/// ```no_run
+/// # use std::time::Duration;
+/// use redlock_sync::{NodeOutcome, Redlock};
+/// let locks = Redlock::new(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])?;
+/// let lock = locks.acquire("invoice:42", Duration::from_secs(10))?;
+/// for node in &lock.report().nodes {
+///     match &node.outcome {
+///         NodeOutcome::Granted => println!("{} granted in {:?}", node.node, node.elapsed),
+///         NodeOutcome::Failed(e) => eprintln!("{} failed: {e}", node.node),
+///         other => println!("{}: {other}", node.node),
+///     }
+/// }
+/// # Ok::<(), redlock_sync::LockError>(())
+/// ```
 pub enum NodeOutcome {
     /// The node did what was asked: it set the key (acquire), or our token
     /// was there and it was extended or deleted (extend, release).
@@ -248,6 +294,19 @@ pub enum NodeOutcome {
 /// Why a node failed in a round.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
+///
+/// ```no_run
+/// # use std::time::Duration;
+/// use redlock_sync::{NodeOutcome, Redlock};
+/// let locks = Redlock::new(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])?;
+/// let lock = locks.acquire("invoice:42", Duration::from_secs(10))?;
+/// for node in &lock.report().nodes {
+///     if let NodeOutcome::Failed(error) = &node.outcome {
+///         eprintln!("{}: {error}", node.node); // e.g. "connect: Connection refused"
+///     }
+/// }
+/// # Ok::<(), redlock_sync::LockError>(())
+/// ```
 pub enum NodeError {
     /// Connecting (or authenticating, or selecting the database) failed.
     #[error("connect: {0}")]
@@ -290,6 +349,15 @@ pub enum NodeError {
 /// One node's answer in a round, and how long after the round began it came.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
+///
+/// ```no_run
+/// # use std::time::Duration;
+/// use redlock_sync::{NodeOutcome, Redlock};
+/// let locks = Redlock::new(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])?;
+/// let lock = locks.acquire("invoice:42", Duration::from_secs(10))?;
+/// let slowest = lock.report().nodes.iter().max_by_key(|n| n.elapsed);
+/// # Ok::<(), redlock_sync::LockError>(())
+/// ```
 pub struct NodeReport {
     /// The node's address, never with its password: `host:port`, or the
     /// socket path.
@@ -307,6 +375,16 @@ pub struct NodeReport {
 /// debugging a flaky quorum.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
+///
+/// ```no_run
+/// # use std::time::Duration;
+/// use redlock_sync::{NodeOutcome, Redlock};
+/// let locks = Redlock::new(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])?;
+/// let lock = locks.acquire("invoice:42", Duration::from_secs(10))?;
+/// let report = lock.report();
+/// println!("{} of {} granted (quorum {}) in {:?}", report.granted(), report.nodes.len(), report.quorum, report.elapsed);
+/// # Ok::<(), redlock_sync::LockError>(())
+/// ```
 pub struct Report {
     /// One entry a node, in the order the nodes were configured.
     pub nodes: Vec<NodeReport>,
@@ -318,16 +396,46 @@ pub struct Report {
 
 impl Report {
     /// How many nodes answered [`NodeOutcome::Granted`].
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// use redlock_sync::{NodeOutcome, Redlock};
+    /// let locks = Redlock::new(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])?;
+    /// let lock = locks.acquire("invoice:42", Duration::from_secs(10))?;
+    /// let report = lock.report();
+    /// assert!(report.granted() >= report.quorum);
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
     pub fn granted(&self) -> usize {
         self.count(|o| matches!(o, NodeOutcome::Granted))
     }
 
     /// How many nodes answered [`NodeOutcome::Refused`].
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// use redlock_sync::{NodeOutcome, Redlock};
+    /// let locks = Redlock::new(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])?;
+    /// let lock = locks.acquire("invoice:42", Duration::from_secs(10))?;
+    /// let report = lock.report();
+    /// assert_eq!(report.refused(), 0);
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
     pub fn refused(&self) -> usize {
         self.count(|o| matches!(o, NodeOutcome::Refused))
     }
 
     /// How many nodes failed or timed out.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// use redlock_sync::{NodeOutcome, Redlock};
+    /// let locks = Redlock::new(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])?;
+    /// let lock = locks.acquire("invoice:42", Duration::from_secs(10))?;
+    /// let report = lock.report();
+    /// println!("{} nodes failed or timed out", report.failed());
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
     pub fn failed(&self) -> usize {
         self.count(|o| matches!(o, NodeOutcome::TimedOut | NodeOutcome::Failed(_)))
     }

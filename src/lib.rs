@@ -117,9 +117,12 @@
 //!
 //! # Features
 //!
-//! - `tls`: `rediss://` node URLs, through the `redis` crate's rustls support
-//!   (with rustls' `ring` provider).
-//! - `testing`: the [`testing`] module: throwaway real `redis-server` nodes
+//! - `tls`: `rediss://` node URLs, through the `redis` crate's rustls support.
+//!   The application selects rustls' crypto provider (for instance
+//!   `rustls = { version = "0.23", features = ["ring"] }` among its
+//!   dependencies); without one, `rediss://` nodes fail with a
+//!   [`NodeError::Connect`] that says so.
+//! - `testing`: the `testing` module: throwaway real `redis-server` nodes
 //!   and a fault-injecting proxy, for your own tests.
 
 #![forbid(unsafe_code)]

@@ -39,6 +39,12 @@ impl Token {
     ///
     /// [`LockError::Random`] if the random source fails (it practically
     /// never does on a running system).
+    ///
+    /// ```
+    /// use redlock_sync::Token;
+    /// assert_ne!(Token::random()?, Token::random()?);
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
     pub fn random() -> Result<Token, LockError> {
         let mut bytes = [0u8; TOKEN_BYTES];
         getrandom::fill(&mut bytes).map_err(LockError::Random)?;
@@ -46,6 +52,13 @@ impl Token {
     }
 
     /// The token's 20 bytes.
+    ///
+    /// ```
+    /// # use redlock_sync::Token;
+    /// let token: Token = "00112233445566778899aabbccddeeff00112233".parse()?;
+    /// assert_eq!(token.as_bytes()[..3], [0x00, 0x11, 0x22]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn as_bytes(&self) -> &[u8; TOKEN_BYTES] {
         &self.0
     }
@@ -80,6 +93,12 @@ impl fmt::Debug for Token {
 /// characters (`0-9`, `a-f`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("a token is 40 lowercase hex characters (0-9, a-f): {problem}")]
+///
+/// ```
+/// use redlock_sync::Token;
+/// let err = "ABC".parse::<Token>().unwrap_err();
+/// assert!(err.to_string().contains("40 lowercase hex"));
+/// ```
 pub struct ParseTokenError {
     problem: String,
 }
@@ -171,6 +190,13 @@ impl Lock {
     ///
     /// [`ArgumentError::NoResources`], [`ArgumentError::EmptyResource`] or
     /// [`ArgumentError::DuplicateResource`] for a bad list of resources.
+    ///
+    /// ```
+    /// use redlock_sync::{Lock, Token};
+    /// let lock = Lock::from_token_many(["account:alice", "account:bob"], Token::random()?)?;
+    /// assert_eq!(lock.resources(), ["account:alice", "account:bob"]);
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
     pub fn from_token_many<I, S>(resources: I, token: Token) -> Result<Lock, LockError>
     where
         I: IntoIterator<Item = S>,
@@ -188,16 +214,40 @@ impl Lock {
     }
 
     /// The resource this lock holds (the first one, for a lock over several).
+    ///
+    /// ```
+    /// # use redlock_sync::{Lock, Token};
+    /// # let token: Token = "00112233445566778899aabbccddeeff00112233".parse()?;
+    /// let lock = Lock::from_token("invoice:42", token)?;
+    /// assert_eq!(lock.resource(), "invoice:42");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn resource(&self) -> &str {
         &self.resources[0]
     }
 
     /// Every resource this lock holds, in the order given.
+    ///
+    /// ```
+    /// # use redlock_sync::{Lock, Token};
+    /// # let token: Token = "00112233445566778899aabbccddeeff00112233".parse()?;
+    /// let lock = Lock::from_token_many(["a", "b"], token)?;
+    /// assert_eq!(lock.resources(), ["a", "b"]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn resources(&self) -> &[String] {
         &self.resources
     }
 
     /// The token that proves ownership.
+    ///
+    /// ```
+    /// # use redlock_sync::{Lock, Token};
+    /// # let token: Token = "00112233445566778899aabbccddeeff00112233".parse()?;
+    /// let lock = Lock::from_token("r", token)?;
+    /// assert_eq!(lock.token().to_string(), "00112233445566778899aabbccddeeff00112233");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn token(&self) -> &Token {
         &self.token
     }
@@ -205,22 +255,55 @@ impl Lock {
     /// How long the lock is still valid, by the monotonic clock; zero once
     /// it has run out. Do the protected work only while this is comfortably
     /// above zero.
+    ///
+    /// ```
+    /// # use redlock_sync::{Lock, Token};
+    /// # let token: Token = "00112233445566778899aabbccddeeff00112233".parse()?;
+    /// // A lock rebuilt from its token has no validity measured yet.
+    /// let lock = Lock::from_token("r", token)?;
+    /// assert!(lock.validity().is_zero());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn validity(&self) -> Duration {
         self.valid_until.saturating_duration_since(Instant::now())
     }
 
     /// Whether some validity is left.
+    ///
+    /// ```
+    /// # use redlock_sync::{Lock, Token};
+    /// # let token: Token = "00112233445566778899aabbccddeeff00112233".parse()?;
+    /// let lock = Lock::from_token("r", token)?;
+    /// assert!(!lock.is_valid());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn is_valid(&self) -> bool {
         !self.validity().is_zero()
     }
 
     /// The instant (monotonic clock) at which the validity runs out.
+    ///
+    /// ```
+    /// # use redlock_sync::{Lock, Token};
+    /// # let token: Token = "00112233445566778899aabbccddeeff00112233".parse()?;
+    /// let lock = Lock::from_token("r", token)?;
+    /// assert!(lock.valid_until() <= std::time::Instant::now());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn valid_until(&self) -> Instant {
         self.valid_until
     }
 
     /// What each node answered in the round that acquired or last extended
     /// this lock (empty for a lock made by [`from_token`](Self::from_token)).
+    ///
+    /// ```
+    /// # use redlock_sync::{Lock, Token};
+    /// # let token: Token = "00112233445566778899aabbccddeeff00112233".parse()?;
+    /// let lock = Lock::from_token("r", token)?;
+    /// assert!(lock.report().nodes.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn report(&self) -> &Report {
         &self.report
     }

@@ -14,6 +14,7 @@
 //! be taken for the answer to another command.
 
 use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -573,16 +574,28 @@ impl Node {
         connect_timeout: Duration,
     ) -> Result<(Conn, u8), Failure> {
         let left = time_left(deadline)?;
-        let connection = self
-            .client
-            .get_connection_with_timeout(left.min(connect_timeout))
-            .map_err(|e| {
-                if e.is_timeout() {
-                    Failure::TimedOut
-                } else {
-                    Failure::Error(NodeError::Connect(e.to_string()))
-                }
-            })?;
+        // With TLS, rustls panics when the application selected no crypto
+        // provider. A panic here would also leave this node's I/O role taken
+        // for every other thread: turn it into this node's failure.
+        let connecting = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            self.client
+                .get_connection_with_timeout(left.min(connect_timeout))
+        }))
+        .map_err(|_| {
+            Failure::Error(NodeError::Connect(
+                "the TLS library panicked while connecting; with the `tls` feature, select a \
+                 rustls crypto provider (rustls = { version = \"0.23\", features = [\"ring\"] }, \
+                 or CryptoProvider::install_default)"
+                    .to_string(),
+            ))
+        })?;
+        let connection = connecting.map_err(|e| {
+            if e.is_timeout() {
+                Failure::TimedOut
+            } else {
+                Failure::Error(NodeError::Connect(e.to_string()))
+            }
+        })?;
         let mut conn = Conn {
             inner: connection,
             read_timeout: None,

@@ -79,9 +79,11 @@ impl Redlock {
     /// in microseconds, set the lock to our token, and return the counter.
     /// (Every attempt has a token of its own, so a token is set at most
     /// once on a node.)
-    /// The client takes `T`, the largest counter among the nodes that
-    /// granted. Round two runs, on each node: if the lock still holds our
-    /// token, raise the counter to at least `T`. The acquisition succeeds
+    /// The client reads every node's round-one reply (it does not stop at a
+    /// quorum, so every node that may count has its counter in `T`) and
+    /// takes `T`, the largest counter among the nodes that granted. Round
+    /// two runs on the nodes that granted round one: if the lock still holds
+    /// our token, raise the counter to at least `T`. The acquisition succeeds
     /// when a quorum of nodes granted *both* rounds and validity is left
     /// (measured from the start of round one to the end of round two).
     ///
