@@ -8,8 +8,12 @@
 //! Every figure is compared with a floor measured in the same run: bare
 //! sockets that write `SET key token NX PX ttl` to all 5 nodes and then read
 //! all 5 replies, then the same for the release script (EVALSHA), with one
-//! connection per node per thread and no library logic. Set
-//! `BENCH_SECONDS` to change how long each throughput phase runs (default 1).
+//! connection per node per thread and no library logic. Beside it, for
+//! several threads, a "perfect batching" reference: one thread writes every
+//! thread's commands to each node in one write and reads all the replies,
+//! the others only wake per round, to show the most batching could save.
+//! Set `BENCH_SECONDS` to change how long each throughput phase runs
+//! (default 1).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -91,12 +95,16 @@ fn main() {
     let servers: Vec<u32> = cluster.nodes().iter().filter_map(|n| n.pid()).collect();
     println!("## pairs per second, distinct resources per thread (median of 3 alternating runs)");
     println!();
-    println!("| threads | floor pairs/s | redlock-sync pairs/s | ratio | floor CPU/pair client + servers | redlock-sync CPU/pair client + servers |");
-    println!("|--:|--:|--:|--:|--:|--:|");
+    println!("| threads | floor pairs/s | redlock-sync pairs/s | ratio | floor CPU/pair client + servers | redlock-sync CPU/pair client + servers | perfect batching: ratio, CPU/pair |");
+    println!("|--:|--:|--:|--:|--:|--:|--:|");
     for threads in [1, 2, 4, 8] {
         let mut floor_runs = Vec::new();
         let mut our_runs = Vec::new();
+        let mut batched_runs = Vec::new();
         for _ in 0..3 {
+            if threads > 1 {
+                batched_runs.push(batched_throughput(threads, phase, &servers, &addrs));
+            }
             floor_runs.push(throughput(threads, phase, &servers, |t| {
                 let mut conn = Floor::connect(&addrs);
                 move |i| floor_pair(&mut conn, t * 1_000_000 + i)
@@ -112,8 +120,19 @@ fn main() {
             }));
         }
         let (floor, ours) = (median(floor_runs), median(our_runs));
+        let batched = if batched_runs.is_empty() {
+            "(one thread: nothing to batch)".to_string()
+        } else {
+            let batched = median(batched_runs);
+            format!(
+                "{:.2}, {} + {}",
+                batched.per_second / floor.per_second,
+                us(batched.cpu_per_op),
+                us(batched.server_cpu_per_op)
+            )
+        };
         println!(
-            "| {threads} | {:.0} | {:.0} | {:.2} | {} + {} | {} + {} |",
+            "| {threads} | {:.0} | {:.0} | {:.2} | {} + {} | {} + {} | {batched} |",
             floor.per_second,
             ours.per_second,
             ours.per_second / floor.per_second,
@@ -222,6 +241,22 @@ impl Floor {
                 .to_string();
         }
         floor
+    }
+
+    /// Reads `count` one-line replies (`+OK`, `:1`), expecting no others.
+    fn read_replies(&mut self, i: usize, count: usize) {
+        self.buf.clear();
+        let mut chunk = [0u8; 1024];
+        while self.buf.iter().filter(|&&b| b == b'\n').count() < count {
+            let n = self.conns[i].read(&mut chunk).expect("read");
+            assert!(n > 0, "node closed the connection");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+        assert!(
+            self.buf.starts_with(b"+OK") || self.buf.starts_with(b":1"),
+            "unexpected reply {:?}",
+            String::from_utf8_lossy(&self.buf)
+        );
     }
 
     /// Reads one reply (simple string, integer, nil or a short bulk).
@@ -350,7 +385,7 @@ where
     let done = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
     let start_line = Barrier::new(threads + 1);
-    let (elapsed, cpu) = std::thread::scope(|s| {
+    let meter = std::thread::scope(|s| {
         for t in 0..threads {
             let (make, done, stop, start_line) = (&make, &done, &stop, &start_line);
             s.spawn(move || {
@@ -368,22 +403,117 @@ where
             });
         }
         start_line.wait();
-        let (start, cpu0) = (Instant::now(), cpu_time("self"));
-        let server0: Duration = servers.iter().map(|p| cpu_time(&p.to_string())).sum();
+        let meter = Meter::start(servers);
         std::thread::sleep(phase);
         stop.store(true, Ordering::Relaxed);
-        (start.elapsed(), (cpu0, server0))
+        meter
     });
-    // Threads finish their last operation after `stop`; count them in.
-    let server: Duration = servers.iter().map(|p| cpu_time(&p.to_string())).sum();
-    let server = server.saturating_sub(cpu.1);
-    let cpu = cpu_time("self").saturating_sub(cpu.0);
-    let ops = done.load(Ordering::Relaxed).max(1);
-    Throughput {
-        per_second: ops as f64 / elapsed.as_secs_f64(),
-        cpu_per_op: cpu / ops as u32,
-        server_cpu_per_op: server / ops as u32,
-        elapsed,
+    meter.finish(done.load(Ordering::Relaxed))
+}
+
+/// The reference for what batching could gain: `threads` threads, of which
+/// one does all the I/O. It writes every thread's `SET` to each node in one
+/// write, reads all their replies, wakes the others (as if handing each its
+/// reply), then does the same for the release script. No library logic, no
+/// early decision: the most that sharing connections and batching commands
+/// can save here, in syscalls, wake-ups and server work.
+fn batched_throughput(
+    threads: usize,
+    phase: Duration,
+    servers: &[u32],
+    addrs: &[String],
+) -> Throughput {
+    // Rounds done so far; the others sleep until it moves (or the run ends).
+    let rounds = std::sync::Mutex::new(0u64);
+    let moved = std::sync::Condvar::new();
+    let finished = AtomicBool::new(false);
+    let mut batch = Floor::connect(addrs);
+    let mut meter = None;
+    let mut pairs = 0u64;
+    std::thread::scope(|s| {
+        for _ in 1..threads {
+            let (rounds, moved, finished) = (&rounds, &moved, &finished);
+            s.spawn(move || {
+                let mut seen = 0;
+                let mut now = rounds.lock().unwrap();
+                while !finished.load(Ordering::Relaxed) {
+                    if *now == seen {
+                        now = moved.wait(now).unwrap();
+                    }
+                    seen = *now;
+                }
+            });
+        }
+        let round_done = || {
+            *rounds.lock().unwrap() += 1;
+            moved.notify_all();
+        };
+        for i in 0..100 {
+            batched_pair(&mut batch, threads, i, &round_done);
+        }
+        meter = Some(Meter::start(servers));
+        let start = Instant::now();
+        while start.elapsed() < phase {
+            batched_pair(&mut batch, threads, pairs as usize, &round_done);
+            pairs += 1;
+        }
+        finished.store(true, Ordering::Relaxed);
+        round_done();
+    });
+    meter.expect("started").finish(pairs * threads as u64)
+}
+
+/// One pair for each of `threads` threads, batched: see
+/// [`batched_throughput`].
+fn batched_pair(floor: &mut Floor, threads: usize, i: usize, round_done: &impl Fn()) {
+    let (mut set, mut release) = (Vec::new(), Vec::new());
+    for t in 0..threads {
+        let key = format!("batched:{t}:{}", i % 64);
+        let token = format!("{:040x}", i);
+        set.extend(pack(&["SET", &key, &token, "NX", "PX", "10000"]));
+        release.extend(pack(&["EVALSHA", &floor.sha, "1", &key, &token]));
+    }
+    for cmd in [&set, &release] {
+        for conn in &mut floor.conns {
+            conn.write_all(cmd).expect("write");
+        }
+        for n in 0..floor.conns.len() {
+            floor.read_replies(n, threads);
+        }
+        round_done();
+    }
+}
+
+/// CPU time and wall time from a starting point on.
+struct Meter {
+    start: Instant,
+    cpu: Duration,
+    servers: Vec<u32>,
+    server_cpu: Duration,
+}
+
+impl Meter {
+    fn start(servers: &[u32]) -> Meter {
+        Meter {
+            start: Instant::now(),
+            cpu: cpu_time("self"),
+            servers: servers.to_vec(),
+            server_cpu: servers.iter().map(|p| cpu_time(&p.to_string())).sum(),
+        }
+    }
+
+    /// The rates for `ops` operations since the start. (Threads finish
+    /// their last operation after the phase ends; their CPU counts in.)
+    fn finish(self, ops: u64) -> Throughput {
+        let elapsed = self.start.elapsed();
+        let server: Duration = self.servers.iter().map(|p| cpu_time(&p.to_string())).sum();
+        let ops = ops.max(1);
+        Throughput {
+            per_second: ops as f64 / elapsed.as_secs_f64(),
+            cpu_per_op: cpu_time("self").saturating_sub(self.cpu) / ops as u32,
+            server_cpu_per_op: server.saturating_sub(self.server_cpu) / ops as u32,
+            elapsed,
+        }
     }
 }
 
