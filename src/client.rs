@@ -242,10 +242,11 @@ impl RedlockBuilder {
         self
     }
 
-    /// The bound on opening one connection: TCP connect, then one round trip
-    /// for `AUTH` and `SELECT` if the URL asks for them, `SCRIPT LOAD` for
-    /// the scripts, and `INFO server` (the server's `run_id`, and its uptime
-    /// for the restart guard). A connect
+    /// The bound on opening one connection: resolving a host name (for
+    /// `redis://`; over TLS the `redis` crate resolves it, unbounded), TCP
+    /// connect, then one round trip for `AUTH` and `SELECT` if the URL asks
+    /// for them, `SCRIPT LOAD` for the scripts, and `INFO server` (the
+    /// server's `run_id`, and its uptime for the restart guard). A connect
     /// never runs past its round's deadline either. Default: 50 ms.
     ///
     /// ```

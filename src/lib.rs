@@ -132,6 +132,7 @@ mod client;
 mod error;
 mod lock;
 mod node;
+mod resolve;
 mod restart_guard;
 mod round;
 mod script;

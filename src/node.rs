@@ -14,6 +14,7 @@
 //! be taken for the answer to another command.
 
 use std::collections::VecDeque;
+use std::net::IpAddr;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, Value};
 
 use crate::error::{ConfigError, NodeError};
+use crate::resolve::{Resolver, Unresolved};
 use crate::restart_guard;
 use crate::script::{self, pack, Command};
 use crate::servers::Servers;
@@ -66,6 +68,9 @@ pub(crate) struct Node {
     /// Address only: no password, no db, no `CLIENT SETINFO`; we do the
     /// handshake ourselves, against the round's deadline.
     client: redis::Client,
+    /// For a TCP node named by host name: resolves it within the connect
+    /// timeout (the `redis` crate would resolve it without a bound).
+    resolver: Option<Resolver>,
     /// What a new connection sends first, packed: `AUTH` and `SELECT` if
     /// the URL asks for them, then `SCRIPT LOAD` for our scripts.
     handshake: Vec<u8>,
@@ -159,8 +164,12 @@ impl Node {
         }
         let info: ConnectionInfo = url.into_connection_info().map_err(|e| bad(e.to_string()))?;
         let redis = info.redis_settings();
+        let mut resolver = None;
         let (name, identity) = match info.addr() {
             ConnectionAddr::Tcp(host, port) => {
+                if host.parse::<IpAddr>().is_err() {
+                    resolver = Some(Resolver::new(host, *port));
+                }
                 let n = format!("{host}:{port}");
                 (n.clone(), format!("tcp {}", n.to_ascii_lowercase()))
             }
@@ -207,6 +216,7 @@ impl Node {
             name: name.into(),
             identity,
             client,
+            resolver,
             handshake,
             checked_replies,
             script_replies,
@@ -573,29 +583,28 @@ impl Node {
         deadline: Instant,
         connect_timeout: Duration,
     ) -> Result<(Conn, u8), Failure> {
-        let left = time_left(deadline)?;
-        // With TLS, rustls panics when the application selected no crypto
-        // provider. A panic here would also leave this node's I/O role taken
-        // for every other thread: turn it into this node's failure.
-        let connecting = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            self.client
-                .get_connection_with_timeout(left.min(connect_timeout))
-        }))
-        .map_err(|_| {
-            Failure::Error(NodeError::Connect(
-                "the TLS library panicked while connecting; with the `tls` feature, select a \
-                 rustls crypto provider (rustls = { version = \"0.23\", features = [\"ring\"] }, \
-                 or CryptoProvider::install_default)"
-                    .to_string(),
-            ))
-        })?;
-        let connection = connecting.map_err(|e| {
-            if e.is_timeout() {
-                Failure::TimedOut
-            } else {
-                Failure::Error(NodeError::Connect(e.to_string()))
+        let limit = time_left(deadline)?.min(connect_timeout);
+        let connection = match &self.resolver {
+            Some(resolver) => self.connect_resolved(resolver, limit)?,
+            None => {
+                // With TLS, rustls panics when the application selected no
+                // crypto provider. A panic here would also leave this node's
+                // I/O role taken for every other thread: turn it into this
+                // node's failure.
+                std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    self.client.get_connection_with_timeout(limit)
+                }))
+                .map_err(|_| {
+                    Failure::Error(NodeError::Connect(
+                        "the TLS library panicked while connecting; with the `tls` feature, \
+                         select a rustls crypto provider (rustls = { version = \"0.23\", \
+                         features = [\"ring\"] }, or CryptoProvider::install_default)"
+                            .to_string(),
+                    ))
+                })?
+                .map_err(connect_failure)?
             }
-        })?;
+        };
         let mut conn = Conn {
             inner: connection,
             read_timeout: None,
@@ -626,6 +635,41 @@ impl Node {
             .claim(&info, self.index, &self.name)
             .map_err(Failure::Error)?;
         Ok((conn, scripts))
+    }
+
+    /// Resolves the node's host name, then connects to its addresses in
+    /// turn, all within `limit`.
+    fn connect_resolved(
+        &self,
+        resolver: &Resolver,
+        limit: Duration,
+    ) -> Result<redis::Connection, Failure> {
+        let start = Instant::now();
+        let addrs = resolver
+            .resolve(limit)
+            .map_err(|unresolved| match unresolved {
+                Unresolved::TimedOut => Failure::TimedOut,
+                Unresolved::Failed(e) => Failure::Error(e),
+            })?;
+        let mut last = Failure::TimedOut;
+        for addr in addrs {
+            let left = limit.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return Err(Failure::TimedOut);
+            }
+            let info = self
+                .client
+                .get_connection_info()
+                .clone()
+                .set_addr(ConnectionAddr::Tcp(addr.ip().to_string(), addr.port()));
+            let connected = redis::Client::open(info)
+                .and_then(|client| client.get_connection_with_timeout(left));
+            match connected {
+                Ok(connection) => return Ok(connection),
+                Err(e) => last = connect_failure(e),
+            }
+        }
+        Err(last)
     }
 }
 
@@ -767,11 +811,21 @@ fn time_left(deadline: Instant) -> Result<Duration, Failure> {
     }
 }
 
+/// What a failed read or write means for the round: a timeout, or an error.
 fn io_failure(e: redis::RedisError) -> Failure {
+    failure(e, NodeError::Io)
+}
+
+/// What a failed connect means for the round: a timeout, or an error.
+fn connect_failure(e: redis::RedisError) -> Failure {
+    failure(e, NodeError::Connect)
+}
+
+fn failure(e: redis::RedisError, error: fn(String) -> NodeError) -> Failure {
     if e.is_timeout() {
         Failure::TimedOut
     } else {
-        Failure::Error(NodeError::Io(e.to_string()))
+        Failure::Error(error(e.to_string()))
     }
 }
 

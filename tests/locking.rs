@@ -346,6 +346,53 @@ fn the_same_server_under_two_names_gets_one_vote() {
 }
 
 #[test]
+fn nodes_named_by_host_name_are_resolved_and_locked() {
+    let nodes = cluster(3);
+    let urls: Vec<String> = nodes
+        .nodes()
+        .iter()
+        .map(|n| format!("redis://localhost:{}", n.port().expect("a TCP node")))
+        .collect();
+    let locks = Redlock::new(&urls).unwrap();
+    let lock = locks.acquire("by-name", TTL).expect("localhost resolves");
+    assert_eq!(holders(&nodes, &lock), 3);
+    locks.release(lock).unwrap();
+    wait_until_gone(&nodes, "by-name", SETTLE);
+}
+
+#[test]
+fn a_node_whose_name_does_not_resolve_fails_within_the_connect_timeout() {
+    let nodes = cluster(2);
+    let mut urls = nodes.urls();
+    // `.invalid` never resolves (RFC 2606). Whether the resolver says so at
+    // once or never answers, the round goes on without that node.
+    urls.push("redis://no-such-host.invalid:6379".to_string());
+    let connect_timeout = Duration::from_millis(200);
+    let locks = Redlock::builder(&urls)
+        .connect_timeout(connect_timeout)
+        .io_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let lock = locks
+        .acquire("unresolved", TTL)
+        .expect("two of three nodes");
+    let entry = &lock.report().nodes[2];
+    match &entry.outcome {
+        NodeOutcome::TimedOut => {}
+        NodeOutcome::Failed(NodeError::Connect(message)) => {
+            assert!(message.contains("no-such-host.invalid"), "{message}");
+        }
+        other => panic!("expected a connect failure or timeout, got {other:?}"),
+    }
+    assert!(
+        entry.elapsed < connect_timeout + Duration::from_millis(300),
+        "the unresolvable node held the round {:?}, past its connect timeout {connect_timeout:?}",
+        entry.elapsed
+    );
+    locks.release(lock).unwrap();
+}
+
+#[test]
 fn unix_socket_nodes_work_like_tcp_nodes() {
     let nodes = redlock_sync::testing::Cluster::start_unix(3)
         .unwrap_or_else(|e| panic!("could not start unix-socket nodes: {e}"));

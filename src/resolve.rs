@@ -1,0 +1,178 @@
+//! Host name resolution with a time bound.
+//!
+//! The standard library resolves names with a blocking call that has no
+//! timeout, and a node's connect must not outlast its connect timeout. So
+//! the lookup runs on a helper thread, and the connect waits for it at most
+//! the time it has. A lookup still running when the next connect starts is
+//! waited for again, not started anew: a resolver that hangs costs one
+//! thread per node, not one per round.
+
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::error::NodeError;
+
+/// What a lookup gives: the addresses, or why there are none.
+type Answer = io::Result<Vec<SocketAddr>>;
+
+/// Looks a host and port up (blocking).
+type Lookup = fn(&str, u16) -> Answer;
+
+/// Why a host name gave no address to connect to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Unresolved {
+    /// The lookup is still running after the time the connect had.
+    TimedOut,
+    /// The lookup failed, found no address, or could not start.
+    Failed(NodeError),
+}
+
+/// Resolves one node's host name, one lookup at a time.
+pub(crate) struct Resolver {
+    host: String,
+    port: u16,
+    lookup: Lookup,
+    /// A lookup that outlasted the connect that started it.
+    running: Mutex<Option<Receiver<Answer>>>,
+}
+
+impl Resolver {
+    /// A resolver for `host:port` through the system resolver.
+    pub(crate) fn new(host: &str, port: u16) -> Resolver {
+        Resolver::with_lookup(host, port, system_lookup)
+    }
+
+    fn with_lookup(host: &str, port: u16, lookup: Lookup) -> Resolver {
+        Resolver {
+            host: host.to_string(),
+            port,
+            lookup,
+            running: Mutex::new(None),
+        }
+    }
+
+    /// The host's addresses, waiting at most `limit` for them.
+    pub(crate) fn resolve(&self, limit: Duration) -> Result<Vec<SocketAddr>, Unresolved> {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let answers = match running.take() {
+            Some(answers) => answers,
+            None => self.start()?,
+        };
+        let answer = match answers.recv_timeout(limit) {
+            Ok(answer) => answer,
+            Err(RecvTimeoutError::Timeout) => {
+                *running = Some(answers);
+                return Err(Unresolved::TimedOut);
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(io::Error::other("the lookup thread ended")),
+        };
+        let failed = |reason: String| {
+            Unresolved::Failed(NodeError::Connect(format!(
+                "could not resolve {}: {reason}",
+                self.host
+            )))
+        };
+        match answer {
+            Ok(addrs) if addrs.is_empty() => Err(failed("no address".to_string())),
+            Ok(addrs) => Ok(addrs),
+            Err(e) => Err(failed(e.to_string())),
+        }
+    }
+
+    /// Starts a lookup on a helper thread.
+    fn start(&self) -> Result<Receiver<Answer>, Unresolved> {
+        let (send, answers) = mpsc::channel();
+        let (host, port, lookup) = (self.host.clone(), self.port, self.lookup);
+        std::thread::Builder::new()
+            .name("redlock-sync resolver".to_string())
+            .spawn(move || {
+                // Nobody may be waiting any more: then the answer is dropped.
+                let _ = send.send(lookup(&host, port));
+            })
+            .map_err(|e| {
+                Unresolved::Failed(NodeError::Connect(format!(
+                    "could not start a thread to resolve {}: {e}",
+                    self.host
+                )))
+            })?;
+        Ok(answers)
+    }
+}
+
+fn system_lookup(host: &str, port: u16) -> Answer {
+    (host, port).to_socket_addrs().map(Iterator::collect)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{IpAddr, Ipv4Addr};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Instant;
+
+    #[test]
+    fn a_name_resolves_through_the_system_resolver() {
+        let addrs = Resolver::new("localhost", 6379)
+            .resolve(Duration::from_secs(10))
+            .expect("localhost resolves");
+        assert!(addrs
+            .iter()
+            .all(|a| a.port() == 6379 && a.ip().is_loopback()));
+    }
+
+    static SLOW_LOOKUPS: AtomicUsize = AtomicUsize::new(0);
+
+    fn slow_lookup(_: &str, port: u16) -> Answer {
+        SLOW_LOOKUPS.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(vec![SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)])
+    }
+
+    #[test]
+    fn a_slow_lookup_times_out_within_the_limit_and_the_next_connect_waits_for_it_again() {
+        let resolver = Resolver::with_lookup("slow.example", 7000, slow_lookup);
+        let start = Instant::now();
+        assert_eq!(
+            resolver.resolve(Duration::from_millis(20)),
+            Err(Unresolved::TimedOut)
+        );
+        assert!(
+            start.elapsed() < Duration::from_millis(250),
+            "resolve waited {:?} for a lookup that takes 300 ms, past its 20 ms limit",
+            start.elapsed()
+        );
+        let addrs = resolver
+            .resolve(Duration::from_secs(10))
+            .expect("the lookup started by the first call answers");
+        assert_eq!(addrs[0].port(), 7000);
+        assert_eq!(
+            SLOW_LOOKUPS.load(Ordering::SeqCst),
+            1,
+            "the second call waited for the running lookup instead of starting one"
+        );
+    }
+
+    fn failing_lookup(_: &str, _: u16) -> Answer {
+        Err(io::Error::other("no such host"))
+    }
+
+    fn empty_lookup(_: &str, _: u16) -> Answer {
+        Ok(Vec::new())
+    }
+
+    #[test]
+    fn a_failed_or_empty_lookup_is_a_connect_error_naming_the_host() {
+        for lookup in [failing_lookup as Lookup, empty_lookup] {
+            let err = Resolver::with_lookup("nowhere.example", 1, lookup)
+                .resolve(Duration::from_secs(1))
+                .unwrap_err();
+            let Unresolved::Failed(NodeError::Connect(message)) = err else {
+                panic!("expected a connect error, got {err:?}");
+            };
+            assert!(message.contains("nowhere.example"), "{message}");
+        }
+    }
+}
