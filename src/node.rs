@@ -14,7 +14,7 @@
 //! be taken for the answer to another command.
 
 use std::collections::VecDeque;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -584,6 +584,8 @@ impl Node {
         connect_timeout: Duration,
     ) -> Result<(Conn, u8), Failure> {
         let limit = time_left(deadline)?.min(connect_timeout);
+        // The handshake is part of the connect, within the same bound.
+        let deadline = Instant::now() + limit;
         let connection = match &self.resolver {
             Some(resolver) => self.connect_resolved(resolver, limit)?,
             None => {
@@ -652,7 +654,7 @@ impl Node {
                 Unresolved::Failed(e) => Failure::Error(e),
             })?;
         let mut last = Failure::TimedOut;
-        for addr in addrs {
+        for (i, addr) in addrs.iter().enumerate() {
             let left = limit.saturating_sub(start.elapsed());
             if left.is_zero() {
                 return Err(Failure::TimedOut);
@@ -661,15 +663,32 @@ impl Node {
                 .client
                 .get_connection_info()
                 .clone()
-                .set_addr(ConnectionAddr::Tcp(addr.ip().to_string(), addr.port()));
+                .set_addr(ConnectionAddr::Tcp(host_of(addr), addr.port()));
+            let budget = share(left, addrs.len() - i);
             let connected = redis::Client::open(info)
-                .and_then(|client| client.get_connection_with_timeout(left));
+                .and_then(|client| client.get_connection_with_timeout(budget));
             match connected {
                 Ok(connection) => return Ok(connection),
                 Err(e) => last = connect_failure(e),
             }
         }
         Err(last)
+    }
+}
+
+/// How long to try the next of `remaining` addresses, with `left` for all:
+/// an equal share, so that an address that never answers (an IPv6 route
+/// that drops packets, say) leaves time for the ones after it.
+fn share(left: Duration, remaining: usize) -> Duration {
+    left / u32::try_from(remaining.max(1)).unwrap_or(u32::MAX)
+}
+
+/// An address as a host for the `redis` crate, which resolves it again
+/// (without DNS: it is numeric), keeping an IPv6 scope (`fe80::1%2`).
+fn host_of(addr: &SocketAddr) -> String {
+    match addr {
+        SocketAddr::V6(v6) if v6.scope_id() != 0 => format!("{}%{}", v6.ip(), v6.scope_id()),
+        _ => addr.ip().to_string(),
     }
 }
 
@@ -861,6 +880,29 @@ mod tests {
         assert_eq!(redact("no scheme"), "no scheme");
         assert_eq!(redact("redis://:pa/ss@h:1"), "redis://:***@h:1");
         assert_eq!(redact("redis://u:p?a#s@h:1/0"), "redis://u:***@h:1/0");
+    }
+
+    #[test]
+    fn each_address_gets_an_equal_share_of_the_time_left_and_the_last_gets_all() {
+        let left = Duration::from_millis(90);
+        assert_eq!(share(left, 3), Duration::from_millis(30));
+        assert_eq!(share(left, 1), left);
+        assert_eq!(share(left, 0), left);
+    }
+
+    #[test]
+    fn an_address_becomes_a_numeric_host_with_its_ipv6_scope() {
+        let v4: SocketAddr = "127.0.0.1:7000".parse().unwrap();
+        assert_eq!(host_of(&v4), "127.0.0.1");
+        let v6 = SocketAddr::V6(std::net::SocketAddrV6::new(
+            "fe80::1".parse().unwrap(),
+            7000,
+            0,
+            2,
+        ));
+        assert_eq!(host_of(&v6), "fe80::1%2");
+        let v6: SocketAddr = "[::1]:7000".parse().unwrap();
+        assert_eq!(host_of(&v6), "::1");
     }
 
     #[test]

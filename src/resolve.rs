@@ -56,15 +56,19 @@ impl Resolver {
 
     /// The host's addresses, waiting at most `limit` for them.
     pub(crate) fn resolve(&self, limit: Duration) -> Result<Vec<SocketAddr>, Unresolved> {
-        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        let answers = match running.take() {
+        let running = self
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let answers = match running {
             Some(answers) => answers,
             None => self.start()?,
         };
         let answer = match answers.recv_timeout(limit) {
             Ok(answer) => answer,
             Err(RecvTimeoutError::Timeout) => {
-                *running = Some(answers);
+                *self.running.lock().unwrap_or_else(|e| e.into_inner()) = Some(answers);
                 return Err(Unresolved::TimedOut);
             }
             Err(RecvTimeoutError::Disconnected) => Err(io::Error::other("the lookup thread ended")),

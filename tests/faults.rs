@@ -147,3 +147,32 @@ fn a_paused_node_costs_at_most_the_io_timeout_and_its_late_replies_are_never_tak
         wait_until_gone(&nodes, &resource, SETTLE);
     }
 }
+
+#[test]
+fn connecting_to_a_paused_node_gives_up_at_the_connect_timeout_not_the_io_timeout() {
+    let nodes = cluster(3);
+    // The kernel accepts the TCP connection of a stopped process, so the
+    // connect itself succeeds; its handshake (SCRIPT LOAD, INFO) is what
+    // never gets an answer, and it must end at the connect timeout.
+    nodes.node(2).pause().unwrap();
+    let connect_timeout = Duration::from_millis(100);
+    let io_timeout = Duration::from_secs(2);
+    let locks = builder(&nodes)
+        .connect_timeout(connect_timeout)
+        .io_timeout(io_timeout)
+        .build()
+        .unwrap();
+    let lock = locks
+        .acquire("handshake", TTL)
+        .expect("2 of 3 nodes answer");
+    let entry = &lock.report().nodes[2];
+    assert_eq!(entry.outcome, NodeOutcome::TimedOut, "{}", lock.report());
+    assert!(
+        entry.elapsed < io_timeout / 2,
+        "the paused node's handshake ran {:?}: past the connect timeout {connect_timeout:?}, \
+         towards the io_timeout {io_timeout:?}",
+        entry.elapsed
+    );
+    locks.release(lock).unwrap();
+    nodes.node(2).resume().unwrap();
+}
