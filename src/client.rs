@@ -583,7 +583,8 @@ impl Redlock {
         self.inner.quorum
     }
 
-    /// The nodes' addresses (`host:port` or socket path; never passwords).
+    /// The nodes' addresses (`host:port`, `tls host:port`, or the socket
+    /// path; never passwords).
     ///
     /// ```
     /// # use redlock_sync::Redlock;

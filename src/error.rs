@@ -114,6 +114,27 @@ pub enum LockError {
     Thread(std::io::Error),
 }
 
+/// A token string that does not parse is an argument error, so that
+/// `token.parse()?` works in a function returning `LockError`.
+///
+/// ```
+/// use redlock_sync::{ArgumentError, Lock, LockError};
+///
+/// fn lock_from(resource: &str, token: &str) -> Result<Lock, LockError> {
+///     Lock::from_token(resource, token.parse()?)
+/// }
+///
+/// assert!(matches!(
+///     lock_from("report", "not-a-token"),
+///     Err(LockError::Argument(ArgumentError::Token(_)))
+/// ));
+/// ```
+impl From<ParseTokenError> for LockError {
+    fn from(e: ParseTokenError) -> LockError {
+        LockError::Argument(ArgumentError::Token(e))
+    }
+}
+
 impl LockError {
     /// The report of the last round, for the variants that talked to nodes.
     ///
@@ -279,10 +300,14 @@ pub enum NodeOutcome {
     /// The node answered no: another client holds the key (acquire), or our
     /// token was not there (extend, release).
     Refused,
-    /// No answer before the round's deadline. The connection was dropped.
+    /// No answer before the round's deadline. The connection was dropped,
+    /// unless the round was already late when it came to read this node and
+    /// other threads were still waiting for replies on it (then they read
+    /// on), or the connect never started for want of time.
     TimedOut,
-    /// The node could not be asked or answered with an error. The connection,
-    /// if any, was dropped.
+    /// The node could not be asked, or answered with an error. An I/O or
+    /// connect error dropped the connection; an error reply from the server
+    /// (an unexpected reply to our command) did not.
     Failed(NodeError),
     /// The round was decided before this node's reply was read (a quorum had
     /// already answered, or could no longer be reached). The command was
@@ -359,8 +384,8 @@ pub enum NodeError {
 /// # Ok::<(), redlock_sync::LockError>(())
 /// ```
 pub struct NodeReport {
-    /// The node's address, never with its password: `host:port`, or the
-    /// socket path.
+    /// The node's address, never with its password: `host:port`,
+    /// `tls host:port` for a `rediss://` node, or the socket path.
     pub node: Arc<str>,
     /// What it answered.
     pub outcome: NodeOutcome,

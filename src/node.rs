@@ -61,7 +61,8 @@ pub(crate) struct Ticket {
 
 /// One Redis master.
 pub(crate) struct Node {
-    /// `host:port` or the socket path; never the password.
+    /// `host:port`, `tls host:port`, or the socket path; never the
+    /// password.
     name: Arc<str>,
     /// What makes two nodes the same server: the address without the db.
     identity: String,
@@ -267,7 +268,8 @@ impl Node {
         self.reconnect_backoff = reconnect_backoff;
     }
 
-    /// The node's address for people: `host:port` or the socket path.
+    /// The node's address for people: `host:port`, `tls host:port`, or the
+    /// socket path.
     pub(crate) fn name(&self) -> &Arc<str> {
         &self.name
     }
@@ -293,8 +295,10 @@ impl Node {
         self.submit_as(cmd, deadline, connect_timeout, false)
     }
 
-    /// Like [`submit`](Self::submit), but a script always goes as `EVAL`,
-    /// for a request whose reply nobody will read.
+    /// Like [`submit`](Self::submit), but a script always goes as `EVAL`:
+    /// for a request whose reply nobody will read, and for the retry after
+    /// a `NOSCRIPT` (meanwhile another thread may have seen the script run
+    /// and marked it cached again).
     pub(crate) fn submit_eval(
         &self,
         cmd: &Command,
@@ -395,10 +399,14 @@ impl Node {
         }
     }
 
-    /// Whether the node has no connection yet (the next round connects).
-    pub(crate) fn is_disconnected(&self) -> bool {
+    /// Whether writing to the node now means connecting first (it has no
+    /// connection, and is not backing off reconnecting): that may block up
+    /// to the connect timeout.
+    pub(crate) fn will_connect(&self) -> bool {
         let st = self.lock();
-        st.conn.is_none() && !st.busy
+        st.conn.is_none()
+            && !st.busy
+            && st.connect_after.is_none_or(|after| after <= Instant::now())
     }
 
     /// How late this node tends to answer, coarsely (a power-of-two bucket
@@ -566,6 +574,8 @@ impl Node {
                 ))));
             }
         }
+        // No time left to try: a timeout of the round, not of this node.
+        time_left(deadline)?;
         self.connect(deadline, connect_timeout).map_err(|failure| {
             if failure == Failure::TimedOut {
                 Failure::ConnectTimedOut

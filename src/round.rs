@@ -51,21 +51,21 @@ pub(crate) fn run(
         });
     }
     // Write first to the nodes that are connected, so their replies travel
-    // while we connect to the others.
-    let mut order: Vec<usize> = (0..nodes.len()).collect();
-    order.sort_by_key(|&i| nodes[i].is_disconnected());
-    for &i in &order {
-        let node = &nodes[i];
-        let submitted = if ask(i) {
-            node.submit(cmd, deadline, connect_timeout)
-        } else {
-            Err(Failure::NotAwaited)
-        };
-        let ticket = submitted.as_ref().ok().copied();
+    // while we connect to the others; connect those side by side, so that
+    // one node whose connect hangs does not use up the others' time.
+    let (connecting, connected): (Vec<usize>, Vec<usize>) = (0..nodes.len())
+        .filter(|&i| ask(i))
+        .partition(|&i| nodes[i].will_connect());
+    let submit = |i: usize| nodes[i].submit(cmd, deadline, connect_timeout);
+    let mut submitted: Vec<(usize, Result<Ticket, Failure>)> =
+        connected.iter().map(|&i| (i, submit(i))).collect();
+    submitted.extend(side_by_side(&connecting, submit));
+    for (i, result) in submitted {
+        let ticket = result.as_ref().ok().copied();
         // Until its reply is read, a node that was sent the command stands
         // as not awaited.
-        let result = submitted.and(Err(Failure::NotAwaited));
-        if ask(i) && result != Err(Failure::NotAwaited) && !done {
+        let result = result.and(Err(Failure::NotAwaited));
+        if result != Err(Failure::NotAwaited) && !done {
             done = decided(&result);
         }
         replies[i] = Reply {
@@ -74,6 +74,7 @@ pub(crate) fn run(
             ticket,
         };
     }
+    let order: Vec<usize> = connected.into_iter().chain(connecting).collect();
 
     // Read the nodes that keep us waiting (or timed out last time) after the
     // others, so a round that a quorum decided need not wait for them; among
@@ -104,10 +105,12 @@ pub(crate) fn run(
                     }
                     // The server lost our script: once more as EVAL, in the same
                     // round and against the same deadline.
-                    result = node.submit(cmd, deadline, connect_timeout).and_then(|t| {
-                        ticket = t;
-                        node.wait(t, deadline, connect_timeout)
-                    });
+                    result = node
+                        .submit_eval(cmd, deadline, connect_timeout)
+                        .and_then(|t| {
+                            ticket = t;
+                            node.wait(t, deadline, connect_timeout)
+                        });
                 }
             }
             replies[i].elapsed = start.elapsed();
@@ -161,6 +164,37 @@ pub(crate) fn run(
         }
     }
     replies
+}
+
+/// Runs `f` for each of `items`, the first on this thread and the others
+/// each on a thread of its own (or here, after the first, if no thread can
+/// be started), and returns the results with their items.
+fn side_by_side<T: Send>(items: &[usize], f: impl Fn(usize) -> T + Sync) -> Vec<(usize, T)> {
+    let Some((&first, rest)) = items.split_first() else {
+        return Vec::new();
+    };
+    std::thread::scope(|s| {
+        let f = &f;
+        let started: Vec<_> = rest
+            .iter()
+            .map(|&i| {
+                let thread = std::thread::Builder::new()
+                    .name("redlock-sync connect".to_string())
+                    .spawn_scoped(s, move || f(i));
+                (i, thread.ok())
+            })
+            .collect();
+        let mut results = vec![(first, f(first))];
+        for (i, thread) in started {
+            let result = match thread.map(|t| t.join()) {
+                Some(Ok(result)) => result,
+                Some(Err(panic)) => std::panic::resume_unwind(panic),
+                None => f(i),
+            };
+            results.push((i, result));
+        }
+        results
+    })
 }
 
 /// Writes `cmd` to the nodes for which `ask` is true and does not wait for

@@ -5,8 +5,8 @@
 //! `NOSCRIPT` answer (after `SCRIPT FLUSH`, say) is retried as `EVAL` within
 //! the same round. So the common path costs one round trip, always.
 
-use std::cell::OnceCell;
 use std::io::Write;
+use std::sync::OnceLock;
 
 use crate::lock::Token;
 
@@ -116,7 +116,7 @@ pub(crate) struct Command {
     /// The packed command: `EVALSHA ...` for a script, else the command.
     fast: Vec<u8>,
     /// The packed `EVAL ...` form, made only if a connection needs it.
-    full: OnceCell<Vec<u8>>,
+    full: OnceLock<Vec<u8>>,
 }
 
 impl Command {
@@ -137,7 +137,7 @@ impl Command {
         Command {
             script: None,
             fast,
-            full: OnceCell::new(),
+            full: OnceLock::new(),
         }
     }
 
@@ -156,7 +156,7 @@ impl Command {
         Command {
             script: Some(script),
             fast,
-            full: OnceCell::new(),
+            full: OnceLock::new(),
         }
     }
 

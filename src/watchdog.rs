@@ -77,10 +77,13 @@ struct State {
 
 impl State {
     fn new(lock: &Lock, hold_deadline: Option<Instant>) -> State {
+        // A cap the acquisition's validity already reaches leaves no
+        // extension to come.
+        let capped = hold_deadline.is_some_and(|hold| hold <= lock.valid_until);
         let state = State {
             base: Instant::now(),
             deadline: AtomicU64::new(LOST),
-            ending: AtomicBool::new(false),
+            ending: AtomicBool::new(capped),
             hold_deadline,
             resources: lock.resources.clone(),
             token: lock.token,
@@ -391,8 +394,9 @@ impl LockGuard<'_> {
         }
     }
 
-    /// Whether the lock will not be extended any more: the hold cap
-    /// ([`max_hold`](crate::RedlockBuilder::max_hold)) is reached or the
+    /// Whether the lock will not be extended any more: its validity
+    /// reaches the hold cap ([`max_hold`](crate::RedlockBuilder::max_hold)),
+    /// from the acquisition on if the cap is shorter than the TTL, or the
     /// lock is lost. It may still be held: [`validity`](Self::validity)
     /// says for how long. Wind the work down.
     ///

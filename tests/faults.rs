@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::{
     builder, cluster, holders, no_quorum_within, values, wait_until, wait_until_gone, SETTLE,
 };
-use redlock_sync::NodeOutcome;
+use redlock_sync::{NodeOutcome, Redlock};
 
 const TTL: Duration = Duration::from_secs(10);
 const IO_TIMEOUT: Duration = Duration::from_millis(100);
@@ -175,4 +175,50 @@ fn connecting_to_a_paused_node_gives_up_at_the_connect_timeout_not_the_io_timeou
     );
     locks.release(lock).unwrap();
     nodes.node(2).resume().unwrap();
+}
+
+#[test]
+fn a_fresh_client_whose_first_node_hangs_still_locks_with_default_timeouts() {
+    let nodes = cluster(3);
+    // Node 0, listed first, accepts TCP connections but never answers. A
+    // fresh client has no connections: it connects to every node in its
+    // first round, and node 0's connect must not use up the others' time.
+    nodes.node(0).pause().unwrap();
+    let locks = Redlock::new(nodes.urls()).unwrap();
+    for i in 0..10 {
+        let lock = locks
+            .try_acquire(&format!("first-hangs-{i}"), TTL)
+            .unwrap_or_else(|e| panic!("attempt {i}: nodes 1 and 2 answer, yet: {e}"));
+        assert!(lock.report().granted() >= 2, "{}", lock.report());
+        locks.release(lock).unwrap();
+    }
+    nodes.node(0).resume().unwrap();
+}
+
+#[test]
+fn a_fresh_client_connects_to_its_nodes_side_by_side() {
+    let nodes = cluster(5);
+    nodes.node(0).pause().unwrap();
+    nodes.node(1).pause().unwrap();
+    let connect_timeout = Duration::from_millis(300);
+    let locks = builder(&nodes)
+        .connect_timeout(connect_timeout)
+        .io_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let lock = locks.acquire("side-by-side", TTL).expect("3 of 5 nodes");
+    let report = lock.report();
+    assert_eq!(report.nodes[0].outcome, NodeOutcome::TimedOut, "{report}");
+    assert_eq!(report.nodes[1].outcome, NodeOutcome::TimedOut, "{report}");
+    // One after the other, the two hung connects would take twice the
+    // connect timeout before the round could read anything.
+    assert!(
+        report.elapsed < connect_timeout * 2,
+        "two hung connects took {:?} together: they ran one after the other \
+         (connect timeout {connect_timeout:?})",
+        report.elapsed
+    );
+    locks.release(lock).unwrap();
+    nodes.node(0).resume().unwrap();
+    nodes.node(1).resume().unwrap();
 }

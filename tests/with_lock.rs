@@ -405,3 +405,21 @@ fn acquire_with_a_wait_budget_wins_once_an_abandoned_lock_expires() {
     );
     locks.release(lock).unwrap();
 }
+
+#[test]
+fn a_hold_cap_shorter_than_the_ttl_means_is_ending_from_the_start() {
+    let nodes = cluster(3);
+    let locks = builder(&nodes)
+        .max_hold(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    locks
+        .with_lock("short-cap", Duration::from_secs(10), |guard| {
+            // The acquisition's validity already reaches past the cap: no
+            // extension will come, and the guard says so at once.
+            assert!(guard.is_ending(), "no extension can come, yet not ending");
+            assert!(guard.is_held());
+            Ok::<_, LockError>(())
+        })
+        .unwrap();
+}
