@@ -31,8 +31,9 @@
 //! hung node costs at most `io_timeout`. Reading stops as soon as the
 //! outcome is decided (a quorum granted, or can no longer grant); the other
 //! replies are read and discarded later ([`NodeOutcome::NotAwaited`]).
-//! Threads that meet a busy connection leave their commands in its outbox,
-//! and the thread doing I/O writes them all in one write.
+//! Threads that meet another thread writing a connection leave their
+//! commands in its outbox, and the writer writes them all in one write;
+//! writing never waits for a thread that is reading.
 //!
 //! - [`acquire`](Redlock::acquire) sends `SET resource token NX PX ttl` to
 //!   every node. The lock is granted when a quorum (`N / 2 + 1`) set the key
@@ -137,6 +138,7 @@ mod restart_guard;
 mod round;
 mod script;
 mod servers;
+mod transport;
 mod watchdog;
 
 #[cfg(feature = "testing")]

@@ -1,12 +1,15 @@
 //! One node: its address, and one connection that every thread shares.
 //!
 //! Threads batch their commands on the shared connection. A thread that finds
-//! the connection busy leaves its packed command in the node's outbox; the
-//! thread doing I/O writes the whole outbox in one write before it lets go.
-//! Replies come back in order: each is matched to its request by sequence
-//! number and handed to the thread that asked (or discarded, if that thread
-//! stopped waiting). No async runtime, no background thread: the threads that
-//! want answers do the I/O.
+//! another writing leaves its packed command in the node's outbox; the writer
+//! writes the whole outbox, in one write, before it lets go. Writing and
+//! reading are separate roles: a command never waits for a read to return
+//! (except over TLS, whose connection cannot be split: there its reader
+//! writes what was queued once its read returns). Replies come back in
+//! order: each is matched to its request by sequence number and handed to
+//! the thread that asked (or discarded, if that thread stopped waiting). No
+//! async runtime, no background thread: the threads that want answers do
+//! the I/O.
 //!
 //! Any error or timeout on the connection ends its *epoch*: the connection is
 //! dropped for every thread that shared it, and every request still on it
@@ -16,6 +19,7 @@
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::panic::AssertUnwindSafe;
+use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -26,11 +30,7 @@ use crate::resolve::{Resolver, Unresolved};
 use crate::restart_guard;
 use crate::script::{self, pack, Command};
 use crate::servers::Servers;
-
-/// How far past the time left a socket timeout may reach: a read or write
-/// ends at most this long after the deadline. Within it, a timeout already
-/// set is kept (one `setsockopt` saved per read in steady state).
-const TIMEOUT_SLACK: Duration = Duration::from_micros(500);
+use crate::transport::{redis_connect_failure, Reader, Stream, Whole, Writer};
 
 /// Past this many unread replies on a connection, a round waits for its
 /// reply even after the outcome is decided, draining the backlog (or, on a
@@ -69,9 +69,8 @@ pub(crate) struct Node {
     /// Address only: no password, no db, no `CLIENT SETINFO`; we do the
     /// handshake ourselves, against the round's deadline.
     client: redis::Client,
-    /// For a TCP node named by host name: resolves it within the connect
-    /// timeout (the `redis` crate would resolve it without a bound).
-    resolver: Option<Resolver>,
+    /// How the node is reached.
+    route: Route,
     /// What a new connection sends first, packed: `AUTH` and `SELECT` if
     /// the URL asks for them, then `SCRIPT LOAD` for our scripts.
     handshake: Vec<u8>,
@@ -102,10 +101,21 @@ pub(crate) struct Node {
 
 /// The shared connection and everything queued on it.
 struct State {
-    /// The connection, unless there is none or the I/O thread holds it.
-    conn: Option<Conn>,
-    /// A thread is doing I/O (it has taken `conn`).
-    busy: bool,
+    /// A connection is open in this epoch (or being opened).
+    open: bool,
+    /// The connection cannot be split (TLS): its writer also reads, so the
+    /// reading role takes the writing role too.
+    whole: bool,
+    /// The connection's writing half, unless the writing thread holds it.
+    writer: Option<Writer>,
+    /// The reading half, unless the reading thread holds it (none for a
+    /// whole connection).
+    reader: Option<Reader>,
+    /// A thread is writing (it has taken `writer`).
+    writing: bool,
+    /// A thread is reading (it has taken `reader`, or for a whole
+    /// connection `writer`).
+    reading: bool,
     /// Bumped whenever the connection is dropped.
     epoch: u64,
     /// Why the last epoch ended.
@@ -165,16 +175,18 @@ impl Node {
         }
         let info: ConnectionInfo = url.into_connection_info().map_err(|e| bad(e.to_string()))?;
         let redis = info.redis_settings();
-        let mut resolver = None;
+        let route;
         let (name, identity) = match info.addr() {
             ConnectionAddr::Tcp(host, port) => {
-                if host.parse::<IpAddr>().is_err() {
-                    resolver = Some(Resolver::new(host, *port));
-                }
+                route = match host.parse::<IpAddr>() {
+                    Ok(ip) => Route::Ip(SocketAddr::new(ip, *port)),
+                    Err(_) => Route::Name(Resolver::new(host, *port)),
+                };
                 let n = format!("{host}:{port}");
                 (n.clone(), format!("tcp {}", n.to_ascii_lowercase()))
             }
             ConnectionAddr::TcpTls { host, port, .. } => {
+                route = Route::Whole;
                 let n = format!("{host}:{port}");
                 (
                     format!("tls {n}"),
@@ -182,6 +194,7 @@ impl Node {
                 )
             }
             ConnectionAddr::Unix(path) => {
+                route = unix_route(path);
                 let n = path.display().to_string();
                 (n.clone(), format!("unix {n}"))
             }
@@ -217,7 +230,7 @@ impl Node {
             name: name.into(),
             identity,
             client,
-            resolver,
+            route,
             handshake,
             checked_replies,
             script_replies,
@@ -226,8 +239,12 @@ impl Node {
             servers: Arc::default(),
             reconnect_backoff: Duration::ZERO,
             state: Mutex::new(State {
-                conn: None,
-                busy: false,
+                open: false,
+                whole: false,
+                writer: None,
+                reader: None,
+                writing: false,
+                reading: false,
                 epoch: 0,
                 ended: None,
                 scripts: 0,
@@ -284,8 +301,8 @@ impl Node {
     }
 
     /// Queues `cmd` on the connection and gets it written: by this thread
-    /// now, or, if another thread is doing I/O, by that thread before it
-    /// lets go. Connects first if there is no connection.
+    /// now, or, if another thread is writing, by that thread before it lets
+    /// go. Connects first if there is no connection.
     pub(crate) fn submit(
         &self,
         cmd: &Command,
@@ -325,9 +342,7 @@ impl Node {
         st.next_seq += 1;
         st.abandoned.push_back(false);
         st.live += 1;
-        if !st.busy {
-            st = self.io(st, false, deadline, connect_timeout);
-        }
+        st = self.write_out(st, deadline, connect_timeout);
         check(&st, ticket)?;
         Ok(ticket)
     }
@@ -371,7 +386,7 @@ impl Node {
                 return Some(Ok(st.replies.swap_remove(i).1));
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            if !st.busy {
+            if st.next_read < st.written && can_read(&st) {
                 if left.is_zero() && st.live > 1 {
                     // Late, and other threads still want replies on this
                     // connection: a read that timed out now would drop it
@@ -379,7 +394,11 @@ impl Node {
                     give_up(&mut st, ticket.seq);
                     return Some(Err(Failure::TimedOut));
                 }
-                st = self.io(st, true, deadline, connect_timeout);
+                st = self.read_one(st, deadline, connect_timeout);
+                continue;
+            }
+            if ticket.seq >= st.written && !st.writing && !st.outbox.is_empty() {
+                st = self.write_out(st, deadline, connect_timeout);
                 continue;
             }
             if left.is_zero() {
@@ -404,9 +423,7 @@ impl Node {
     /// to the connect timeout.
     pub(crate) fn will_connect(&self) -> bool {
         let st = self.lock();
-        st.conn.is_none()
-            && !st.busy
-            && st.connect_after.is_none_or(|after| after <= Instant::now())
+        !st.open && !st.writing && st.connect_after.is_none_or(|after| after <= Instant::now())
     }
 
     /// How late this node tends to answer, coarsely (a power-of-two bucket
@@ -456,79 +473,137 @@ impl Node {
         }
     }
 
-    /// The I/O role: writes the outbox (connecting first if needed), then,
-    /// if `read`, reads one reply; writes again whatever was queued
-    /// meanwhile; then lets go. The lock is not held during I/O.
-    fn io<'a>(
+    /// The writing role: writes the outbox until it is empty (connecting
+    /// first if there is no connection), then lets go. If another thread is
+    /// writing, it writes the outbox before it lets go. The lock is not held
+    /// during I/O.
+    fn write_out<'a>(
         &'a self,
         mut st: MutexGuard<'a, State>,
-        read: bool,
         deadline: Instant,
         connect_timeout: Duration,
     ) -> MutexGuard<'a, State> {
-        st.busy = true;
+        if st.writing || st.outbox.is_empty() {
+            return st;
+        }
         let epoch = st.epoch;
-        let mut conn = st.conn.take();
-        let mut to_read = read;
-        loop {
-            if !st.outbox.is_empty() {
-                let out = std::mem::take(&mut st.outbox);
-                let count = st.next_seq - st.written;
-                let connect_after = st.connect_after;
-                drop(st);
-                let mut loaded = None;
-                let sent = match conn.take() {
-                    Some(c) => Ok(c),
-                    None => self
-                        .connect_unless_backing_off(connect_after, deadline, connect_timeout)
-                        .map(|(c, scripts)| {
-                            loaded = Some(scripts);
-                            c
-                        }),
-                }
-                .and_then(|mut c| c.send(&out, deadline).map(|()| c));
-                st = self.lock();
-                if loaded.is_some() {
-                    st.connect_after = None;
-                }
-                match sent {
-                    Ok(c) => {
-                        conn = Some(c);
-                        if let Some(scripts) = loaded {
-                            st.scripts = scripts;
-                        }
-                        st.written += count;
-                        if st.outbox.is_empty() {
-                            // Keep the buffer's capacity for the next batch.
-                            st.outbox = out;
-                            st.outbox.clear();
-                        }
-                    }
-                    Err(Failure::ConnectTimedOut) => {
-                        st.connect_after = Instant::now().checked_add(self.reconnect_backoff);
-                        end_epoch(&mut st, Failure::TimedOut);
-                        break;
-                    }
-                    Err(failure) => {
-                        end_epoch(&mut st, failure);
-                        break;
-                    }
-                }
-                continue;
+        st.writing = true;
+        // Nobody reads a connection before its handshake is over.
+        let connecting = !st.open;
+        if connecting {
+            st.open = true;
+            st.reading = true;
+        }
+        let mut writer = st.writer.take();
+        while !st.outbox.is_empty() {
+            let out = std::mem::take(&mut st.outbox);
+            let count = st.next_seq - st.written;
+            let connect_after = st.connect_after;
+            drop(st);
+            let mut opened = None;
+            let sent = match writer.take() {
+                Some(w) => Ok(w),
+                None => self
+                    .connect_unless_backing_off(connect_after, deadline, connect_timeout)
+                    .map(|(w, reader, scripts)| {
+                        opened = Some((reader, scripts));
+                        w
+                    }),
             }
-            if !to_read || st.next_read >= st.written {
+            .and_then(|mut w| match w.send(&out, deadline) {
+                Ok(()) => Ok(w),
+                Err(failure) => {
+                    w.shutdown();
+                    Err(failure)
+                }
+            });
+            st = self.lock();
+            if st.epoch != epoch {
+                // The reader ended the connection meanwhile: what was just
+                // written failed with it.
                 break;
             }
-            let Some(mut c) = conn.take() else { break };
-            drop(st);
-            let began = Instant::now();
-            let received = c.recv(deadline);
-            let waited = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
-            st = self.lock();
-            to_read = false;
+            if opened.is_some() {
+                st.connect_after = None;
+            }
+            match sent {
+                Ok(w) => {
+                    if let Some((reader, scripts)) = opened {
+                        st.whole = w.is_whole();
+                        st.reader = reader;
+                        st.scripts = scripts;
+                    }
+                    writer = Some(w);
+                    st.written += count;
+                    if st.outbox.is_empty() {
+                        // Keep the buffer's capacity for the next batch.
+                        st.outbox = out;
+                        st.outbox.clear();
+                    }
+                }
+                Err(Failure::ConnectTimedOut) => {
+                    st.connect_after = Instant::now().checked_add(self.reconnect_backoff);
+                    end_epoch(&mut st, Failure::TimedOut);
+                    break;
+                }
+                Err(failure) => {
+                    end_epoch(&mut st, failure);
+                    break;
+                }
+            }
+        }
+        if st.epoch == epoch {
+            st.writer = writer;
+            st.writing = false;
+            if connecting {
+                st.reading = false;
+            }
+        }
+        // Waiters want replies: a thread that is reading wakes them when it
+        // lets go. Otherwise what was written may be theirs to read now. (A
+        // notify is a syscall even with nobody waiting: skip it then.)
+        if st.waiters > 0 && (!st.reading || st.epoch != epoch) {
+            self.changed.notify_all();
+        }
+        st
+    }
+
+    /// The reading role: reads one reply and hands it to its thread (or
+    /// discards it), then lets go; over a whole connection, then writes
+    /// what was queued meanwhile. The lock is not held during I/O.
+    fn read_one<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        deadline: Instant,
+        connect_timeout: Duration,
+    ) -> MutexGuard<'a, State> {
+        let epoch = st.epoch;
+        let whole = st.whole;
+        st.reading = true;
+        if whole {
+            st.writing = true;
+        }
+        let mut reader = st.reader.take();
+        let mut writer = if whole { st.writer.take() } else { None };
+        drop(st);
+        let began = Instant::now();
+        let received = match (&mut reader, &mut writer) {
+            (Some(r), _) => r.recv(deadline),
+            (None, Some(w)) => w.recv(deadline),
+            (None, None) => Err(Failure::Error(NodeError::Io(
+                "the connection has no reading half".to_string(),
+            ))),
+        };
+        let waited = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
+        if received.is_err() {
+            if let Some(r) = &reader {
+                r.shutdown();
+            }
+        }
+        st = self.lock();
+        if st.epoch == epoch {
             match received {
                 Ok(value) => {
-                    conn = Some(c);
                     st.slow = false;
                     st.wait_us = st.wait_us - st.wait_us / 8 + waited / 8;
                     let seq = st.next_read;
@@ -539,20 +614,21 @@ impl Node {
                         st.live -= 1;
                         st.replies.push((seq, value));
                     }
+                    st.reader = reader;
+                    st.reading = false;
+                    if whole {
+                        st.writer = writer;
+                        st.writing = false;
+                    }
                 }
-                Err(failure) => {
-                    end_epoch(&mut st, failure);
-                    break;
-                }
+                Err(failure) => end_epoch(&mut st, failure),
             }
         }
-        if st.epoch == epoch {
-            st.conn = conn;
-        }
-        st.busy = false;
-        // A notify is a syscall even with nobody waiting: skip it then.
         if st.waiters > 0 {
             self.changed.notify_all();
+        }
+        if whole {
+            st = self.write_out(st, deadline, connect_timeout);
         }
         st
     }
@@ -565,7 +641,7 @@ impl Node {
         connect_after: Option<Instant>,
         deadline: Instant,
         connect_timeout: Duration,
-    ) -> Result<(Conn, u8), Failure> {
+    ) -> Result<(Writer, Option<Reader>, u8), Failure> {
         if let Some(after) = connect_after {
             let wait = after.saturating_duration_since(Instant::now());
             if !wait.is_zero() {
@@ -587,45 +663,31 @@ impl Node {
 
     /// Opens a new connection, authenticates, selects the db and loads our
     /// scripts, all within `connect_timeout` and never past `deadline`.
-    /// Returns the connection and the bits of the scripts its server has.
+    /// Returns the connection's halves (one, for TLS) and the bits of the
+    /// scripts its server has.
     pub(crate) fn connect(
         &self,
         deadline: Instant,
         connect_timeout: Duration,
-    ) -> Result<(Conn, u8), Failure> {
+    ) -> Result<(Writer, Option<Reader>, u8), Failure> {
         let limit = time_left(deadline)?.min(connect_timeout);
         // The handshake is part of the connect, within the same bound.
         let deadline = Instant::now() + limit;
-        let connection = match &self.resolver {
-            Some(resolver) => self.connect_resolved(resolver, limit)?,
-            None => {
-                // With TLS, rustls panics when the application selected no
-                // crypto provider. A panic here would also leave this node's
-                // I/O role taken for every other thread: turn it into this
-                // node's failure.
-                std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    self.client.get_connection_with_timeout(limit)
-                }))
-                .map_err(|_| {
-                    Failure::Error(NodeError::Connect(
-                        "the TLS library panicked while connecting; with the `tls` feature, \
-                         select a rustls crypto provider (rustls = { version = \"0.23\", \
-                         features = [\"ring\"] }, or CryptoProvider::install_default)"
-                            .to_string(),
-                    ))
-                })?
-                .map_err(connect_failure)?
-            }
+        let (mut writer, mut reader) = match &self.route {
+            Route::Ip(addr) => split(Stream::tcp(addr, limit)?)?,
+            Route::Name(resolver) => split(self.connect_resolved(resolver, limit)?)?,
+            #[cfg(unix)]
+            Route::Unix(path) => split(Stream::unix(path)?)?,
+            Route::Whole => (Writer::Whole(Whole::new(self.connect_whole(limit)?)), None),
         };
-        let mut conn = Conn {
-            inner: connection,
-            read_timeout: None,
-            write_timeout: None,
+        let mut recv = |writer: &mut Writer| match &mut reader {
+            Some(r) => r.recv(deadline),
+            None => writer.recv(deadline),
         };
-        conn.send(&self.handshake, deadline)?;
+        writer.send(&self.handshake, deadline)?;
         let mut scripts = script::ALL_SCRIPTS;
         for i in 0..self.checked_replies + self.script_replies {
-            if let Value::ServerError(e) = conn.recv(deadline)? {
+            if let Value::ServerError(e) = recv(&mut writer)? {
                 if i < self.checked_replies {
                     return Err(Failure::Error(NodeError::Connect(format!(
                         "{} {}",
@@ -639,23 +701,38 @@ impl Node {
         }
         // The last handshake reply is INFO server: the restarted-node guard,
         // then one vote per server process.
-        let info = conn.recv(deadline)?;
+        let info = recv(&mut writer)?;
         if let Some(grace) = self.restart_grace {
             restart_guard::check(&info, grace).map_err(Failure::Error)?;
         }
         self.servers
             .claim(&info, self.index, &self.name)
             .map_err(Failure::Error)?;
-        Ok((conn, scripts))
+        Ok((writer, reader, scripts))
+    }
+
+    /// Connects through the `redis` crate (TLS), within `limit`.
+    fn connect_whole(&self, limit: Duration) -> Result<redis::Connection, Failure> {
+        // rustls panics when the application selected no crypto provider.
+        // A panic here would also leave this node's roles taken for every
+        // other thread: turn it into this node's failure.
+        std::panic::catch_unwind(AssertUnwindSafe(|| {
+            self.client.get_connection_with_timeout(limit)
+        }))
+        .map_err(|_| {
+            Failure::Error(NodeError::Connect(
+                "the TLS library panicked while connecting; with the `tls` feature, \
+                 select a rustls crypto provider (rustls = { version = \"0.23\", \
+                 features = [\"ring\"] }, or CryptoProvider::install_default)"
+                    .to_string(),
+            ))
+        })?
+        .map_err(redis_connect_failure)
     }
 
     /// Resolves the node's host name, then connects to its addresses in
     /// turn, all within `limit`.
-    fn connect_resolved(
-        &self,
-        resolver: &Resolver,
-        limit: Duration,
-    ) -> Result<redis::Connection, Failure> {
+    fn connect_resolved(&self, resolver: &Resolver, limit: Duration) -> Result<Stream, Failure> {
         let start = Instant::now();
         let addrs = resolver
             .resolve(limit)
@@ -669,21 +746,45 @@ impl Node {
             if left.is_zero() {
                 return Err(Failure::TimedOut);
             }
-            let info = self
-                .client
-                .get_connection_info()
-                .clone()
-                .set_addr(ConnectionAddr::Tcp(host_of(addr), addr.port()));
-            let budget = share(left, addrs.len() - i);
-            let connected = redis::Client::open(info)
-                .and_then(|client| client.get_connection_with_timeout(budget));
-            match connected {
-                Ok(connection) => return Ok(connection),
-                Err(e) => last = connect_failure(e),
+            match Stream::tcp(addr, share(left, addrs.len() - i)) {
+                Ok(stream) => return Ok(stream),
+                Err(failure) => last = failure,
             }
         }
         Err(last)
     }
+}
+
+/// How a node is reached.
+enum Route {
+    /// A TCP address.
+    Ip(SocketAddr),
+    /// A TCP host name, resolved on each connect.
+    Name(Resolver),
+    /// A Unix socket.
+    #[cfg(unix)]
+    Unix(std::path::PathBuf),
+    /// Through the `redis` crate's own connection (TLS): one that cannot be
+    /// split.
+    Whole,
+}
+
+/// How to reach a Unix socket: our own socket where the OS has them.
+#[cfg(unix)]
+fn unix_route(path: &Path) -> Route {
+    Route::Unix(path.to_path_buf())
+}
+
+/// How to reach a Unix socket: through the `redis` crate elsewhere.
+#[cfg(not(unix))]
+fn unix_route(_: &Path) -> Route {
+    Route::Whole
+}
+
+/// A new connection's halves.
+fn split(stream: Stream) -> Result<(Writer, Option<Reader>), Failure> {
+    let (writer, reader) = stream.split()?;
+    Ok((writer, Some(reader)))
 }
 
 /// How long to try the next of `remaining` addresses, with `left` for all:
@@ -691,15 +792,6 @@ impl Node {
 /// that drops packets, say) leaves time for the ones after it.
 fn share(left: Duration, remaining: usize) -> Duration {
     left / u32::try_from(remaining.max(1)).unwrap_or(u32::MAX)
-}
-
-/// An address as a host for the `redis` crate, which resolves it again
-/// (without DNS: it is numeric), keeping an IPv6 scope (`fe80::1%2`).
-fn host_of(addr: &SocketAddr) -> String {
-    match addr {
-        SocketAddr::V6(v6) if v6.scope_id() != 0 => format!("{}%{}", v6.ip(), v6.scope_id()),
-        _ => addr.ip().to_string(),
-    }
 }
 
 /// Fails `ticket` if its epoch has ended.
@@ -745,10 +837,21 @@ fn forget_scripts_if_lost(st: &mut State, reply: &Value) {
 
 /// Drops the connection for everyone: every request on it fails.
 fn end_epoch(st: &mut State, failure: Failure) {
+    if let Some(writer) = &st.writer {
+        writer.shutdown();
+    }
+    if let Some(reader) = &st.reader {
+        reader.shutdown();
+    }
+    st.open = false;
+    st.whole = false;
+    st.writer = None;
+    st.reader = None;
+    st.writing = false;
+    st.reading = false;
     st.slow = failure == Failure::TimedOut;
     st.ended = Some((st.epoch, failure));
     st.epoch += 1;
-    st.conn = None;
     st.scripts = 0;
     st.outbox.clear();
     st.next_seq = 0;
@@ -757,77 +860,6 @@ fn end_epoch(st: &mut State, failure: Failure) {
     st.replies.clear();
     st.abandoned.clear();
     st.live = 0;
-}
-
-/// One open connection and the socket timeouts last set on it.
-pub(crate) struct Conn {
-    inner: redis::Connection,
-    read_timeout: Option<Duration>,
-    write_timeout: Option<Duration>,
-}
-
-impl Conn {
-    /// Writes `bytes`, giving up at `deadline`.
-    ///
-    /// A write of a few commands does not block unless the server stopped
-    /// reading and its buffer is full, so past the deadline a write still
-    /// goes out (with the smallest timeout the OS offers): another node's
-    /// slow connect must not make this healthy connection fail.
-    fn send(&mut self, bytes: &[u8], deadline: Instant) -> Result<(), Failure> {
-        let left = left_or_least(deadline);
-        if needs_reset(self.write_timeout, left) {
-            let timeout = timeout_for(left);
-            self.inner
-                .set_write_timeout(Some(timeout))
-                .map_err(io_failure)?;
-            self.write_timeout = Some(timeout);
-        }
-        self.inner.send_packed_command(bytes).map_err(io_failure)
-    }
-
-    /// Reads one reply, giving up at `deadline`.
-    ///
-    /// Replies are read one node after another, so a silent node can use up
-    /// the round's time before the others' replies, which arrived long ago,
-    /// are read. Past the deadline a read therefore still collects a reply
-    /// that is already here: its timeout is the smallest the OS offers (a
-    /// reply in the buffer returns at once; a silent node costs one
-    /// scheduler tick at most).
-    fn recv(&mut self, deadline: Instant) -> Result<Value, Failure> {
-        let left = left_or_least(deadline);
-        if needs_reset(self.read_timeout, left) {
-            let timeout = timeout_for(left);
-            self.inner
-                .set_read_timeout(Some(timeout))
-                .map_err(io_failure)?;
-            self.read_timeout = Some(timeout);
-        }
-        self.inner.recv_response().map_err(io_failure)
-    }
-}
-
-/// The time left until `deadline`, or past it the smallest timeout the OS
-/// offers (a socket timeout of zero would mean none at all).
-fn left_or_least(deadline: Instant) -> Duration {
-    deadline
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_micros(1))
-}
-
-/// Whether a socket timeout of `set` must change to wait about `left`: it
-/// must not fall short of `left` (that would time out a healthy node before
-/// the deadline), and may reach past it by at most [`TIMEOUT_SLACK`].
-fn needs_reset(set: Option<Duration>, left: Duration) -> bool {
-    match set {
-        None => true,
-        Some(set) => set < left || set > left + TIMEOUT_SLACK,
-    }
-}
-
-/// The socket timeout to set for `left`: half the slack above it, so that
-/// the next rounds, whose time left differs by less than that, keep it.
-fn timeout_for(left: Duration) -> Duration {
-    left + TIMEOUT_SLACK / 2
 }
 
 /// Time left until `deadline`, or a timeout if none is.
@@ -840,22 +872,9 @@ fn time_left(deadline: Instant) -> Result<Duration, Failure> {
     }
 }
 
-/// What a failed read or write means for the round: a timeout, or an error.
-fn io_failure(e: redis::RedisError) -> Failure {
-    failure(e, NodeError::Io)
-}
-
-/// What a failed connect means for the round: a timeout, or an error.
-fn connect_failure(e: redis::RedisError) -> Failure {
-    failure(e, NodeError::Connect)
-}
-
-fn failure(e: redis::RedisError, error: fn(String) -> NodeError) -> Failure {
-    if e.is_timeout() {
-        Failure::TimedOut
-    } else {
-        Failure::Error(error(e.to_string()))
-    }
+/// Whether a thread may take the reading role now.
+fn can_read(st: &State) -> bool {
+    !st.reading && (!st.whole || !st.writing)
 }
 
 /// The URL with any password replaced by `***`, for error messages.
@@ -898,21 +917,6 @@ mod tests {
         assert_eq!(share(left, 3), Duration::from_millis(30));
         assert_eq!(share(left, 1), left);
         assert_eq!(share(left, 0), left);
-    }
-
-    #[test]
-    fn an_address_becomes_a_numeric_host_with_its_ipv6_scope() {
-        let v4: SocketAddr = "127.0.0.1:7000".parse().unwrap();
-        assert_eq!(host_of(&v4), "127.0.0.1");
-        let v6 = SocketAddr::V6(std::net::SocketAddrV6::new(
-            "fe80::1".parse().unwrap(),
-            7000,
-            0,
-            2,
-        ));
-        assert_eq!(host_of(&v6), "fe80::1%2");
-        let v6: SocketAddr = "[::1]:7000".parse().unwrap();
-        assert_eq!(host_of(&v6), "::1");
     }
 
     #[test]

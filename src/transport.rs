@@ -1,0 +1,437 @@
+//! A node's connection, split in two: one thread may write to it while
+//! another is blocked reading from it.
+//!
+//! Plain TCP and Unix-socket connections are our own sockets, cloned into a
+//! writing half and a reading half; replies are framed here and parsed by the
+//! `redis` crate. A TLS connection cannot be split (the `redis` crate owns
+//! it): it is one half that does both, and its reader writes what was queued
+//! meanwhile once its read returns.
+//!
+//! Every read syscall waits at most the time left, and a reply that arrives
+//! in pieces is read piece by piece against the same deadline, so no server
+//! can hold a read past it by trickling bytes.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+#[cfg(unix)]
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use crate::error::NodeError;
+use crate::node::Failure;
+
+/// How far past the time left a socket timeout may reach: a read or write
+/// ends at most this long after the deadline. Within it, a timeout already
+/// set is kept (one `setsockopt` saved per read in steady state).
+const TIMEOUT_SLACK: Duration = Duration::from_micros(500);
+
+/// A socket of ours.
+pub(crate) enum Stream {
+    Tcp(TcpStream),
+    #[cfg(unix)]
+    Unix(UnixStream),
+}
+
+impl Stream {
+    /// Connects to `addr` within `limit`, with Nagle's algorithm off.
+    pub(crate) fn tcp(addr: &SocketAddr, limit: Duration) -> Result<Stream, Failure> {
+        let stream = TcpStream::connect_timeout(addr, limit).map_err(connect_failure)?;
+        stream.set_nodelay(true).map_err(connect_failure)?;
+        Ok(Stream::Tcp(stream))
+    }
+
+    /// Connects to the Unix socket at `path`.
+    #[cfg(unix)]
+    pub(crate) fn unix(path: &std::path::Path) -> Result<Stream, Failure> {
+        UnixStream::connect(path)
+            .map(Stream::Unix)
+            .map_err(connect_failure)
+    }
+
+    /// The two halves: a writer and a reader over the same socket.
+    pub(crate) fn split(self) -> Result<(Writer, Reader), Failure> {
+        let other = match &self {
+            Stream::Tcp(s) => s.try_clone().map(Stream::Tcp),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.try_clone().map(Stream::Unix),
+        }
+        .map_err(connect_failure)?;
+        Ok((
+            Writer::Stream {
+                stream: self,
+                timeout: None,
+            },
+            Reader::Stream {
+                stream: other,
+                timeout: None,
+                buf: Vec::with_capacity(512),
+                start: 0,
+            },
+        ))
+    }
+
+    fn set_read_timeout(&self, t: Duration) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(Some(t)),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.set_read_timeout(Some(t)),
+        }
+    }
+
+    fn set_write_timeout(&self, t: Duration) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(Some(t)),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.set_write_timeout(Some(t)),
+        }
+    }
+
+    /// Ends the connection for both halves: a read blocked on it returns.
+    fn shutdown(&self) {
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The writing half of a connection (for TLS, the whole connection).
+pub(crate) enum Writer {
+    Stream {
+        stream: Stream,
+        timeout: Option<Duration>,
+    },
+    Whole(Whole),
+}
+
+/// A connection the `redis` crate owns (TLS), and its socket timeouts.
+pub(crate) struct Whole {
+    inner: redis::Connection,
+    read_timeout: Option<Duration>,
+    write_timeout: Option<Duration>,
+}
+
+impl Whole {
+    pub(crate) fn new(inner: redis::Connection) -> Whole {
+        Whole {
+            inner,
+            read_timeout: None,
+            write_timeout: None,
+        }
+    }
+}
+
+impl Writer {
+    /// Whether this writer is the whole connection (it reads too).
+    pub(crate) fn is_whole(&self) -> bool {
+        matches!(self, Writer::Whole(_))
+    }
+
+    /// Writes `bytes`, giving up at `deadline`.
+    ///
+    /// A write of a few commands does not block unless the server stopped
+    /// reading and its buffer is full, so past the deadline a write still
+    /// goes out (with the smallest timeout the OS offers): another node's
+    /// slow connect must not make this healthy connection fail.
+    pub(crate) fn send(&mut self, bytes: &[u8], deadline: Instant) -> Result<(), Failure> {
+        let left = left_or_least(deadline);
+        match self {
+            Writer::Stream { stream, timeout } => {
+                if needs_reset(*timeout, left) {
+                    let t = timeout_for(left);
+                    stream.set_write_timeout(t).map_err(io_failure)?;
+                    *timeout = Some(t);
+                }
+                stream.write_all(bytes).map_err(io_failure)
+            }
+            Writer::Whole(whole) => {
+                if needs_reset(whole.write_timeout, left) {
+                    let t = timeout_for(left);
+                    whole
+                        .inner
+                        .set_write_timeout(Some(t))
+                        .map_err(redis_failure)?;
+                    whole.write_timeout = Some(t);
+                }
+                whole
+                    .inner
+                    .send_packed_command(bytes)
+                    .map_err(redis_failure)
+            }
+        }
+    }
+
+    /// Reads one reply through a whole connection (TLS), giving up at
+    /// `deadline`. A split writer cannot read.
+    pub(crate) fn recv(&mut self, deadline: Instant) -> Result<Value, Failure> {
+        match self {
+            Writer::Whole(whole) => {
+                let left = left_or_least(deadline);
+                if needs_reset(whole.read_timeout, left) {
+                    let t = timeout_for(left);
+                    whole
+                        .inner
+                        .set_read_timeout(Some(t))
+                        .map_err(redis_failure)?;
+                    whole.read_timeout = Some(t);
+                }
+                whole.inner.recv_response().map_err(redis_failure)
+            }
+            Writer::Stream { .. } => Err(Failure::Error(NodeError::Io(
+                "a split connection reads through its reader".to_string(),
+            ))),
+        }
+    }
+
+    /// Ends the connection, so that a thread blocked reading it returns.
+    pub(crate) fn shutdown(&self) {
+        if let Writer::Stream { stream, .. } = self {
+            stream.shutdown();
+        }
+    }
+}
+
+/// The reading half of a split connection: replies come in order.
+pub(crate) enum Reader {
+    Stream {
+        stream: Stream,
+        timeout: Option<Duration>,
+        /// Bytes read and not yet parsed, from `start` on.
+        buf: Vec<u8>,
+        start: usize,
+    },
+}
+
+impl Reader {
+    /// Ends the connection, so that a thread blocked writing it returns.
+    pub(crate) fn shutdown(&self) {
+        let Reader::Stream { stream, .. } = self;
+        stream.shutdown();
+    }
+
+    /// Reads one reply, giving up at `deadline`.
+    ///
+    /// Past the deadline a read still collects a reply that is already
+    /// here: its timeout is the smallest the OS offers.
+    pub(crate) fn recv(&mut self, deadline: Instant) -> Result<Value, Failure> {
+        let Reader::Stream {
+            stream,
+            timeout,
+            buf,
+            start,
+        } = self;
+        loop {
+            match frame_len(&buf[*start..]) {
+                Err(reason) => return Err(Failure::Error(NodeError::Io(reason))),
+                Ok(Some(len)) => {
+                    let frame = &buf[*start..*start + len];
+                    let value = redis::parse_redis_value(frame).map_err(redis_failure)?;
+                    *start += len;
+                    if *start == buf.len() {
+                        buf.clear();
+                        *start = 0;
+                    }
+                    return Ok(value);
+                }
+                Ok(None) => {}
+            }
+            if *start > 0 {
+                buf.drain(..*start);
+                *start = 0;
+            }
+            let left = left_or_least(deadline);
+            if needs_reset(*timeout, left) {
+                let t = timeout_for(left);
+                stream.set_read_timeout(t).map_err(io_failure)?;
+                *timeout = Some(t);
+            }
+            let have = buf.len();
+            buf.resize(have + 4096, 0);
+            let read = stream.read(&mut buf[have..]);
+            match read {
+                Ok(0) => {
+                    buf.truncate(have);
+                    return Err(Failure::Error(NodeError::Io(
+                        "the server closed the connection".to_string(),
+                    )));
+                }
+                Ok(n) => buf.truncate(have + n),
+                Err(e) => {
+                    buf.truncate(have);
+                    return Err(io_failure(e));
+                }
+            }
+            // A reply trickled out in pieces must not hold the read past the
+            // deadline: each piece waits only for the time left.
+            if Instant::now() >= deadline && frame_len(&buf[*start..]) == Ok(None) {
+                return Err(Failure::TimedOut);
+            }
+        }
+    }
+}
+
+/// The length of the first whole RESP2 value in `buf`, `None` if it is not
+/// all here yet, or why the bytes are not RESP.
+fn frame_len(buf: &[u8]) -> Result<Option<usize>, String> {
+    frame_end(buf, 0)
+}
+
+fn frame_end(buf: &[u8], at: usize) -> Result<Option<usize>, String> {
+    let Some(&kind) = buf.get(at) else {
+        return Ok(None);
+    };
+    let Some(line) = buf[at..].windows(2).position(|w| w == b"\r\n") else {
+        return Ok(None);
+    };
+    let after_line = at + line + 2;
+    let number = || -> Result<i64, String> {
+        std::str::from_utf8(&buf[at + 1..at + line])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("a malformed reply length after {:?}", kind as char))
+    };
+    match kind {
+        b'+' | b'-' | b':' => Ok(Some(after_line)),
+        b'$' => {
+            let len = number()?;
+            if len < 0 {
+                return Ok(Some(after_line));
+            }
+            let end = usize::try_from(len)
+                .ok()
+                .and_then(|len| after_line.checked_add(len)?.checked_add(2))
+                .ok_or_else(|| "a reply too long to read".to_string())?;
+            Ok((buf.len() >= end).then_some(end))
+        }
+        b'*' => {
+            let count = number()?;
+            let mut end = after_line;
+            for _ in 0..count.max(0) {
+                match frame_end(buf, end)? {
+                    Some(next) => end = next,
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some(end))
+        }
+        other => Err(format!(
+            "a reply that is not RESP (first byte {:?})",
+            other as char
+        )),
+    }
+}
+
+/// The time left until `deadline`, or past it the smallest timeout the OS
+/// offers (a socket timeout of zero would mean none at all).
+fn left_or_least(deadline: Instant) -> Duration {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_micros(1))
+}
+
+/// Whether a socket timeout of `set` must change to wait about `left`: it
+/// must not fall short of `left` (that would time out a healthy node before
+/// the deadline), and may reach past it by at most [`TIMEOUT_SLACK`].
+fn needs_reset(set: Option<Duration>, left: Duration) -> bool {
+    match set {
+        None => true,
+        Some(set) => set < left || set > left + TIMEOUT_SLACK,
+    }
+}
+
+/// The socket timeout to set for `left`: half the slack above it, so that
+/// the next rounds, whose time left differs by less than that, keep it.
+fn timeout_for(left: Duration) -> Duration {
+    left + TIMEOUT_SLACK / 2
+}
+
+fn io_failure(e: io::Error) -> Failure {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Failure::TimedOut,
+        _ => Failure::Error(NodeError::Io(e.to_string())),
+    }
+}
+
+fn connect_failure(e: io::Error) -> Failure {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Failure::TimedOut,
+        _ => Failure::Error(NodeError::Connect(e.to_string())),
+    }
+}
+
+/// What a failed read or write through the `redis` crate means for the
+/// round: a timeout, or an error.
+pub(crate) fn redis_failure(e: redis::RedisError) -> Failure {
+    redis_failure_as(e, NodeError::Io)
+}
+
+/// Like [`redis_failure`], for a connect.
+pub(crate) fn redis_connect_failure(e: redis::RedisError) -> Failure {
+    redis_failure_as(e, NodeError::Connect)
+}
+
+fn redis_failure_as(e: redis::RedisError, error: fn(String) -> NodeError) -> Failure {
+    if e.is_timeout() {
+        Failure::TimedOut
+    } else {
+        Failure::Error(error(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_are_found_whole_or_not_at_all() {
+        assert_eq!(frame_len(b"+OK\r\n"), Ok(Some(5)));
+        assert_eq!(frame_len(b"+OK\r"), Ok(None));
+        assert_eq!(frame_len(b":12\r\n:3"), Ok(Some(5)));
+        assert_eq!(frame_len(b"$-1\r\n"), Ok(Some(5)));
+        assert_eq!(frame_len(b"$3\r\nabc\r\n"), Ok(Some(9)));
+        assert_eq!(frame_len(b"$3\r\nabc\r"), Ok(None));
+        assert_eq!(frame_len(b"*2\r\n:1\r\n$1\r\nx\r\n"), Ok(Some(15)));
+        assert_eq!(frame_len(b"*2\r\n:1\r\n$1\r\nx"), Ok(None));
+        assert_eq!(frame_len(b"*-1\r\n"), Ok(Some(5)));
+        assert_eq!(frame_len(b"-ERR no\r\n"), Ok(Some(9)));
+        assert_eq!(frame_len(b""), Ok(None));
+        assert!(frame_len(b"?\r\n").is_err());
+        assert!(frame_len(b"$x\r\n").is_err());
+    }
+
+    #[test]
+    fn timeouts_are_reset_only_when_they_no_longer_fit() {
+        let left = Duration::from_millis(10);
+        assert!(needs_reset(None, left));
+        assert!(!needs_reset(Some(timeout_for(left)), left));
+        assert!(needs_reset(Some(left - Duration::from_micros(1)), left));
+        assert!(needs_reset(Some(left + 2 * TIMEOUT_SLACK), left));
+    }
+}
