@@ -137,8 +137,12 @@ struct State {
     /// replayed: a command sent again later could land behind a later
     /// command of ours and undo it.)
     abandoned: VecDeque<bool>,
-    /// Threads blocked waiting for a reply that another thread will read.
-    waiters: usize,
+    /// The requests whose threads are blocked waiting for their replies
+    /// (or for the reading role): a thread that stores one of these
+    /// replies, or lets the reading role go while replies are due, wakes
+    /// them. Nobody else is woken: a notify is a syscall, and every thread
+    /// woken for nothing costs two more.
+    sleepers: Vec<u64>,
     /// The last connection ended in a timeout, and no reply came since.
     slow: bool,
     /// No connect before this, after one timed out.
@@ -254,7 +258,7 @@ impl Node {
                 next_read: 0,
                 replies: Vec::new(),
                 abandoned: VecDeque::new(),
-                waiters: 0,
+                sleepers: Vec::new(),
                 slow: false,
                 connect_after: None,
                 wait_us: 0,
@@ -378,12 +382,12 @@ impl Node {
         block: bool,
     ) -> Option<Result<Value, Failure>> {
         let mut st = self.lock();
-        loop {
+        let taken = loop {
             if let Err(failure) = check(&st, ticket) {
-                return Some(Err(failure));
+                break Some(Err(failure));
             }
             if let Some(i) = st.replies.iter().position(|(seq, _)| *seq == ticket.seq) {
-                return Some(Ok(st.replies.swap_remove(i).1));
+                break Some(Ok(st.replies.swap_remove(i).1));
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if st.next_read < st.written && can_read(&st) {
@@ -392,7 +396,7 @@ impl Node {
                     // connection: a read that timed out now would drop it
                     // for them too. Leave the reading to them.
                     give_up(&mut st, ticket.seq);
-                    return Some(Err(Failure::TimedOut));
+                    break Some(Err(Failure::TimedOut));
                 }
                 st = self.read_one(st, deadline, connect_timeout);
                 continue;
@@ -403,19 +407,27 @@ impl Node {
             }
             if left.is_zero() {
                 give_up(&mut st, ticket.seq);
-                return Some(Err(Failure::TimedOut));
+                break Some(Err(Failure::TimedOut));
             }
             if !block {
-                return None;
+                break None;
             }
-            st.waiters += 1;
+            st.sleepers.push(ticket.seq);
             st = self
                 .changed
                 .wait_timeout(st, left)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
-            st.waiters -= 1;
+            if let Some(i) = st.sleepers.iter().position(|&seq| seq == ticket.seq) {
+                st.sleepers.swap_remove(i);
+            }
+        };
+        // Leaving: if replies are due and nobody reads them, wake the
+        // sleepers, one of which takes the reading role over.
+        if !st.sleepers.is_empty() && st.next_read < st.written && can_read(&st) {
+            self.changed.notify_all();
         }
+        taken
     }
 
     /// Whether writing to the node now means connecting first (it has no
@@ -495,27 +507,29 @@ impl Node {
             st.reading = true;
         }
         let mut writer = st.writer.take();
+        let mut connecting = connecting;
         while !st.outbox.is_empty() {
             let out = std::mem::take(&mut st.outbox);
             let count = st.next_seq - st.written;
             let connect_after = st.connect_after;
             drop(st);
             let mut opened = None;
-            let sent = match writer.take() {
-                Some(w) => Ok(w),
-                None => self
-                    .connect_unless_backing_off(connect_after, deadline, connect_timeout)
-                    .map(|(w, reader, scripts)| {
-                        opened = Some((reader, scripts));
-                        w
-                    }),
-            }
-            .and_then(|mut w| match w.send(&out, deadline) {
-                Ok(()) => Ok(w),
-                Err(failure) => {
-                    w.shutdown();
-                    Err(failure)
+            let (mut w, sent) = match writer.take() {
+                Some(w) => (Some(w), Ok(())),
+                None => {
+                    match self.connect_unless_backing_off(connect_after, deadline, connect_timeout)
+                    {
+                        Ok((w, reader, scripts)) => {
+                            opened = Some((reader, scripts));
+                            (Some(w), Ok(()))
+                        }
+                        Err(failure) => (None, Err(failure)),
+                    }
                 }
+            };
+            let sent = sent.and_then(|()| match &mut w {
+                Some(w) => w.send(&out, deadline),
+                None => Ok(()),
             });
             st = self.lock();
             if st.epoch != epoch {
@@ -526,12 +540,21 @@ impl Node {
             if opened.is_some() {
                 st.connect_after = None;
             }
-            match sent {
-                Ok(w) => {
+            match (sent, w) {
+                (Ok(()), Some(w)) => {
                     if let Some((reader, scripts)) = opened {
                         st.whole = w.is_whole();
                         st.reader = reader;
                         st.scripts = scripts;
+                    }
+                    if connecting {
+                        // The handshake is over: replies may be read now,
+                        // while more is written.
+                        connecting = false;
+                        st.reading = false;
+                        if !st.sleepers.is_empty() {
+                            self.changed.notify_all();
+                        }
                     }
                     writer = Some(w);
                     st.written += count;
@@ -541,15 +564,21 @@ impl Node {
                         st.outbox.clear();
                     }
                 }
-                Err(Failure::ConnectTimedOut) => {
+                (Err(Failure::ConnectTimedOut), _) => {
                     st.connect_after = Instant::now().checked_add(self.reconnect_backoff);
                     end_epoch(&mut st, Failure::TimedOut);
                     break;
                 }
-                Err(failure) => {
+                (Err(failure), w) => {
+                    // The cause is recorded first: ending the socket makes the
+                    // reader fail too, for no reason of its own.
                     end_epoch(&mut st, failure);
+                    if let Some(w) = w {
+                        w.shutdown();
+                    }
                     break;
                 }
+                (Ok(()), None) => break,
             }
         }
         if st.epoch == epoch {
@@ -559,10 +588,9 @@ impl Node {
                 st.reading = false;
             }
         }
-        // Waiters want replies: a thread that is reading wakes them when it
-        // lets go. Otherwise what was written may be theirs to read now. (A
-        // notify is a syscall even with nobody waiting: skip it then.)
-        if st.waiters > 0 && (!st.reading || st.epoch != epoch) {
+        // Sleepers want replies: a thread that is reading wakes them when it
+        // lets go. Otherwise what was written may be theirs to read now.
+        if !st.sleepers.is_empty() && (!st.reading || st.epoch != epoch) {
             self.changed.notify_all();
         }
         st
@@ -595,18 +623,15 @@ impl Node {
             ))),
         };
         let waited = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
-        if received.is_err() {
-            if let Some(r) = &reader {
-                r.shutdown();
-            }
-        }
         st = self.lock();
+        let mut wake = false;
         if st.epoch == epoch {
             match received {
                 Ok(value) => {
                     st.slow = false;
                     st.wait_us = st.wait_us - st.wait_us / 8 + waited / 8;
                     let seq = st.next_read;
+                    wake = st.sleepers.contains(&seq);
                     st.next_read += 1;
                     if st.abandoned.pop_front().unwrap_or(false) {
                         forget_scripts_if_lost(&mut st, &value);
@@ -621,10 +646,18 @@ impl Node {
                         st.writing = false;
                     }
                 }
-                Err(failure) => end_epoch(&mut st, failure),
+                Err(failure) => {
+                    // The cause is recorded first: ending the socket makes
+                    // a writer fail too, for no reason of its own.
+                    end_epoch(&mut st, failure);
+                    if let Some(r) = &reader {
+                        r.shutdown();
+                    }
+                    wake = true;
+                }
             }
         }
-        if st.waiters > 0 {
+        if wake && !st.sleepers.is_empty() {
             self.changed.notify_all();
         }
         if whole {

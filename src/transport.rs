@@ -169,6 +169,7 @@ impl Writer {
                     stream.set_write_timeout(t).map_err(io_failure)?;
                     *timeout = Some(t);
                 }
+                // (write_all retries a write a signal interrupted.)
                 stream.write_all(bytes).map_err(io_failure)
             }
             Writer::Whole(whole) => {
@@ -283,6 +284,9 @@ impl Reader {
                     )));
                 }
                 Ok(n) => buf.truncate(have + n),
+                // A signal: with a socket timeout set, the OS does not
+                // restart the read by itself.
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => buf.truncate(have),
                 Err(e) => {
                     buf.truncate(have);
                     return Err(io_failure(e));
@@ -297,13 +301,27 @@ impl Reader {
     }
 }
 
+/// How deep arrays may nest in a reply (the `redis` crate's parser refuses
+/// deeper ones too). Our replies nest at most one level.
+const MAX_DEPTH: usize = 100;
+
+/// The largest reply we read: our largest is `INFO server`, a few KiB.
+const MAX_REPLY: usize = 16 << 20;
+
 /// The length of the first whole RESP2 value in `buf`, `None` if it is not
-/// all here yet, or why the bytes are not RESP.
+/// all here yet, or why the bytes are not a reply we can read.
 fn frame_len(buf: &[u8]) -> Result<Option<usize>, String> {
-    frame_end(buf, 0)
+    let end = frame_end(buf, 0, 0)?;
+    if end.is_none() && buf.len() > MAX_REPLY {
+        return Err(format!("a reply longer than {MAX_REPLY} bytes"));
+    }
+    Ok(end)
 }
 
-fn frame_end(buf: &[u8], at: usize) -> Result<Option<usize>, String> {
+fn frame_end(buf: &[u8], at: usize, depth: usize) -> Result<Option<usize>, String> {
+    if depth > MAX_DEPTH {
+        return Err(format!("a reply nested deeper than {MAX_DEPTH} levels"));
+    }
     let Some(&kind) = buf.get(at) else {
         return Ok(None);
     };
@@ -326,15 +344,16 @@ fn frame_end(buf: &[u8], at: usize) -> Result<Option<usize>, String> {
             }
             let end = usize::try_from(len)
                 .ok()
+                .filter(|&len| len <= MAX_REPLY)
                 .and_then(|len| after_line.checked_add(len)?.checked_add(2))
-                .ok_or_else(|| "a reply too long to read".to_string())?;
+                .ok_or_else(|| format!("a reply longer than {MAX_REPLY} bytes"))?;
             Ok((buf.len() >= end).then_some(end))
         }
         b'*' => {
             let count = number()?;
             let mut end = after_line;
             for _ in 0..count.max(0) {
-                match frame_end(buf, end)? {
+                match frame_end(buf, end, depth + 1)? {
                     Some(next) => end = next,
                     None => return Ok(None),
                 }
@@ -424,6 +443,12 @@ mod tests {
         assert_eq!(frame_len(b""), Ok(None));
         assert!(frame_len(b"?\r\n").is_err());
         assert!(frame_len(b"$x\r\n").is_err());
+        assert!(frame_len(b"$999999999999\r\n").is_err());
+        let deep = b"*1\r\n".repeat(100_000);
+        assert!(
+            frame_len(&deep).is_err(),
+            "nesting is bounded, not a stack overflow"
+        );
     }
 
     #[test]
