@@ -57,10 +57,7 @@ pub(crate) fn run(
         .filter(|&i| ask(i))
         .partition(|&i| nodes[i].will_connect());
     let submit = |i: usize| nodes[i].submit(cmd, deadline, connect_timeout);
-    let mut submitted: Vec<(usize, Result<Ticket, Failure>)> =
-        connected.iter().map(|&i| (i, submit(i))).collect();
-    submitted.extend(side_by_side(&connecting, submit));
-    for (i, result) in submitted {
+    let mut record = |i: usize, result: Result<Ticket, Failure>| {
         let ticket = result.as_ref().ok().copied();
         // Until its reply is read, a node that was sent the command stands
         // as not awaited.
@@ -73,8 +70,15 @@ pub(crate) fn run(
             elapsed: start.elapsed(),
             ticket,
         };
+    };
+    for &i in &connected {
+        record(i, submit(i));
     }
-    let order: Vec<usize> = connected.into_iter().chain(connecting).collect();
+    for (i, result) in side_by_side(&connecting, submit) {
+        record(i, result);
+    }
+    let mut order = connected;
+    order.extend(connecting);
 
     // Read the nodes that keep us waiting (or timed out last time) after the
     // others, so a round that a quorum decided need not wait for them; among

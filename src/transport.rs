@@ -68,6 +68,7 @@ impl Stream {
                 timeout: None,
                 buf: Vec::with_capacity(512),
                 start: 0,
+                parser: redis::Parser::new(),
             },
         ))
     }
@@ -227,6 +228,9 @@ pub(crate) enum Reader {
         /// Bytes read and not yet parsed, from `start` on.
         buf: Vec<u8>,
         start: usize,
+        /// Kept, with its buffer, for every reply: a parser made per reply
+        /// allocates (and clears) several KiB each time.
+        parser: redis::Parser,
     },
 }
 
@@ -247,13 +251,14 @@ impl Reader {
             timeout,
             buf,
             start,
+            parser,
         } = self;
         loop {
             match frame_len(&buf[*start..]) {
                 Err(reason) => return Err(Failure::Error(NodeError::Io(reason))),
                 Ok(Some(len)) => {
                     let frame = &buf[*start..*start + len];
-                    let value = redis::parse_redis_value(frame).map_err(redis_failure)?;
+                    let value = parser.parse_value(frame).map_err(redis_failure)?;
                     *start += len;
                     if *start == buf.len() {
                         buf.clear();
