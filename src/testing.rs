@@ -1114,6 +1114,10 @@ pub enum Fault {
     /// Close every existing connection now, and close new ones right after
     /// accepting them: peers see EOF or a reset.
     Reset,
+    /// Forward requests as they come, and replies one byte at a time, each
+    /// this long after the one before: a server that never goes silent long
+    /// enough for a read to time out, yet takes forever to answer.
+    TrickleReplies(Duration),
 }
 
 /// A TCP proxy on `127.0.0.1` in front of one address, whose [`Fault`] can
@@ -1395,7 +1399,7 @@ fn serve_registered(client: &TcpStream, id: u64, shared: &Arc<ProxyShared>) {
     let back_shared = Arc::clone(shared);
     let back = thread::Builder::new()
         .name("proxy-pipe".to_owned())
-        .spawn(move || pipe(server_r, client_w, &back_shared));
+        .spawn(move || pipe(server_r, client_w, Direction::Replies, &back_shared));
     let Ok(back) = back else {
         shutdown_both(client, &server);
         return;
@@ -1405,7 +1409,7 @@ fn serve_registered(client: &TcpStream, id: u64, shared: &Arc<ProxyShared>) {
         let _ = back.join();
         return;
     };
-    let forth_end = pipe(client_r, server_w, shared);
+    let forth_end = pipe(client_r, server_w, Direction::Requests, shared);
     let back_end = back.join().unwrap_or(PipeEnd::Abort);
     if forth_end == PipeEnd::Abort || back_end == PipeEnd::Abort {
         shutdown_both(client, &server);
@@ -1436,11 +1440,25 @@ fn is_transient(e: &io::Error) -> bool {
     )
 }
 
+/// Which way a pipe carries bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    /// Client to server.
+    Requests,
+    /// Server to client.
+    Replies,
+}
+
 /// Copies `from` to `to` according to the current fault until EOF, error,
 /// reset or shutdown. On EOF the write half of `to` is shut down.
-fn pipe(mut from: TcpStream, mut to: TcpStream, shared: &ProxyShared) -> PipeEnd {
+fn pipe(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    direction: Direction,
+    shared: &ProxyShared,
+) -> PipeEnd {
     let _ = to.set_write_timeout(Some(PROXY_POLL));
-    let end = pipe_loop(&mut from, &mut to, shared);
+    let end = pipe_loop(&mut from, &mut to, direction, shared);
     match end {
         PipeEnd::Eof => {
             let _ = to.shutdown(Shutdown::Write);
@@ -1450,13 +1468,18 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, shared: &ProxyShared) -> PipeEnd
     end
 }
 
-fn pipe_loop(from: &mut TcpStream, to: &mut TcpStream, shared: &ProxyShared) -> PipeEnd {
+fn pipe_loop(
+    from: &mut TcpStream,
+    to: &mut TcpStream,
+    direction: Direction,
+    shared: &ProxyShared,
+) -> PipeEnd {
     // The reader stamps each chunk with its delivery time; the writer sleeps
     // until then (a thread sleep is precise to microseconds, where a socket
     // read timeout rounds up to a scheduler tick) and delivers in order.
     let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
     thread::scope(|s| {
-        let writer = s.spawn(move || deliver(to, &rx, shared));
+        let writer = s.spawn(move || deliver(to, &rx, direction, shared));
         let read_end = read_chunks(from, &tx, shared);
         drop(tx);
         let write_end = writer.join().unwrap_or(PipeEnd::Abort);
@@ -1485,7 +1508,7 @@ fn read_chunks(
             Ok(0) => return PipeEnd::Eof,
             Ok(n) => {
                 let due = match shared.fault() {
-                    Fault::None => Instant::now(),
+                    Fault::None | Fault::TrickleReplies(_) => Instant::now(),
                     Fault::Delay(delay) => Instant::now() + delay,
                     Fault::Partition => continue,
                     Fault::Reset => return PipeEnd::Abort,
@@ -1510,6 +1533,7 @@ fn read_chunks(
 fn deliver(
     to: &mut TcpStream,
     rx: &mpsc::Receiver<(Instant, Vec<u8>)>,
+    direction: Direction,
     shared: &ProxyShared,
 ) -> PipeEnd {
     loop {
@@ -1521,19 +1545,39 @@ fn deliver(
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
             Err(mpsc::RecvTimeoutError::Disconnected) => return PipeEnd::Eof,
         };
-        loop {
-            if shared.stopped() || shared.fault() == Fault::Reset {
-                return PipeEnd::Abort;
-            }
-            let now = Instant::now();
-            if due <= now {
-                break;
-            }
-            thread::sleep((due - now).min(PROXY_POLL));
-        }
-        if shared.fault() != Fault::Partition && !write_all(to, &chunk, shared) {
+        if !sleep_until(due, shared) {
             return PipeEnd::Abort;
         }
+        match shared.fault() {
+            Fault::TrickleReplies(gap) if direction == Direction::Replies => {
+                for byte in chunk {
+                    if !sleep_until(Instant::now() + gap, shared) || !write_all(to, &[byte], shared)
+                    {
+                        return PipeEnd::Abort;
+                    }
+                }
+            }
+            Fault::Partition => {}
+            _ => {
+                if !write_all(to, &chunk, shared) {
+                    return PipeEnd::Abort;
+                }
+            }
+        }
+    }
+}
+
+/// Sleeps until `due`; `false` if the proxy stops or resets meanwhile.
+fn sleep_until(due: Instant, shared: &ProxyShared) -> bool {
+    loop {
+        if shared.stopped() || shared.fault() == Fault::Reset {
+            return false;
+        }
+        let now = Instant::now();
+        if due <= now {
+            return true;
+        }
+        thread::sleep((due - now).min(PROXY_POLL));
     }
 }
 
@@ -1548,7 +1592,7 @@ fn write_all(to: &mut TcpStream, mut bytes: &[u8], shared: &ProxyShared) -> bool
         match shared.fault() {
             Fault::Reset => return false,
             Fault::Partition => return true,
-            Fault::None | Fault::Delay(_) => {}
+            Fault::None | Fault::Delay(_) | Fault::TrickleReplies(_) => {}
         }
         match to.write(bytes) {
             Ok(0) => return false,

@@ -270,3 +270,33 @@ fn reset_connections_fail_fast_instead_of_timing_out() {
         all
     });
 }
+
+#[test]
+fn replies_trickled_out_byte_by_byte_do_not_hold_a_round_past_its_deadline() {
+    let (_nodes, proxies, locks) = behind_proxies();
+    // Three nodes answer one byte every 60 ms: a whole `+OK` reply takes
+    // 300 ms, and no single read ever waits long enough to time out.
+    for proxy in &proxies[..3] {
+        proxy.set_fault(Fault::TrickleReplies(Duration::from_millis(60)));
+    }
+    let start = std::time::Instant::now();
+    let result = locks.try_acquire("trickled", TTL);
+    let took = start.elapsed();
+    match result {
+        Err(LockError::NoQuorum { report, .. }) => {
+            assert!(report.elapsed <= IO_TIMEOUT + SLACK, "{report}");
+        }
+        other => panic!("three silent-ish nodes of five: expected NoQuorum, got {other:?}"),
+    }
+    assert!(
+        took <= 2 * (IO_TIMEOUT + SLACK),
+        "the attempt and its clean-up took {took:?}"
+    );
+    for proxy in &proxies[..3] {
+        proxy.set_fault(Fault::None);
+    }
+    // (The failed attempt's keys stay on the trickling nodes: its clean-up
+    // could not reconnect to them in time. Another resource is free.)
+    let lock = locks.acquire("after-trickle", TTL).expect("healed");
+    locks.release(lock).unwrap();
+}
