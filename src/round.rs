@@ -53,9 +53,7 @@ pub(crate) fn run(
     // Write first to the nodes that are connected, so their replies travel
     // while we connect to the others; connect those side by side, so that
     // one node whose connect hangs does not use up the others' time.
-    let (connecting, connected): (Vec<usize>, Vec<usize>) = (0..nodes.len())
-        .filter(|&i| ask(i))
-        .partition(|&i| nodes[i].will_connect());
+    let (connecting, connected) = by_connect(nodes, &ask);
     let submit = |i: usize| nodes[i].submit(cmd, deadline, connect_timeout);
     let mut record = |i: usize, result: Result<Ticket, Failure>| {
         let ticket = result.as_ref().ok().copied();
@@ -170,6 +168,14 @@ pub(crate) fn run(
     replies
 }
 
+/// The nodes for which `ask` is true: those that must be connected first
+/// (which may take up to the connect timeout), and the others.
+fn by_connect(nodes: &[Node], ask: impl Fn(usize) -> bool) -> (Vec<usize>, Vec<usize>) {
+    (0..nodes.len())
+        .filter(|&i| ask(i))
+        .partition(|&i| nodes[i].will_connect())
+}
+
 /// Runs `f` for each of `items`, the first on this thread and the others
 /// each on a thread of its own (or here, after the first, if no thread can
 /// be started), and returns the results with their items.
@@ -212,11 +218,14 @@ pub(crate) fn send_only(
     connect_timeout: Duration,
     ask: impl Fn(usize) -> bool,
 ) {
-    for (i, node) in nodes.iter().enumerate() {
-        if ask(i) {
-            if let Ok(ticket) = node.submit_eval(cmd, deadline, connect_timeout) {
-                node.abandon(ticket);
-            }
+    // As in a round: nodes that must be connected first are connected side
+    // by side, so that the clean-up costs one connect timeout at most.
+    let (connecting, connected) = by_connect(nodes, &ask);
+    let send = |i: usize| {
+        if let Ok(ticket) = nodes[i].submit_eval(cmd, deadline, connect_timeout) {
+            nodes[i].abandon(ticket);
         }
-    }
+    };
+    connected.into_iter().for_each(send);
+    side_by_side(&connecting, send);
 }
