@@ -299,10 +299,12 @@ fn replies_trickled_out_byte_by_byte_do_not_hold_a_round_past_its_deadline() {
     // over, locks flow again. (The failed attempt's keys stay on the
     // trickling nodes: its clean-up could not reconnect in time. Another
     // resource is free.)
-    wait_until(Duration::from_secs(5), "the nodes answer again", || {
-        match locks.acquire("after-trickle", TTL) {
+    wait_until(
+        Duration::from_secs(5),
+        "the nodes answer again",
+        || match locks.acquire("after-trickle", TTL) {
             Ok(lock) => locks.release(lock).is_ok(),
             Err(_) => false,
-        }
-    });
+        },
+    );
 }
