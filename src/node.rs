@@ -94,8 +94,9 @@ pub(crate) struct Node {
     /// whole deadline.
     reconnect_backoff: Duration,
     state: Mutex<State>,
-    /// Signalled whenever a reply is stored, the I/O role is free, or the
-    /// epoch ends.
+    /// Signalled when a reply a sleeper waits for is stored, when the
+    /// reading role is let go with replies due, when a write lands while
+    /// nobody reads, or when the epoch ends.
     changed: Condvar,
 }
 

@@ -63,7 +63,7 @@ impl Stream {
                 stream: self,
                 timeout: None,
             },
-            Reader::Stream {
+            Reader {
                 stream: other,
                 timeout: None,
                 buf: Vec::with_capacity(512),
@@ -221,24 +221,21 @@ impl Writer {
 }
 
 /// The reading half of a split connection: replies come in order.
-pub(crate) enum Reader {
-    Stream {
-        stream: Stream,
-        timeout: Option<Duration>,
-        /// Bytes read and not yet parsed, from `start` on.
-        buf: Vec<u8>,
-        start: usize,
-        /// Kept, with its buffer, for every reply: a parser made per reply
-        /// allocates (and clears) several KiB each time.
-        parser: redis::Parser,
-    },
+pub(crate) struct Reader {
+    stream: Stream,
+    timeout: Option<Duration>,
+    /// Bytes read and not yet parsed, from `start` on.
+    buf: Vec<u8>,
+    start: usize,
+    /// Kept, with its buffer, for every reply: a parser made per reply
+    /// allocates (and clears) several KiB each time.
+    parser: redis::Parser,
 }
 
 impl Reader {
     /// Ends the connection, so that a thread blocked writing it returns.
     pub(crate) fn shutdown(&self) {
-        let Reader::Stream { stream, .. } = self;
-        stream.shutdown();
+        self.stream.shutdown();
     }
 
     /// Reads one reply, giving up at `deadline`.
@@ -246,7 +243,7 @@ impl Reader {
     /// Past the deadline a read still collects a reply that is already
     /// here: its timeout is the smallest the OS offers.
     pub(crate) fn recv(&mut self, deadline: Instant) -> Result<Value, Failure> {
-        let Reader::Stream {
+        let Reader {
             stream,
             timeout,
             buf,
