@@ -1,4 +1,4 @@
-//! `Redlock`, its builder, and the public operations: the only place that
+//! `Redlock`, the building of its nodes, and the public operations: the only place that
 //! knows the algorithm (quorum, validity, retry).
 
 use std::collections::HashSet;
@@ -7,54 +7,18 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
+use config::{Config, RedlockBuilder, MAX_TTL};
+
 use crate::error::{
-    ArgumentError, ConfigError, LockError, NodeError, NodeOutcome, NodeReport, Report,
+    ArgumentError, ConfigError, Failure, LockError, NodeError, NodeOutcome, NodeReport, Report,
 };
 use crate::lock::{check_resources, Lock, Token};
-use crate::node::{Failure, Node};
+use crate::node::Node;
 use crate::round::{self, Reply};
 use crate::script::{self, Command};
 
+pub(crate) mod config;
 pub(crate) mod fencing;
-
-/// The largest TTL accepted: Redis rejects expiry times that overflow a
-/// signed 64-bit count of milliseconds since the epoch; half of that range
-/// leaves room for any clock.
-///
-/// ```
-/// # use std::time::Duration;
-/// use redlock_sync::{ArgumentError, LockError, Redlock, MAX_TTL};
-///
-/// let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-/// let too_long = MAX_TTL + Duration::from_millis(1);
-/// assert!(matches!(
-///     locks.try_acquire("r", too_long),
-///     Err(LockError::Argument(ArgumentError::TtlTooLarge { .. }))
-/// ));
-/// # Ok::<(), LockError>(())
-/// ```
-pub const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 2);
-
-/// The largest `io_timeout` and `connect_timeout` accepted: a round that may
-/// take longer than an hour is no lock round.
-///
-/// ```
-/// # use std::time::Duration;
-/// use redlock_sync::{ConfigError, LockError, Redlock, MAX_TIMEOUT};
-///
-/// let built = Redlock::builder(["redis://127.0.0.1:7001"])
-///     .io_timeout(MAX_TIMEOUT + Duration::from_secs(1))
-///     .build();
-/// assert!(matches!(built, Err(LockError::Config(ConfigError::TimeoutTooLarge { .. }))));
-/// ```
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
-
-/// How long a node waits to connect again after a connect timed out: ten
-/// round deadlines, within [100 ms, 2 s]. A node that accepts connections
-/// but never answers then costs one round in ten a deadline, not every one.
-fn reconnect_backoff(io_timeout: Duration) -> Duration {
-    (io_timeout * 10).clamp(Duration::from_millis(100), Duration::from_secs(2))
-}
 
 /// The fixed part of the drift term: 2 ms for the resolution of Redis'
 /// expiry and of the clocks.
@@ -92,296 +56,7 @@ struct Inner {
     config: Config,
 }
 
-/// The settings of a [`Redlock`], with their defaults.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Config {
-    pub(crate) retry_count: u32,
-    pub(crate) retry_delay: Duration,
-    retry_jitter: Duration,
-    drift_factor: f64,
-    io_timeout: Duration,
-    connect_timeout: Duration,
-    /// `with_lock` extends when this share of the validity is left.
-    pub(crate) extend_when_left: f64,
-    /// `with_lock` never extends the validity past this long after the
-    /// acquisition.
-    pub(crate) max_hold: Option<Duration>,
-    /// `acquire` starts no attempt (and sleeps no pause) past this long.
-    max_wait: Option<Duration>,
-    /// A node up for less than this does not vote (zero: no check).
-    restart_grace: Duration,
-}
-
-impl Default for Config {
-    fn default() -> Config {
-        Config {
-            retry_count: 3,
-            retry_delay: Duration::from_millis(200),
-            retry_jitter: Duration::from_millis(100),
-            drift_factor: 0.01,
-            io_timeout: Duration::from_millis(50),
-            connect_timeout: Duration::from_millis(50),
-            extend_when_left: 1.0 / 3.0,
-            max_hold: None,
-            max_wait: None,
-            restart_grace: Duration::ZERO,
-        }
-    }
-}
-
-/// Builds a [`Redlock`] with settings other than the defaults.
-///
-/// ```no_run
-/// use std::time::Duration;
-/// use redlock_sync::Redlock;
-///
-/// let locks = Redlock::builder(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
-///     .retry_count(5)
-///     .retry_delay(Duration::from_millis(100))
-///     .retry_jitter(Duration::from_millis(100))
-///     .drift_factor(0.01)
-///     .io_timeout(Duration::from_millis(200))
-///     .connect_timeout(Duration::from_millis(200))
-///     .max_wait(Duration::from_secs(5))
-///     .extend_when_left(1.0 / 3.0)
-///     .max_hold(Duration::from_secs(600))
-///     .build()?;
-/// # Ok::<(), redlock_sync::LockError>(())
-/// ```
-#[derive(Debug, Clone)]
-#[must_use = "a builder does nothing until .build()"]
-pub struct RedlockBuilder {
-    urls: Vec<String>,
-    config: Config,
-}
-
 impl RedlockBuilder {
-    /// How many times [`Redlock::acquire`] tries again after a failed round
-    /// (so it runs at most `retry_count + 1` rounds). Default: 3.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use redlock_sync::Redlock;
-    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-    ///     .retry_count(10)
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
-    pub fn retry_count(mut self, count: u32) -> Self {
-        self.config.retry_count = count;
-        self
-    }
-
-    /// The fixed part of the pause between two rounds. Default: 200 ms.
-    /// Zero is allowed.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use redlock_sync::Redlock;
-    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-    ///     .retry_delay(Duration::from_millis(50))
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
-    pub fn retry_delay(mut self, delay: Duration) -> Self {
-        self.config.retry_delay = delay;
-        self
-    }
-
-    /// The random part of the pause between two rounds: the pause is drawn
-    /// from `[retry_delay, retry_delay + retry_jitter)`, so that contending
-    /// clients spread out. Default: 100 ms. Zero is allowed.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use redlock_sync::Redlock;
-    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-    ///     .retry_jitter(Duration::from_millis(50))
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
-    pub fn retry_jitter(mut self, jitter: Duration) -> Self {
-        self.config.retry_jitter = jitter;
-        self
-    }
-
-    /// The share of the TTL set aside for clock drift between processes:
-    /// `validity = ttl - elapsed - (ttl * drift_factor + 2 ms)`. Must be in
-    /// `[0, 1)`. Default: 0.01.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use redlock_sync::Redlock;
-    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-    ///     .drift_factor(0.02)
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
-    pub fn drift_factor(mut self, factor: f64) -> Self {
-        self.config.drift_factor = factor;
-        self
-    }
-
-    /// The bound on one round's network I/O: a round's deadline is this long
-    /// after it begins, and a node that has not answered by then counts as
-    /// failed. Keep it small next to the TTL, and above three round trips
-    /// to your nodes: a round that must (re)connect spends one on the TCP
-    /// connect and one on the handshake before its command. Default: 50 ms,
-    /// for nodes in the same datacenter.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use redlock_sync::Redlock;
-    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-    ///     .io_timeout(Duration::from_millis(200))
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
-    pub fn io_timeout(mut self, timeout: Duration) -> Self {
-        self.config.io_timeout = timeout;
-        self
-    }
-
-    /// The bound on opening one connection: resolving a host name (for
-    /// `redis://`; over TLS the `redis` crate resolves it, unbounded), TCP
-    /// connect, then one round trip for `AUTH` and `SELECT` if the URL asks
-    /// for them, `SCRIPT LOAD` for the scripts, and `INFO server` (the
-    /// server's `run_id`, and its uptime for the restart guard). A connect
-    /// never runs past its round's deadline either. Default: 50 ms.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use redlock_sync::Redlock;
-    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-    ///     .connect_timeout(Duration::from_millis(200))
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.config.connect_timeout = timeout;
-        self
-    }
-
-    /// A bound on the total time [`Redlock::acquire`] (and the acquisition
-    /// in [`Redlock::with_lock`]) spends waiting: no attempt starts, and no
-    /// pause is slept, past `wait` after the call began. The first attempt
-    /// always runs, so a zero budget means one attempt. The retry count
-    /// still applies as well; set it high to let the budget alone decide.
-    /// Default: none (the retry count alone decides).
-    ///
-    /// ```no_run
-    /// # use redlock_sync::Redlock;
-    /// # use std::time::Duration;
-    /// // Keep trying for up to 5 s, every 50 to 100 ms.
-    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-    ///     .retry_count(u32::MAX)
-    ///     .retry_delay(Duration::from_millis(50))
-    ///     .retry_jitter(Duration::from_millis(50))
-    ///     .max_wait(Duration::from_secs(5))
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
-    pub fn max_wait(mut self, wait: Duration) -> Self {
-        self.config.max_wait = Some(wait);
-        self
-    }
-
-    /// When the watchdog of [`Redlock::with_lock`] extends the lock: once
-    /// only this share of its validity is left (the validity measured by
-    /// the acquisition or the last extension, which is the TTL minus the
-    /// round's time and the drift term). Must be in `(0, 1)`. Default: 1/3,
-    /// so a lock with a 30 s TTL is extended when about 10 s are left,
-    /// which leaves room for a few retries of a failed extension. Keep
-    /// `ttl * fraction` well above `io_timeout`.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::Redlock;
-    /// # use std::time::Duration;
-    /// // Extend when half the validity is left: every ~5 s for a 10 s TTL.
-    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-    ///     .extend_when_left(0.5)
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
-    pub fn extend_when_left(mut self, fraction: f64) -> Self {
-        self.config.extend_when_left = fraction;
-        self
-    }
-
-    /// A cap on how long [`Redlock::with_lock`] holds a lock: the watchdog
-    /// never extends the validity past `max_hold` after the acquisition
-    /// (the last extension is shortened to end there), and then stops
-    /// extending; [`LockGuard::is_ending`](crate::LockGuard::is_ending)
-    /// turns true. A cap shorter than the TTL means no extension at all.
-    ///
-    /// Default: none. Without a cap, a closure that hangs (a deadlock, a
-    /// stuck network call) keeps the lock alive for as long as its process
-    /// runs, and every other client waits that long: set a cap above the
-    /// longest time the work may legitimately take.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::Redlock;
-    /// # use std::time::Duration;
-    /// // A nightly job takes 20 minutes at most; never block others for more
-    /// // than an hour, even if it hangs.
-    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-    ///     .max_hold(Duration::from_secs(3600))
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.config.max_hold = Some(max_hold);
-        self
-    }
-
-    /// The restarted-node guard: a node that has been up for less than
-    /// `grace` does not vote. Default: off (zero).
-    ///
-    /// A node that restarts without persistence forgets its locks; if it
-    /// voted at once, another client could win a quorum that includes it
-    /// while the first client still holds the lock on the other nodes. With
-    /// a grace period, every new connection reads the node's uptime with
-    /// `INFO server` (pipelined with the handshake: no extra round trip),
-    /// and while the uptime is below `grace` the node is reported as failed
-    /// with [`NodeError::Restarted`] and gets no command. Once its uptime
-    /// reaches `grace`, it votes again: a later round simply reconnects.
-    ///
-    /// Set `grace` to at least the longest TTL you pass to `acquire` or
-    /// `extend` (the locks a restarted node forgot have all expired by then),
-    /// plus a margin for clock rate differences. The uptime has whole-second
-    /// resolution; the guard takes the least the real uptime can be (a
-    /// second less than reported), so a node is kept out up to about two
-    /// seconds longer than `grace`, never shorter. A node whose `INFO`
-    /// command is disabled or answers without an uptime never votes while
-    /// the guard is on. The check relies on a restarted server being
-    /// reachable only through new connections, which holds for direct
-    /// connections and plain TCP proxies; a connection pooler that keeps
-    /// the client's connection while it reconnects to a restarted server
-    /// behind it would hide the restart.
-    ///
-    /// It is off by default because the right value depends on the longest
-    /// TTL, which only you know, and because a guard that is too long makes
-    /// every freshly started node (a new deployment, a test cluster) refuse
-    /// to vote for that long. Nodes that run with `appendonly yes` and
-    /// `appendfsync always` keep their locks across restarts and do not need
-    /// it. The guard does not help against data lost without a restart
-    /// (`FLUSHALL`, a failover to a replica that had not caught up).
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use redlock_sync::Redlock;
-    ///
-    /// // Locks are taken for at most 30 s (TTLs of acquire and extend).
-    /// let locks = Redlock::builder(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
-    ///     .restart_grace(Duration::from_secs(35))
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
-    pub fn restart_grace(mut self, grace: Duration) -> Self {
-        self.config.restart_grace = grace;
-        self
-    }
-
     /// Checks the settings and the node URLs, and builds the client. No
     /// connection is opened yet: each node connects lazily in its first
     /// round.
@@ -391,7 +66,7 @@ impl RedlockBuilder {
     /// [`LockError::Config`] naming what is wrong: no nodes, a URL that does
     /// not parse or is not supported, the same server listed twice, a drift
     /// factor outside `[0, 1)`, an `extend_when_left` outside `(0, 1)`, or a
-    /// timeout that is zero or above [`MAX_TIMEOUT`].
+    /// timeout that is zero or above [`MAX_TIMEOUT`](crate::MAX_TIMEOUT).
     ///
     /// ```
     /// use redlock_sync::{ConfigError, LockError, Redlock};
@@ -405,55 +80,15 @@ impl RedlockBuilder {
     /// # Ok::<(), LockError>(())
     /// ```
     pub fn build(self) -> Result<Redlock, LockError> {
-        let config = self.config;
-        if !(0.0..1.0).contains(&config.drift_factor) {
-            return Err(ConfigError::DriftFactor {
-                value: config.drift_factor,
-            }
-            .into());
-        }
-        if !(config.extend_when_left > 0.0 && config.extend_when_left < 1.0) {
-            return Err(ConfigError::ExtendWhenLeft {
-                value: config.extend_when_left,
-            }
-            .into());
-        }
-        if config.io_timeout.is_zero() {
-            return Err(ConfigError::ZeroTimeout {
-                which: "io_timeout",
-            }
-            .into());
-        }
-        if config.connect_timeout.is_zero() {
-            return Err(ConfigError::ZeroTimeout {
-                which: "connect_timeout",
-            }
-            .into());
-        }
-        for (which, timeout) in [
-            ("io_timeout", config.io_timeout),
-            ("connect_timeout", config.connect_timeout),
-        ] {
-            if timeout > MAX_TIMEOUT {
-                return Err(ConfigError::TimeoutTooLarge {
-                    which,
-                    max: MAX_TIMEOUT,
-                }
-                .into());
-            }
-        }
-        if self.urls.is_empty() {
-            return Err(ConfigError::NoNodes.into());
-        }
-        let mut nodes = self
-            .urls
+        let (urls, config) = self.checked()?;
+        let mut nodes = urls
             .iter()
             .map(|url| Node::parse(url))
             .collect::<Result<Vec<_>, _>>()?;
         let servers = Arc::default();
         for (index, node) in nodes.iter_mut().enumerate() {
             node.guard_restarts(config.restart_grace);
-            node.join(index, &servers, reconnect_backoff(config.io_timeout));
+            node.join(index, &servers, config.reconnect_backoff());
         }
         let mut seen = HashSet::new();
         for node in &nodes {
@@ -565,10 +200,7 @@ impl Redlock {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        RedlockBuilder {
-            urls: nodes.into_iter().map(|s| s.as_ref().to_string()).collect(),
-            config: Config::default(),
-        }
+        RedlockBuilder::new(nodes.into_iter().map(|s| s.as_ref().to_string()).collect())
     }
 
     /// How many nodes must agree: `N / 2 + 1`.

@@ -4,8 +4,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::lock::ParseTokenError;
-
 /// Everything that can go wrong when building a [`Redlock`](crate::Redlock)
 /// or running one of its operations.
 ///
@@ -504,4 +502,33 @@ impl fmt::Display for Report {
         }
         f.write_str("]")
     }
+}
+
+/// A string that is not a token: a token is exactly 40 lowercase hex
+/// characters (`0-9`, `a-f`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a token is 40 lowercase hex characters (0-9, a-f): {problem}")]
+///
+/// ```
+/// use redlock_sync::Token;
+/// let err = "ABC".parse::<Token>().unwrap_err();
+/// assert!(err.to_string().contains("40 lowercase hex"));
+/// ```
+pub struct ParseTokenError {
+    pub(crate) problem: String,
+}
+
+/// Why one exchange with a node did not produce a reply: what a node tells
+/// a round, and a round its client (which turns it into a [`NodeOutcome`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// The round's deadline passed first.
+    TimedOut,
+    /// The round was decided without this node's reply (or it was not asked).
+    NotAwaited,
+    /// A connect (or its handshake) timed out: as `TimedOut`, and the node
+    /// backs off reconnecting. Never leaves the node.
+    ConnectTimedOut,
+    /// Anything else.
+    Error(NodeError),
 }

@@ -133,21 +133,19 @@ mod client;
 mod error;
 mod lock;
 mod node;
-mod resolve;
-mod restart_guard;
 mod round;
 mod script;
-mod servers;
-mod transport;
-mod watchdog;
+mod with_lock;
 
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use client::config::{RedlockBuilder, MAX_TIMEOUT, MAX_TTL};
 pub use client::fencing::FENCE_KEY_PREFIX;
-pub use client::{Redlock, RedlockBuilder, MAX_TIMEOUT, MAX_TTL};
+pub use client::Redlock;
 pub use error::{
-    ArgumentError, ConfigError, LockError, NodeError, NodeOutcome, NodeReport, Report,
+    ArgumentError, ConfigError, LockError, NodeError, NodeOutcome, NodeReport, ParseTokenError,
+    Report,
 };
-pub use lock::{Lock, ParseTokenError, Token};
-pub use watchdog::LockGuard;
+pub use lock::{Lock, Token};
+pub use with_lock::LockGuard;

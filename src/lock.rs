@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use crate::error::{ArgumentError, LockError, Report};
+use crate::error::{ArgumentError, LockError, ParseTokenError, Report};
 
 /// How many random bytes a token has: 160 bits.
 const TOKEN_BYTES: usize = 20;
@@ -87,20 +87,6 @@ impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Token({self})")
     }
-}
-
-/// A string that is not a token: a token is exactly 40 lowercase hex
-/// characters (`0-9`, `a-f`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("a token is 40 lowercase hex characters (0-9, a-f): {problem}")]
-///
-/// ```
-/// use redlock_sync::Token;
-/// let err = "ABC".parse::<Token>().unwrap_err();
-/// assert!(err.to_string().contains("40 lowercase hex"));
-/// ```
-pub struct ParseTokenError {
-    problem: String,
 }
 
 impl FromStr for Token {

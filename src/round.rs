@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use crate::node::{is_noscript, Failure, Node, Ticket};
-use crate::script::Command;
+use crate::error::Failure;
+use crate::node::{Node, Ticket};
+use crate::script::{is_noscript, Command};
 
 /// Where the next round starts reading.
 static ROTATION: AtomicUsize = AtomicUsize::new(0);

@@ -8,6 +8,8 @@
 use std::io::Write;
 use std::sync::OnceLock;
 
+use redis::Value;
+
 use crate::lock::Token;
 
 /// One Lua script, its SHA1 (hex), and its bit in a connection's set of
@@ -223,6 +225,11 @@ fn pack_bulk(out: &mut Vec<u8>, arg: &[u8]) {
     let _ = write!(out, "${}\r\n", arg.len());
     out.extend_from_slice(arg);
     out.extend_from_slice(b"\r\n");
+}
+
+/// Whether a reply says the server does not have the script.
+pub(crate) fn is_noscript(value: &Value) -> bool {
+    matches!(value, Value::ServerError(e) if e.code() == "NOSCRIPT")
 }
 
 #[cfg(test)]

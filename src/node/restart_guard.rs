@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use redis::Value;
 
+use super::servers::info_field;
 use crate::error::NodeError;
 use crate::script::pack;
-use crate::servers::info_field;
 
 /// `INFO server`, packed, to send with the handshake.
 pub(crate) fn info_server() -> Vec<u8> {

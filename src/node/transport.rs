@@ -19,8 +19,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use crate::error::NodeError;
-use crate::node::Failure;
+use crate::error::{Failure, NodeError};
 
 /// How far past the time left a socket timeout may reach: a read or write
 /// ends at most this long after the deadline. Within it, a timeout already

@@ -1,0 +1,195 @@
+//! Opening a node's connection within the round's deadline: resolve the
+//! host name, connect (TCP, Unix socket, or TLS through the `redis` crate),
+//! then one pipelined handshake: `AUTH` and `SELECT`, `SCRIPT LOAD`, and
+//! `INFO server` for the restart guard and for one vote per server.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use super::endpoint::{Endpoint, Route};
+use super::resolve::{Resolver, Unresolved};
+use super::restart_guard;
+use super::servers::Servers;
+use super::transport::{redis_connect_failure, Reader, Stream, Whole, Writer};
+use crate::error::{Failure, NodeError};
+use crate::script;
+
+/// What a node needs to open a connection, and whose vote it is.
+pub(crate) struct Connector {
+    pub(super) endpoint: Endpoint,
+    /// The restarted-node guard: with a grace period, a node up for less
+    /// does not vote (its uptime comes with the handshake's `INFO server`).
+    pub(super) restart_grace: Option<Duration>,
+    /// This node's place among its client's nodes, and the servers they
+    /// reached (by `run_id`): a node that reaches a server another node
+    /// reached first does not vote.
+    pub(super) index: usize,
+    pub(super) servers: Arc<Servers>,
+    /// How long to wait before connecting again after a connect (or its
+    /// handshake) timed out: a node that accepts connections but never
+    /// answers (a stopped process) would otherwise cost every round its
+    /// whole deadline.
+    pub(super) reconnect_backoff: Duration,
+}
+
+impl Connector {
+    /// [`connect`](Self::connect), unless a connect timed out less than the
+    /// reconnect backoff ago: then fail at once. A timeout starts the
+    /// backoff (the caller records it through the failure).
+    pub(super) fn connect_unless_backing_off(
+        &self,
+        connect_after: Option<Instant>,
+        deadline: Instant,
+        connect_timeout: Duration,
+    ) -> Result<(Writer, Option<Reader>, u8), Failure> {
+        if let Some(after) = connect_after {
+            let wait = after.saturating_duration_since(Instant::now());
+            if !wait.is_zero() {
+                return Err(Failure::Error(NodeError::Connect(format!(
+                    "a connect timed out; not trying again for {wait:?}"
+                ))));
+            }
+        }
+        // No time left to try: a timeout of the round, not of this node.
+        time_left(deadline)?;
+        self.connect(deadline, connect_timeout).map_err(|failure| {
+            if failure == Failure::TimedOut {
+                Failure::ConnectTimedOut
+            } else {
+                failure
+            }
+        })
+    }
+
+    /// Opens a new connection, authenticates, selects the db and loads our
+    /// scripts, all within `connect_timeout` and never past `deadline`.
+    /// Returns the connection's halves (one, for TLS) and the bits of the
+    /// scripts its server has.
+    pub(crate) fn connect(
+        &self,
+        deadline: Instant,
+        connect_timeout: Duration,
+    ) -> Result<(Writer, Option<Reader>, u8), Failure> {
+        let limit = time_left(deadline)?.min(connect_timeout);
+        // The handshake is part of the connect, within the same bound.
+        let deadline = Instant::now() + limit;
+        let (mut writer, mut reader) = match &self.endpoint.route {
+            Route::Ip(addr) => split(Stream::tcp(addr, limit)?)?,
+            Route::Name(resolver) => split(self.connect_resolved(resolver, limit)?)?,
+            #[cfg(unix)]
+            Route::Unix(path) => split(Stream::unix(path)?)?,
+            Route::Whole => (Writer::Whole(Whole::new(self.connect_whole(limit)?)), None),
+        };
+        let mut recv = |writer: &mut Writer| match &mut reader {
+            Some(r) => r.recv(deadline),
+            None => writer.recv(deadline),
+        };
+        writer.send(&self.endpoint.handshake, deadline)?;
+        let mut scripts = script::ALL_SCRIPTS;
+        for i in 0..self.endpoint.checked_replies + self.endpoint.script_replies {
+            if let Value::ServerError(e) = recv(&mut writer)? {
+                if i < self.endpoint.checked_replies {
+                    return Err(Failure::Error(NodeError::Connect(format!(
+                        "{} {}",
+                        e.code(),
+                        e.details().unwrap_or("")
+                    ))));
+                }
+                // SCRIPT LOAD refused (an ACL, say): scripts go as EVAL.
+                scripts = 0;
+            }
+        }
+        // The last handshake reply is INFO server: the restarted-node guard,
+        // then one vote per server process.
+        let info = recv(&mut writer)?;
+        if let Some(grace) = self.restart_grace {
+            restart_guard::check(&info, grace).map_err(Failure::Error)?;
+        }
+        self.servers
+            .claim(&info, self.index, &self.endpoint.name)
+            .map_err(Failure::Error)?;
+        Ok((writer, reader, scripts))
+    }
+
+    /// Connects through the `redis` crate (TLS), within `limit`.
+    fn connect_whole(&self, limit: Duration) -> Result<redis::Connection, Failure> {
+        // rustls panics when the application selected no crypto provider.
+        // A panic here would also leave this node's roles taken for every
+        // other thread: turn it into this node's failure.
+        std::panic::catch_unwind(AssertUnwindSafe(|| {
+            self.endpoint.client.get_connection_with_timeout(limit)
+        }))
+        .map_err(|_| {
+            Failure::Error(NodeError::Connect(
+                "the TLS library panicked while connecting; with the `tls` feature, \
+                 select a rustls crypto provider (rustls = { version = \"0.23\", \
+                 features = [\"ring\"] }, or CryptoProvider::install_default)"
+                    .to_string(),
+            ))
+        })?
+        .map_err(redis_connect_failure)
+    }
+
+    /// Resolves the node's host name, then connects to its addresses in
+    /// turn, all within `limit`.
+    fn connect_resolved(&self, resolver: &Resolver, limit: Duration) -> Result<Stream, Failure> {
+        let start = Instant::now();
+        let addrs = resolver
+            .resolve(limit)
+            .map_err(|unresolved| match unresolved {
+                Unresolved::TimedOut => Failure::TimedOut,
+                Unresolved::Failed(e) => Failure::Error(e),
+            })?;
+        let mut last = Failure::TimedOut;
+        for (i, addr) in addrs.iter().enumerate() {
+            let left = limit.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return Err(Failure::TimedOut);
+            }
+            match Stream::tcp(addr, share(left, addrs.len() - i)) {
+                Ok(stream) => return Ok(stream),
+                Err(failure) => last = failure,
+            }
+        }
+        Err(last)
+    }
+}
+
+/// A new connection's halves.
+fn split(stream: Stream) -> Result<(Writer, Option<Reader>), Failure> {
+    let (writer, reader) = stream.split()?;
+    Ok((writer, Some(reader)))
+}
+
+/// How long to try the next of `remaining` addresses, with `left` for all:
+/// an equal share, so that an address that never answers (an IPv6 route
+/// that drops packets, say) leaves time for the ones after it.
+fn share(left: Duration, remaining: usize) -> Duration {
+    left / u32::try_from(remaining.max(1)).unwrap_or(u32::MAX)
+}
+
+/// Time left until `deadline`, or a timeout if none is.
+fn time_left(deadline: Instant) -> Result<Duration, Failure> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        Err(Failure::TimedOut)
+    } else {
+        Ok(left)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_address_gets_an_equal_share_of_the_time_left_and_the_last_gets_all() {
+        let left = Duration::from_millis(90);
+        assert_eq!(share(left, 3), Duration::from_millis(30));
+        assert_eq!(share(left, 1), left);
+        assert_eq!(share(left, 0), left);
+    }
+}
