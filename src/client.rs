@@ -13,7 +13,7 @@ use crate::error::{
     ArgumentError, ConfigError, Failure, LockError, NodeError, NodeOutcome, NodeReport, Report,
 };
 use crate::lock::{check_resources, Lock, Token};
-use crate::node::Node;
+use crate::node::{Endpoint, Node};
 use crate::round::{self, Reply};
 use crate::script::{self, Command};
 
@@ -81,24 +81,33 @@ impl RedlockBuilder {
     /// ```
     pub fn build(self) -> Result<Redlock, LockError> {
         let (urls, config) = self.checked()?;
-        let mut nodes = urls
+        let endpoints = urls
             .iter()
-            .map(|url| Node::parse(url))
+            .map(|url| Endpoint::parse(url))
             .collect::<Result<Vec<_>, _>>()?;
-        let servers = Arc::default();
-        for (index, node) in nodes.iter_mut().enumerate() {
-            node.guard_restarts(config.restart_grace);
-            node.join(index, &servers, config.reconnect_backoff());
-        }
         let mut seen = HashSet::new();
-        for node in &nodes {
-            if !seen.insert(node.identity()) {
+        for endpoint in &endpoints {
+            if !seen.insert(&endpoint.identity) {
                 return Err(ConfigError::DuplicateNode {
-                    node: node.name().to_string(),
+                    node: endpoint.name.to_string(),
                 }
                 .into());
             }
         }
+        let servers = Arc::default();
+        let nodes: Vec<Node> = endpoints
+            .into_iter()
+            .enumerate()
+            .map(|(index, endpoint)| {
+                Node::new(
+                    endpoint,
+                    index,
+                    Arc::clone(&servers),
+                    config.restart_grace,
+                    config.reconnect_backoff(),
+                )
+            })
+            .collect();
         let quorum = nodes.len() / 2 + 1;
         Ok(Redlock {
             inner: Arc::new(Inner {

@@ -31,7 +31,7 @@ pub(crate) use servers::Servers;
 use shared::Shared;
 pub(crate) use shared::Ticket;
 
-use crate::error::{ConfigError, Failure};
+use crate::error::Failure;
 use crate::script::Command;
 
 /// One Redis master.
@@ -41,53 +41,39 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    /// Parses a node URL: `redis://`, `redis+unix://`, or (with the `tls`
-    /// feature) `rediss://`; user, password and db as the redis crate reads
-    /// them.
-    pub(crate) fn parse(url: &str) -> Result<Node, ConfigError> {
-        Ok(Node {
+    /// The node at `endpoint`, the `index`th of a client whose nodes
+    /// record in `servers` which server each reached (one server, one
+    /// vote). Nothing is connected yet.
+    ///
+    /// With a `restart_grace` (a zero grace leaves it off) every new
+    /// connection reads the server's uptime with `INFO server`, pipelined
+    /// with the handshake, and fails with
+    /// [`NodeError::Restarted`](crate::NodeError::Restarted) while the
+    /// uptime is below the grace. After a connect timed out, the node does
+    /// not connect again for `reconnect_backoff`.
+    pub(crate) fn new(
+        endpoint: Endpoint,
+        index: usize,
+        servers: Arc<Servers>,
+        restart_grace: Duration,
+        reconnect_backoff: Duration,
+    ) -> Node {
+        Node {
             connector: Connector {
-                endpoint: Endpoint::parse(url)?,
-                restart_grace: None,
-                index: 0,
-                servers: Arc::default(),
-                reconnect_backoff: Duration::ZERO,
+                endpoint,
+                restart_grace: Some(restart_grace).filter(|g| !g.is_zero()),
+                index,
+                servers,
+                reconnect_backoff,
             },
             shared: Shared::new(),
-        })
-    }
-
-    /// Turns the restarted-node guard on (a zero grace leaves it off): every
-    /// new connection reads the server's uptime with `INFO server`,
-    /// pipelined with the handshake, and fails with
-    /// [`NodeError::Restarted`](crate::NodeError::Restarted) while the
-    /// uptime is below `grace`.
-    pub(crate) fn guard_restarts(&mut self, grace: Duration) {
-        self.connector.restart_grace = Some(grace).filter(|g| !g.is_zero());
-    }
-
-    /// Makes this node the `index`th of a client whose nodes share
-    /// `servers`.
-    pub(crate) fn join(
-        &mut self,
-        index: usize,
-        servers: &Arc<Servers>,
-        reconnect_backoff: Duration,
-    ) {
-        self.connector.index = index;
-        self.connector.servers = Arc::clone(servers);
-        self.connector.reconnect_backoff = reconnect_backoff;
+        }
     }
 
     /// The node's address for people: `host:port`, `tls host:port`, or the
     /// socket path.
     pub(crate) fn name(&self) -> &Arc<str> {
         &self.connector.endpoint.name
-    }
-
-    /// Two nodes with the same identity are the same server.
-    pub(crate) fn identity(&self) -> &str {
-        &self.connector.endpoint.identity
     }
 
     /// Queues `cmd` on the connection and gets it written: by this thread
