@@ -13,7 +13,7 @@ use super::endpoint::{Endpoint, Route};
 use super::resolve::{Resolver, Unresolved};
 use super::restart_guard;
 use super::servers::Servers;
-use super::transport::{redis_connect_failure, Reader, Stream, Whole, Writer};
+use super::transport::{redis_connect_failure, Reader, Stream, Unsplit, Writer};
 use crate::error::{Failure, NodeError};
 use crate::script;
 
@@ -35,6 +35,16 @@ pub(crate) struct Connector {
     pub(super) reconnect_backoff: Duration,
 }
 
+/// A new connection, its handshake done.
+pub(super) struct Opened {
+    pub(super) writer: Writer,
+    /// The reading half; none for an unsplit connection, whose writer
+    /// reads.
+    pub(super) reader: Option<Reader>,
+    /// Bits of our scripts the server has (`SCRIPT LOAD` went through).
+    pub(super) scripts: u8,
+}
+
 impl Connector {
     /// [`connect`](Self::connect), unless a connect timed out less than the
     /// reconnect backoff ago: then fail at once. A timeout starts the
@@ -44,7 +54,7 @@ impl Connector {
         connect_after: Option<Instant>,
         deadline: Instant,
         connect_timeout: Duration,
-    ) -> Result<(Writer, Option<Reader>, u8), Failure> {
+    ) -> Result<Opened, Failure> {
         if let Some(after) = connect_after {
             let wait = after.saturating_duration_since(Instant::now());
             if !wait.is_zero() {
@@ -66,13 +76,11 @@ impl Connector {
 
     /// Opens a new connection, authenticates, selects the db and loads our
     /// scripts, all within `connect_timeout` and never past `deadline`.
-    /// Returns the connection's halves (one, for TLS) and the bits of the
-    /// scripts its server has.
     pub(crate) fn connect(
         &self,
         deadline: Instant,
         connect_timeout: Duration,
-    ) -> Result<(Writer, Option<Reader>, u8), Failure> {
+    ) -> Result<Opened, Failure> {
         let limit = time_left(deadline)?.min(connect_timeout);
         // The handshake is part of the connect, within the same bound.
         let deadline = Instant::now() + limit;
@@ -81,7 +89,10 @@ impl Connector {
             Route::Name(resolver) => split(self.connect_resolved(resolver, limit)?)?,
             #[cfg(unix)]
             Route::Unix(path) => split(Stream::unix(path)?)?,
-            Route::Whole => (Writer::Whole(Whole::new(self.connect_whole(limit)?)), None),
+            Route::Unsplit => (
+                Writer::Unsplit(Unsplit::new(self.connect_unsplit(limit)?)),
+                None,
+            ),
         };
         let mut recv = |writer: &mut Writer| match &mut reader {
             Some(r) => r.recv(deadline),
@@ -111,11 +122,15 @@ impl Connector {
         self.servers
             .claim(&info, self.index, &self.endpoint.name)
             .map_err(Failure::Error)?;
-        Ok((writer, reader, scripts))
+        Ok(Opened {
+            writer,
+            reader,
+            scripts,
+        })
     }
 
     /// Connects through the `redis` crate (TLS), within `limit`.
-    fn connect_whole(&self, limit: Duration) -> Result<redis::Connection, Failure> {
+    fn connect_unsplit(&self, limit: Duration) -> Result<redis::Connection, Failure> {
         // rustls panics when the application selected no crypto provider.
         // A panic here would also leave this node's roles taken for every
         // other thread: turn it into this node's failure.

@@ -71,7 +71,7 @@ impl Endpoint {
                 (n.clone(), format!("tcp {}", n.to_ascii_lowercase()))
             }
             ConnectionAddr::TcpTls { host, port, .. } => {
-                route = Route::Whole;
+                route = Route::Unsplit;
                 let n = format!("{host}:{port}");
                 (
                     format!("tls {n}"),
@@ -134,7 +134,7 @@ pub(super) enum Route {
     Unix(std::path::PathBuf),
     /// Through the `redis` crate's own connection (TLS): one that cannot be
     /// split.
-    Whole,
+    Unsplit,
 }
 
 /// How to reach a Unix socket: our own socket where the OS has them.
@@ -146,7 +146,7 @@ fn unix_route(path: &Path) -> Route {
 /// How to reach a Unix socket: through the `redis` crate elsewhere.
 #[cfg(not(unix))]
 fn unix_route(_: &Path) -> Route {
-    Route::Whole
+    Route::Unsplit
 }
 
 /// The URL with any password replaced by `***`, for error messages.

@@ -39,54 +39,25 @@ pub(crate) struct Ticket {
     seq: u64,
 }
 
-/// A node's shared connection: its state behind a mutex, and the condition
-/// variable its sleepers wait on.
+/// A node's shared connection: what its threads share, behind a mutex, and
+/// the condition variable its sleepers wait on.
 pub(super) struct Shared {
-    state: Mutex<State>,
+    link: Mutex<Link>,
     /// Signalled when a reply a sleeper waits for is stored, when the
     /// reading role is let go with replies due, when a write lands while
     /// nobody reads, or when the epoch ends.
     changed: Condvar,
 }
 
-/// The shared connection and everything queued on it.
-struct State {
-    /// A connection is open in this epoch (or being opened).
-    open: bool,
-    /// The connection cannot be split (TLS): its writer also reads, so the
-    /// reading role takes the writing role too.
-    whole: bool,
-    /// The connection's writing half, unless the writing thread holds it.
-    writer: Option<Writer>,
-    /// The reading half, unless the reading thread holds it (none for a
-    /// whole connection).
-    reader: Option<Reader>,
-    /// A thread is writing (it has taken `writer`).
-    writing: bool,
-    /// A thread is reading (it has taken `reader`, or for a whole
-    /// connection `writer`).
-    reading: bool,
+/// Everything behind a node's mutex: the connection of the current epoch,
+/// and what outlives it.
+struct Link {
     /// Bumped whenever the connection is dropped.
     epoch: u64,
+    /// The connection of this epoch (none open yet, if `!conn.open`).
+    conn: Connection,
     /// Why the last epoch ended.
     ended: Option<(u64, Failure)>,
-    /// Bits of the scripts known to be cached on this connection's server.
-    scripts: u8,
-    /// Packed commands not written yet, in sequence order.
-    outbox: Vec<u8>,
-    /// Sequence number of the next request, in this epoch.
-    next_seq: u64,
-    /// Requests below this sequence number are on the wire.
-    written: u64,
-    /// Sequence number of the next reply to read.
-    next_read: u64,
-    /// Replies read and not yet taken by their threads.
-    replies: Vec<(u64, Value)>,
-    /// One flag per request not read yet, from `next_read` on: whether its
-    /// thread stopped waiting, so that its reply is discarded. (Never
-    /// replayed: a command sent again later could land behind a later
-    /// command of ours and undo it.)
-    abandoned: VecDeque<bool>,
     /// The requests whose threads are blocked waiting for their replies
     /// (or for the reading role): a thread that stores one of these
     /// replies, or lets the reading role go while replies are due, wakes
@@ -100,6 +71,64 @@ struct State {
     /// A moving average of how long a read of this node blocked, in
     /// microseconds: rounds read the nodes that keep them waiting last.
     wait_us: u64,
+}
+
+/// One connection, from its connect to the end of its epoch: its halves,
+/// who holds them, and the requests on it. Ending the epoch replaces it
+/// with a fresh `Connection::default()` in one assignment, so nothing of
+/// one connection is left over for the next.
+///
+/// # Who holds the halves
+///
+/// A half lies here while no thread holds it. A thread takes it, with the
+/// lock held, when it takes its role; does its I/O without the lock; and
+/// puts it back, unless the epoch ended meanwhile (then it drops it).
+///
+/// | `writing` | `reading` | split (TCP, Unix socket) | unsplit (TLS) |
+/// |---|---|---|---|
+/// | no  | no  | both halves lie here | `writer` lies here |
+/// | yes | no  | a thread writes with `writer` | a thread writes with `writer` |
+/// | no  | yes | a thread reads with `reader` | (never) |
+/// | yes | yes | one thread writes, another reads; or one thread connects, and holds both roles until the handshake is over | one thread reads with `writer`, then writes what was queued meanwhile |
+///
+/// A thread may take the writing role while `writing` is false, and the
+/// reading role when [`can_read`]: `reading` is false and, on an unsplit
+/// connection, `writing` too. Whoever ends the epoch shuts down the halves
+/// that lie here; a thread that holds one finds out when its I/O fails.
+#[derive(Default)]
+struct Connection {
+    /// A connection is open in this epoch (or being opened).
+    open: bool,
+    /// The connection cannot be split (TLS): its writer also reads, so the
+    /// reading role takes the writing role too.
+    unsplit: bool,
+    /// The connection's writing half, unless the writing thread holds it.
+    writer: Option<Writer>,
+    /// The reading half, unless the reading thread holds it (none for an
+    /// unsplit connection).
+    reader: Option<Reader>,
+    /// A thread is writing (it has taken `writer`).
+    writing: bool,
+    /// A thread is reading (it has taken `reader`, or on an unsplit
+    /// connection `writer`).
+    reading: bool,
+    /// Bits of the scripts known to be cached on this connection's server.
+    scripts: u8,
+    /// Packed commands not written yet, in sequence order.
+    outbox: Vec<u8>,
+    /// Sequence number of the next request.
+    next_seq: u64,
+    /// Requests below this sequence number are on the wire.
+    written: u64,
+    /// Sequence number of the next reply to read.
+    next_read: u64,
+    /// Replies read and not yet taken by their threads.
+    replies: Vec<(u64, Value)>,
+    /// One flag per request not read yet, from `next_read` on: whether its
+    /// thread stopped waiting, so that its reply is discarded. (Never
+    /// replayed: a command sent again later could land behind a later
+    /// command of ours and undo it.)
+    abandoned: VecDeque<bool>,
     /// Requests whose threads still want the reply (not read, not
     /// abandoned).
     live: u64,
@@ -108,34 +137,21 @@ struct State {
 impl Shared {
     pub(super) fn new() -> Shared {
         Shared {
-            state: Mutex::new(State {
-                open: false,
-                whole: false,
-                writer: None,
-                reader: None,
-                writing: false,
-                reading: false,
+            link: Mutex::new(Link {
                 epoch: 0,
+                conn: Connection::default(),
                 ended: None,
-                scripts: 0,
-                outbox: Vec::new(),
-                next_seq: 0,
-                written: 0,
-                next_read: 0,
-                replies: Vec::new(),
-                abandoned: VecDeque::new(),
                 sleepers: Vec::new(),
                 slow: false,
                 connect_after: None,
                 wait_us: 0,
-                live: 0,
             }),
             changed: Condvar::new(),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Link> {
+        self.link.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Queues `cmd` on the connection and gets it written: by this thread
@@ -150,18 +166,18 @@ impl Shared {
         connect_timeout: Duration,
         eval: bool,
     ) -> Result<Ticket, Failure> {
-        let mut st = self.lock();
-        let bytes = cmd.bytes_for(if eval { 0 } else { st.scripts });
-        st.outbox.extend_from_slice(bytes);
+        let mut link = self.lock();
+        let bytes = cmd.bytes_for(if eval { 0 } else { link.conn.scripts });
+        link.conn.outbox.extend_from_slice(bytes);
         let ticket = Ticket {
-            epoch: st.epoch,
-            seq: st.next_seq,
+            epoch: link.epoch,
+            seq: link.conn.next_seq,
         };
-        st.next_seq += 1;
-        st.abandoned.push_back(false);
-        st.live += 1;
-        st = self.write_out(st, connector, deadline, connect_timeout);
-        check(&st, ticket)?;
+        link.conn.next_seq += 1;
+        link.conn.abandoned.push_back(false);
+        link.conn.live += 1;
+        link = self.write_out(link, connector, deadline, connect_timeout);
+        check(&link, ticket)?;
         Ok(ticket)
     }
 
@@ -176,50 +192,59 @@ impl Shared {
         connect_timeout: Duration,
         block: bool,
     ) -> Option<Result<Value, Failure>> {
-        let mut st = self.lock();
+        let mut link = self.lock();
         let taken = loop {
-            if let Err(failure) = check(&st, ticket) {
+            if let Err(failure) = check(&link, ticket) {
                 break Some(Err(failure));
             }
-            if let Some(i) = st.replies.iter().position(|(seq, _)| *seq == ticket.seq) {
-                break Some(Ok(st.replies.swap_remove(i).1));
+            if let Some(i) = link
+                .conn
+                .replies
+                .iter()
+                .position(|(seq, _)| *seq == ticket.seq)
+            {
+                break Some(Ok(link.conn.replies.swap_remove(i).1));
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            if st.next_read < st.written && can_read(&st) {
-                if left.is_zero() && st.live > 1 {
+            if link.conn.next_read < link.conn.written && can_read(&link.conn) {
+                if left.is_zero() && link.conn.live > 1 {
                     // Late, and other threads still want replies on this
                     // connection: a read that timed out now would drop it
                     // for them too. Leave the reading to them.
-                    give_up(&mut st, ticket.seq);
+                    give_up(&mut link.conn, ticket.seq);
                     break Some(Err(Failure::TimedOut));
                 }
-                st = self.read_one(st, connector, deadline, connect_timeout);
+                link = self.read_one(link, connector, deadline, connect_timeout);
                 continue;
             }
-            if ticket.seq >= st.written && !st.writing && !st.outbox.is_empty() {
-                st = self.write_out(st, connector, deadline, connect_timeout);
+            if ticket.seq >= link.conn.written && !link.conn.writing && !link.conn.outbox.is_empty()
+            {
+                link = self.write_out(link, connector, deadline, connect_timeout);
                 continue;
             }
             if left.is_zero() {
-                give_up(&mut st, ticket.seq);
+                give_up(&mut link.conn, ticket.seq);
                 break Some(Err(Failure::TimedOut));
             }
             if !block {
                 break None;
             }
-            st.sleepers.push(ticket.seq);
-            st = self
+            link.sleepers.push(ticket.seq);
+            link = self
                 .changed
-                .wait_timeout(st, left)
+                .wait_timeout(link, left)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
-            if let Some(i) = st.sleepers.iter().position(|&seq| seq == ticket.seq) {
-                st.sleepers.swap_remove(i);
+            if let Some(i) = link.sleepers.iter().position(|&seq| seq == ticket.seq) {
+                link.sleepers.swap_remove(i);
             }
         };
         // Leaving: if replies are due and nobody reads them, wake the
         // sleepers, one of which takes the reading role over.
-        if !st.sleepers.is_empty() && st.next_read < st.written && can_read(&st) {
+        if !link.sleepers.is_empty()
+            && link.conn.next_read < link.conn.written
+            && can_read(&link.conn)
+        {
             self.changed.notify_all();
         }
         taken
@@ -229,8 +254,12 @@ impl Shared {
     /// connection, and is not backing off reconnecting): that may block up
     /// to the connect timeout.
     pub(super) fn will_connect(&self) -> bool {
-        let st = self.lock();
-        !st.open && !st.writing && st.connect_after.is_none_or(|after| after <= Instant::now())
+        let link = self.lock();
+        !link.conn.open
+            && !link.conn.writing
+            && link
+                .connect_after
+                .is_none_or(|after| after <= Instant::now())
     }
 
     /// How late this node tends to answer, coarsely (a power-of-two bucket
@@ -238,44 +267,49 @@ impl Shared {
     /// last connection timed out): rounds read the nodes in this order, so
     /// a round that a quorum decided need not wait for the slow ones.
     pub(super) fn lateness(&self) -> u32 {
-        let st = self.lock();
-        if st.slow {
+        let link = self.lock();
+        if link.slow {
             u32::MAX
         } else {
-            st.wait_us.max(1).ilog2()
+            link.wait_us.max(1).ilog2()
         }
     }
 
     /// Whether the connection has so many unread replies that the next
     /// round should wait for its reply rather than leave it unread.
     pub(super) fn backlogged(&self, ticket: Ticket) -> bool {
-        let st = self.lock();
-        st.epoch == ticket.epoch && ticket.seq >= st.next_read + MAX_BACKLOG
+        let link = self.lock();
+        link.epoch == ticket.epoch && ticket.seq >= link.conn.next_read + MAX_BACKLOG
     }
 
     /// The reply to `ticket` is no longer wanted: discard it when it comes.
     pub(super) fn abandon(&self, ticket: Ticket) {
-        let mut st = self.lock();
-        if st.epoch != ticket.epoch {
+        let mut link = self.lock();
+        if link.epoch != ticket.epoch {
             return;
         }
-        match st.replies.iter().position(|(seq, _)| *seq == ticket.seq) {
+        match link
+            .conn
+            .replies
+            .iter()
+            .position(|(seq, _)| *seq == ticket.seq)
+        {
             Some(i) => {
-                let (_, reply) = st.replies.swap_remove(i);
-                forget_scripts_if_lost(&mut st, &reply);
+                let (_, reply) = link.conn.replies.swap_remove(i);
+                forget_scripts_if_lost(&mut link.conn, &reply);
             }
-            None => give_up(&mut st, ticket.seq),
+            None => give_up(&mut link.conn, ticket.seq),
         }
     }
 
     /// Records whether the server of `ticket`'s connection has `script`.
     pub(super) fn note_script(&self, ticket: Ticket, bit: u8, known: bool) {
-        let mut st = self.lock();
-        if st.epoch == ticket.epoch {
+        let mut link = self.lock();
+        if link.epoch == ticket.epoch {
             if known {
-                st.scripts |= bit;
+                link.conn.scripts |= bit;
             } else {
-                st.scripts &= !bit;
+                link.conn.scripts &= !bit;
             }
         }
     }
@@ -286,29 +320,28 @@ impl Shared {
     /// during I/O.
     fn write_out<'a>(
         &'a self,
-        mut st: MutexGuard<'a, State>,
+        mut link: MutexGuard<'a, Link>,
         connector: &Connector,
         deadline: Instant,
         connect_timeout: Duration,
-    ) -> MutexGuard<'a, State> {
-        if st.writing || st.outbox.is_empty() {
-            return st;
+    ) -> MutexGuard<'a, Link> {
+        if link.conn.writing || link.conn.outbox.is_empty() {
+            return link;
         }
-        let epoch = st.epoch;
-        st.writing = true;
+        let epoch = link.epoch;
+        link.conn.writing = true;
         // Nobody reads a connection before its handshake is over.
-        let connecting = !st.open;
+        let mut connecting = !link.conn.open;
         if connecting {
-            st.open = true;
-            st.reading = true;
+            link.conn.open = true;
+            link.conn.reading = true;
         }
-        let mut writer = st.writer.take();
-        let mut connecting = connecting;
-        while !st.outbox.is_empty() {
-            let out = std::mem::take(&mut st.outbox);
-            let count = st.next_seq - st.written;
-            let connect_after = st.connect_after;
-            drop(st);
+        let mut writer = link.conn.writer.take();
+        while !link.conn.outbox.is_empty() {
+            let out = std::mem::take(&mut link.conn.outbox);
+            let count = link.conn.next_seq - link.conn.written;
+            let connect_after = link.connect_after;
+            drop(link);
             let mut opened = None;
             let (mut w, sent) = match writer.take() {
                 Some(w) => (Some(w), Ok(())),
@@ -318,9 +351,9 @@ impl Shared {
                         deadline,
                         connect_timeout,
                     ) {
-                        Ok((w, reader, scripts)) => {
-                            opened = Some((reader, scripts));
-                            (Some(w), Ok(()))
+                        Ok(new) => {
+                            opened = Some((new.reader, new.scripts));
+                            (Some(new.writer), Ok(()))
                         }
                         Err(failure) => (None, Err(failure)),
                     }
@@ -330,48 +363,48 @@ impl Shared {
                 Some(w) => w.send(&out, deadline),
                 None => Ok(()),
             });
-            st = self.lock();
-            if st.epoch != epoch {
+            link = self.lock();
+            if link.epoch != epoch {
                 // The reader ended the connection meanwhile: what was just
                 // written failed with it.
                 break;
             }
             if opened.is_some() {
-                st.connect_after = None;
+                link.connect_after = None;
             }
             match (sent, w) {
                 (Ok(()), Some(w)) => {
                     if let Some((reader, scripts)) = opened {
-                        st.whole = w.is_whole();
-                        st.reader = reader;
-                        st.scripts = scripts;
+                        link.conn.unsplit = w.is_unsplit();
+                        link.conn.reader = reader;
+                        link.conn.scripts = scripts;
                     }
                     if connecting {
                         // The handshake is over: replies may be read now,
                         // while more is written.
                         connecting = false;
-                        st.reading = false;
-                        if !st.sleepers.is_empty() {
+                        link.conn.reading = false;
+                        if !link.sleepers.is_empty() {
                             self.changed.notify_all();
                         }
                     }
                     writer = Some(w);
-                    st.written += count;
-                    if st.outbox.is_empty() {
+                    link.conn.written += count;
+                    if link.conn.outbox.is_empty() {
                         // Keep the buffer's capacity for the next batch.
-                        st.outbox = out;
-                        st.outbox.clear();
+                        link.conn.outbox = out;
+                        link.conn.outbox.clear();
                     }
                 }
                 (Err(Failure::ConnectTimedOut), _) => {
-                    st.connect_after = Instant::now().checked_add(connector.reconnect_backoff);
-                    end_epoch(&mut st, Failure::TimedOut);
+                    link.connect_after = Instant::now().checked_add(connector.reconnect_backoff);
+                    end_epoch(&mut link, Failure::TimedOut);
                     break;
                 }
                 (Err(failure), w) => {
                     // The cause is recorded first: ending the socket makes the
                     // reader fail too, for no reason of its own.
-                    end_epoch(&mut st, failure);
+                    end_epoch(&mut link, failure);
                     if let Some(w) = w {
                         w.shutdown();
                     }
@@ -380,40 +413,44 @@ impl Shared {
                 (Ok(()), None) => break,
             }
         }
-        if st.epoch == epoch {
-            st.writer = writer;
-            st.writing = false;
+        if link.epoch == epoch {
+            link.conn.writer = writer;
+            link.conn.writing = false;
             if connecting {
-                st.reading = false;
+                link.conn.reading = false;
             }
         }
         // Sleepers want replies: a thread that is reading wakes them when it
         // lets go. Otherwise what was written may be theirs to read now.
-        if !st.sleepers.is_empty() && (!st.reading || st.epoch != epoch) {
+        if !link.sleepers.is_empty() && (!link.conn.reading || link.epoch != epoch) {
             self.changed.notify_all();
         }
-        st
+        link
     }
 
     /// The reading role: reads one reply and hands it to its thread (or
-    /// discards it), then lets go; over a whole connection, then writes
+    /// discards it), then lets go; over an unsplit connection, then writes
     /// what was queued meanwhile. The lock is not held during I/O.
     fn read_one<'a>(
         &'a self,
-        mut st: MutexGuard<'a, State>,
+        mut link: MutexGuard<'a, Link>,
         connector: &Connector,
         deadline: Instant,
         connect_timeout: Duration,
-    ) -> MutexGuard<'a, State> {
-        let epoch = st.epoch;
-        let whole = st.whole;
-        st.reading = true;
-        if whole {
-            st.writing = true;
+    ) -> MutexGuard<'a, Link> {
+        let epoch = link.epoch;
+        let unsplit = link.conn.unsplit;
+        link.conn.reading = true;
+        if unsplit {
+            link.conn.writing = true;
         }
-        let mut reader = st.reader.take();
-        let mut writer = if whole { st.writer.take() } else { None };
-        drop(st);
+        let mut reader = link.conn.reader.take();
+        let mut writer = if unsplit {
+            link.conn.writer.take()
+        } else {
+            None
+        };
+        drop(link);
         let began = Instant::now();
         let received = match (&mut reader, &mut writer) {
             (Some(r), _) => r.recv(deadline),
@@ -423,33 +460,33 @@ impl Shared {
             ))),
         };
         let waited = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
-        st = self.lock();
+        link = self.lock();
         let mut wake = false;
-        if st.epoch == epoch {
+        if link.epoch == epoch {
             match received {
                 Ok(value) => {
-                    st.slow = false;
-                    st.wait_us = st.wait_us - st.wait_us / 8 + waited / 8;
-                    let seq = st.next_read;
-                    wake = st.sleepers.contains(&seq);
-                    st.next_read += 1;
-                    if st.abandoned.pop_front().unwrap_or(false) {
-                        forget_scripts_if_lost(&mut st, &value);
+                    link.slow = false;
+                    link.wait_us = link.wait_us - link.wait_us / 8 + waited / 8;
+                    let seq = link.conn.next_read;
+                    wake = link.sleepers.contains(&seq);
+                    link.conn.next_read += 1;
+                    if link.conn.abandoned.pop_front().unwrap_or(false) {
+                        forget_scripts_if_lost(&mut link.conn, &value);
                     } else {
-                        st.live -= 1;
-                        st.replies.push((seq, value));
+                        link.conn.live -= 1;
+                        link.conn.replies.push((seq, value));
                     }
-                    st.reader = reader;
-                    st.reading = false;
-                    if whole {
-                        st.writer = writer;
-                        st.writing = false;
+                    link.conn.reader = reader;
+                    link.conn.reading = false;
+                    if unsplit {
+                        link.conn.writer = writer;
+                        link.conn.writing = false;
                     }
                 }
                 Err(failure) => {
                     // The cause is recorded first: ending the socket makes
                     // a writer fail too, for no reason of its own.
-                    end_epoch(&mut st, failure);
+                    end_epoch(&mut link, failure);
                     if let Some(r) = &reader {
                         r.shutdown();
                     }
@@ -457,22 +494,22 @@ impl Shared {
                 }
             }
         }
-        if wake && !st.sleepers.is_empty() {
+        if wake && !link.sleepers.is_empty() {
             self.changed.notify_all();
         }
-        if whole {
-            st = self.write_out(st, connector, deadline, connect_timeout);
+        if unsplit {
+            link = self.write_out(link, connector, deadline, connect_timeout);
         }
-        st
+        link
     }
 }
 
 /// Fails `ticket` if its epoch has ended.
-fn check(st: &State, ticket: Ticket) -> Result<(), Failure> {
-    if st.epoch == ticket.epoch {
+fn check(link: &Link, ticket: Ticket) -> Result<(), Failure> {
+    if link.epoch == ticket.epoch {
         return Ok(());
     }
-    Err(match &st.ended {
+    Err(match &link.ended {
         Some((epoch, failure)) if *epoch == ticket.epoch => failure.clone(),
         _ => Failure::Error(NodeError::Io(
             "the connection was dropped after an earlier failure".to_string(),
@@ -481,12 +518,12 @@ fn check(st: &State, ticket: Ticket) -> Result<(), Failure> {
 }
 
 /// Marks a request's reply as unwanted.
-fn give_up(st: &mut State, seq: u64) {
-    st.live -= 1;
+fn give_up(conn: &mut Connection, seq: u64) {
+    conn.live -= 1;
     if let Some(flag) = seq
-        .checked_sub(st.next_read)
+        .checked_sub(conn.next_read)
         .and_then(|i| usize::try_from(i).ok())
-        .and_then(|i| st.abandoned.get_mut(i))
+        .and_then(|i| conn.abandoned.get_mut(i))
     {
         *flag = true;
     }
@@ -497,40 +534,27 @@ fn give_up(st: &mut State, seq: u64) {
 /// is not sent again: it could land behind a later command of ours and undo
 /// it. (A release or extension left unread that way did not happen on that
 /// node; the key keeps its TTL there. The quorum had already answered.)
-fn forget_scripts_if_lost(st: &mut State, reply: &Value) {
+fn forget_scripts_if_lost(conn: &mut Connection, reply: &Value) {
     if is_noscript(reply) {
-        st.scripts = 0;
+        conn.scripts = 0;
     }
 }
 
 /// Drops the connection for everyone: every request on it fails.
-fn end_epoch(st: &mut State, failure: Failure) {
-    if let Some(writer) = &st.writer {
+fn end_epoch(link: &mut Link, failure: Failure) {
+    if let Some(writer) = &link.conn.writer {
         writer.shutdown();
     }
-    if let Some(reader) = &st.reader {
+    if let Some(reader) = &link.conn.reader {
         reader.shutdown();
     }
-    st.open = false;
-    st.whole = false;
-    st.writer = None;
-    st.reader = None;
-    st.writing = false;
-    st.reading = false;
-    st.slow = failure == Failure::TimedOut;
-    st.ended = Some((st.epoch, failure));
-    st.epoch += 1;
-    st.scripts = 0;
-    st.outbox.clear();
-    st.next_seq = 0;
-    st.written = 0;
-    st.next_read = 0;
-    st.replies.clear();
-    st.abandoned.clear();
-    st.live = 0;
+    link.conn = Connection::default();
+    link.slow = failure == Failure::TimedOut;
+    link.ended = Some((link.epoch, failure));
+    link.epoch += 1;
 }
 
 /// Whether a thread may take the reading role now.
-fn can_read(st: &State) -> bool {
-    !st.reading && (!st.whole || !st.writing)
+fn can_read(conn: &Connection) -> bool {
+    !conn.reading && (!conn.unsplit || !conn.writing)
 }

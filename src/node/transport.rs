@@ -122,25 +122,26 @@ impl Write for Stream {
     }
 }
 
-/// The writing half of a connection (for TLS, the whole connection).
+/// The writing half of a connection (for TLS, the unsplit connection,
+/// which reads too).
 pub(crate) enum Writer {
     Stream {
         stream: Stream,
         timeout: Option<Duration>,
     },
-    Whole(Whole),
+    Unsplit(Unsplit),
 }
 
 /// A connection the `redis` crate owns (TLS), and its socket timeouts.
-pub(crate) struct Whole {
+pub(crate) struct Unsplit {
     inner: redis::Connection,
     read_timeout: Option<Duration>,
     write_timeout: Option<Duration>,
 }
 
-impl Whole {
-    pub(crate) fn new(inner: redis::Connection) -> Whole {
-        Whole {
+impl Unsplit {
+    pub(crate) fn new(inner: redis::Connection) -> Unsplit {
+        Unsplit {
             inner,
             read_timeout: None,
             write_timeout: None,
@@ -149,9 +150,9 @@ impl Whole {
 }
 
 impl Writer {
-    /// Whether this writer is the whole connection (it reads too).
-    pub(crate) fn is_whole(&self) -> bool {
-        matches!(self, Writer::Whole(_))
+    /// Whether this writer is the unsplit connection (it reads too).
+    pub(crate) fn is_unsplit(&self) -> bool {
+        matches!(self, Writer::Unsplit(_))
     }
 
     /// Writes `bytes`, giving up at `deadline`.
@@ -172,16 +173,16 @@ impl Writer {
                 // (write_all retries a write a signal interrupted.)
                 stream.write_all(bytes).map_err(io_failure)
             }
-            Writer::Whole(whole) => {
-                if needs_reset(whole.write_timeout, left) {
+            Writer::Unsplit(unsplit) => {
+                if needs_reset(unsplit.write_timeout, left) {
                     let t = timeout_for(left);
-                    whole
+                    unsplit
                         .inner
                         .set_write_timeout(Some(t))
                         .map_err(redis_failure)?;
-                    whole.write_timeout = Some(t);
+                    unsplit.write_timeout = Some(t);
                 }
-                whole
+                unsplit
                     .inner
                     .send_packed_command(bytes)
                     .map_err(redis_failure)
@@ -189,21 +190,21 @@ impl Writer {
         }
     }
 
-    /// Reads one reply through a whole connection (TLS), giving up at
+    /// Reads one reply through an unsplit connection (TLS), giving up at
     /// `deadline`. A split writer cannot read.
     pub(crate) fn recv(&mut self, deadline: Instant) -> Result<Value, Failure> {
         match self {
-            Writer::Whole(whole) => {
+            Writer::Unsplit(unsplit) => {
                 let left = left_or_least(deadline);
-                if needs_reset(whole.read_timeout, left) {
+                if needs_reset(unsplit.read_timeout, left) {
                     let t = timeout_for(left);
-                    whole
+                    unsplit
                         .inner
                         .set_read_timeout(Some(t))
                         .map_err(redis_failure)?;
-                    whole.read_timeout = Some(t);
+                    unsplit.read_timeout = Some(t);
                 }
-                whole.inner.recv_response().map_err(redis_failure)
+                unsplit.inner.recv_response().map_err(redis_failure)
             }
             Writer::Stream { .. } => Err(Failure::Error(NodeError::Io(
                 "a split connection reads through its reader".to_string(),
