@@ -32,7 +32,7 @@ use shared::Shared;
 pub(crate) use shared::Ticket;
 
 use crate::error::Failure;
-use crate::script::Command;
+use crate::script::{is_noscript, Command};
 
 /// One Redis master.
 pub(crate) struct Node {
@@ -103,9 +103,38 @@ impl Node {
             .submit(&self.connector, cmd, deadline, connect_timeout, true)
     }
 
-    /// Waits for the reply to `ticket`, reading it (and whatever comes
-    /// before it) when no other thread is doing I/O.
+    /// Waits for the reply to `cmd`, sent under `ticket`, reading it (and
+    /// whatever comes before it) when no other thread is doing I/O. A
+    /// script the server lost is sent again as `EVAL` and waited for, in
+    /// the same round: see [`script_reply`](Self::script_reply).
     pub(crate) fn wait(
+        &self,
+        cmd: &Command,
+        ticket: Ticket,
+        deadline: Instant,
+        connect_timeout: Duration,
+    ) -> Result<Value, Failure> {
+        let reply = self.wait_raw(ticket, deadline, connect_timeout);
+        self.script_reply(cmd, ticket, reply, deadline, connect_timeout)
+    }
+
+    /// Like [`wait`](Self::wait), but returns `None` instead of sleeping
+    /// when another thread is doing I/O on the connection.
+    pub(crate) fn poll(
+        &self,
+        cmd: &Command,
+        ticket: Ticket,
+        deadline: Instant,
+        connect_timeout: Duration,
+    ) -> Option<Result<Value, Failure>> {
+        let reply = self
+            .shared
+            .take(&self.connector, ticket, deadline, connect_timeout, false)?;
+        Some(self.script_reply(cmd, ticket, reply, deadline, connect_timeout))
+    }
+
+    /// The reply to `ticket` as it came, with no script bookkeeping.
+    fn wait_raw(
         &self,
         ticket: Ticket,
         deadline: Instant,
@@ -116,16 +145,44 @@ impl Node {
             .unwrap_or(Err(Failure::TimedOut))
     }
 
-    /// Like [`wait`](Self::wait), but returns `None` instead of sleeping
-    /// when another thread is doing I/O on the connection.
-    pub(crate) fn poll(
+    /// The node's script cache bookkeeping, once `reply` to `cmd` came: a
+    /// script that ran is known to be cached on the connection's server, a
+    /// `NOSCRIPT` says it is not. After a `NOSCRIPT` the command goes once
+    /// more as `EVAL`, within the same deadline, and that reply is the
+    /// answer.
+    fn script_reply(
         &self,
+        cmd: &Command,
         ticket: Ticket,
+        reply: Result<Value, Failure>,
         deadline: Instant,
         connect_timeout: Duration,
-    ) -> Option<Result<Value, Failure>> {
-        self.shared
-            .take(&self.connector, ticket, deadline, connect_timeout, false)
+    ) -> Result<Value, Failure> {
+        let Some(script) = cmd.script else {
+            return reply;
+        };
+        if !self.note_script(ticket, script.bit, &reply) {
+            return reply;
+        }
+        let ticket = self.submit_eval(cmd, deadline, connect_timeout)?;
+        let reply = self.wait_raw(ticket, deadline, connect_timeout);
+        self.note_script(ticket, script.bit, &reply);
+        reply
+    }
+
+    /// Records what `reply` says about whether the server of `ticket`'s
+    /// connection has the script `bit`. Returns whether the server lost it
+    /// (`NOSCRIPT`).
+    fn note_script(&self, ticket: Ticket, bit: u8, reply: &Result<Value, Failure>) -> bool {
+        let Ok(value) = reply else {
+            return false;
+        };
+        let lost = is_noscript(value);
+        let ran = !matches!(value, Value::ServerError(_));
+        if lost || ran {
+            self.shared.note_script(ticket, bit, ran);
+        }
+        lost
     }
 
     /// Whether writing to the node now means connecting first (it has no
@@ -152,10 +209,5 @@ impl Node {
     /// The reply to `ticket` is no longer wanted: discard it when it comes.
     pub(crate) fn abandon(&self, ticket: Ticket) {
         self.shared.abandon(ticket);
-    }
-
-    /// Records whether the server of `ticket`'s connection has `script`.
-    pub(crate) fn note_script(&self, ticket: Ticket, bit: u8, known: bool) {
-        self.shared.note_script(ticket, bit, known);
     }
 }

@@ -12,7 +12,7 @@ use redis::Value;
 
 use crate::error::Failure;
 use crate::node::{Node, Ticket};
-use crate::script::{is_noscript, Command};
+use crate::script::Command;
 
 /// Where the next round starts reading.
 static ROTATION: AtomicUsize = AtomicUsize::new(0);
@@ -40,133 +40,167 @@ pub(crate) fn run(
     deadline: Instant,
     connect_timeout: Duration,
     ask: impl Fn(usize) -> bool,
-    mut decided: impl FnMut(&Result<Value, Failure>) -> bool,
+    decided: impl FnMut(&Result<Value, Failure>) -> bool,
 ) -> Vec<Reply> {
-    let mut done = false;
-    let mut replies: Vec<Reply> = Vec::with_capacity(nodes.len());
-    for _ in nodes {
-        replies.push(Reply {
-            result: Err(Failure::NotAwaited),
-            elapsed: Duration::ZERO,
-            ticket: None,
-        });
-    }
-    // Write first to the nodes that are connected, so their replies travel
-    // while we connect to the others; connect those side by side, so that
-    // one node whose connect hangs does not use up the others' time.
+    let mut round = Round {
+        nodes,
+        cmd,
+        start,
+        deadline,
+        connect_timeout,
+        replies: nodes
+            .iter()
+            .map(|_| Reply {
+                result: Err(Failure::NotAwaited),
+                elapsed: Duration::ZERO,
+                ticket: None,
+            })
+            .collect(),
+        decided,
+        done: false,
+    };
     let (connecting, connected) = by_connect(nodes, &ask);
-    let submit = |i: usize| nodes[i].submit(cmd, deadline, connect_timeout);
-    let mut record = |i: usize, result: Result<Ticket, Failure>| {
-        let ticket = result.as_ref().ok().copied();
+    round.write_to_connected(&connected);
+    round.connect_the_rest(&connecting);
+    let order = round.order_for_reading(connected, connecting);
+    let left = round.read_until_decided(order);
+    round.leave_the_rest(left);
+    round.replies
+}
+
+/// One round under way: what it runs where, and what came back.
+struct Round<'a, D> {
+    nodes: &'a [Node],
+    cmd: &'a Command,
+    start: Instant,
+    deadline: Instant,
+    connect_timeout: Duration,
+    replies: Vec<Reply>,
+    /// The caller's tally: true once the outcome is decided.
+    decided: D,
+    /// `decided` returned true: stop waiting for replies.
+    done: bool,
+}
+
+impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
+    /// Writes the command to the nodes that are connected, first, so that
+    /// their replies travel while we connect to the others.
+    fn write_to_connected(&mut self, connected: &[usize]) {
+        for &i in connected {
+            let sent = self.nodes[i].submit(self.cmd, self.deadline, self.connect_timeout);
+            self.sent(i, sent);
+        }
+    }
+
+    /// Connects to the other nodes side by side, so that one node whose
+    /// connect hangs does not use up the others' time, and writes the
+    /// command to each.
+    fn connect_the_rest(&mut self, connecting: &[usize]) {
+        let (nodes, cmd, deadline, connect_timeout) =
+            (self.nodes, self.cmd, self.deadline, self.connect_timeout);
+        let submit = |i: usize| nodes[i].submit(cmd, deadline, connect_timeout);
+        for (i, sent) in side_by_side(connecting, submit) {
+            self.sent(i, sent);
+        }
+    }
+
+    /// Records that the command was written to node `i` (its ticket), or
+    /// why not (which counts as its reply).
+    fn sent(&mut self, i: usize, sent: Result<Ticket, Failure>) {
+        let ticket = sent.as_ref().ok().copied();
         // Until its reply is read, a node that was sent the command stands
         // as not awaited.
-        let result = result.and(Err(Failure::NotAwaited));
-        if result != Err(Failure::NotAwaited) && !done {
-            done = decided(&result);
+        let result = sent.and(Err(Failure::NotAwaited));
+        if result != Err(Failure::NotAwaited) && !self.done {
+            self.done = (self.decided)(&result);
         }
-        replies[i] = Reply {
+        self.replies[i] = Reply {
             result,
-            elapsed: start.elapsed(),
+            elapsed: self.start.elapsed(),
             ticket,
         };
-    };
-    for &i in &connected {
-        record(i, submit(i));
     }
-    for (i, result) in side_by_side(&connecting, submit) {
-        record(i, result);
+
+    /// The nodes to read, in the order to read them: the nodes that keep us
+    /// waiting (or timed out last time) after the others, so a round that a
+    /// quorum decided need not wait for them; among equally quick nodes,
+    /// rotated, so the replies left unread spread out.
+    fn order_for_reading(&self, connected: Vec<usize>, connecting: Vec<usize>) -> Vec<usize> {
+        let mut order = connected;
+        order.extend(connecting);
+        order.sort_unstable();
+        order.retain(|&i| self.replies[i].ticket.is_some());
+        let len = order.len().max(1);
+        order.rotate_left(ROTATION.fetch_add(1, Ordering::Relaxed) % len);
+        order.sort_by_key(|&i| self.nodes[i].lateness());
+        order
     }
-    let mut order = connected;
-    order.extend(connecting);
 
-    // Read the nodes that keep us waiting (or timed out last time) after the
-    // others, so a round that a quorum decided need not wait for them; among
-    // equally quick nodes, rotate, so the replies left unread spread out.
-    let mut pending = order;
-    pending.sort_unstable();
-    pending.retain(|&i| replies[i].ticket.is_some());
-    let len = pending.len().max(1);
-    pending.rotate_left(ROTATION.fetch_add(1, Ordering::Relaxed) % len);
-    pending.sort_by_key(|&i| nodes[i].lateness());
+    /// Reads replies, in `pending`'s order as far as they come, until the
+    /// outcome is decided or none is left. Returns the nodes not read.
+    fn read_until_decided(&mut self, mut pending: Vec<usize>) -> Vec<usize> {
+        while !pending.is_empty() && !self.done {
+            // Take whatever can be had without sleeping: a stored reply, or
+            // a connection nobody else is reading.
+            let mut progressed = false;
+            let mut k = 0;
+            while k < pending.len() && !self.done {
+                let i = pending[k];
+                let polled = self.replies[i].ticket.and_then(|t| {
+                    self.nodes[i].poll(self.cmd, t, self.deadline, self.connect_timeout)
+                });
+                match polled {
+                    Some(result) => {
+                        pending.remove(k);
+                        self.received(i, result);
+                        progressed = true;
+                    }
+                    None => k += 1,
+                }
+            }
+            // Every connection still awaited is being read by another
+            // thread: sleep until the first of them hands over our reply.
+            if !progressed && !self.done {
+                let i = pending.remove(0);
+                self.wait_for(i);
+            }
+        }
+        pending
+    }
 
-    let mut finish =
-        |replies: &mut [Reply], i: usize, mut result: Result<Value, Failure>, done: &mut bool| {
-            let node = &nodes[i];
-            let Some(mut ticket) = replies[i].ticket else {
-                return;
+    /// The outcome is decided: leaves the replies of `unread` to be read
+    /// and discarded later, except on a connection with so many unread
+    /// replies that it is drained now.
+    fn leave_the_rest(&mut self, unread: Vec<usize>) {
+        for i in unread {
+            let Some(ticket) = self.replies[i].ticket else {
+                continue;
             };
-            if let Some(script) = cmd.script {
-                for retry in [true, false] {
-                    let lost = matches!(&result, Ok(value) if is_noscript(value));
-                    let ran =
-                        matches!(&result, Ok(value) if !matches!(value, Value::ServerError(_)));
-                    if lost || ran {
-                        node.note_script(ticket, script.bit, ran);
-                    }
-                    if !(lost && retry) {
-                        break;
-                    }
-                    // The server lost our script: once more as EVAL, in the same
-                    // round and against the same deadline.
-                    result = node
-                        .submit_eval(cmd, deadline, connect_timeout)
-                        .and_then(|t| {
-                            ticket = t;
-                            node.wait(t, deadline, connect_timeout)
-                        });
-                }
-            }
-            replies[i].elapsed = start.elapsed();
-            if !*done {
-                *done = decided(&result);
-            }
-            replies[i].result = result;
-        };
-
-    while !pending.is_empty() {
-        if done {
-            for i in pending.drain(..) {
-                let Some(ticket) = replies[i].ticket else {
-                    continue;
-                };
-                if nodes[i].backlogged(ticket) {
-                    let result = nodes[i].wait(ticket, deadline, connect_timeout);
-                    finish(&mut replies, i, result, &mut done);
-                } else {
-                    nodes[i].abandon(ticket);
-                }
-            }
-            break;
-        }
-        // Take whatever can be had without sleeping: a stored reply, or a
-        // connection nobody else is reading.
-        let mut progressed = false;
-        let mut k = 0;
-        while k < pending.len() && !done {
-            let i = pending[k];
-            let polled = replies[i]
-                .ticket
-                .and_then(|t| nodes[i].poll(t, deadline, connect_timeout));
-            match polled {
-                Some(result) => {
-                    pending.remove(k);
-                    finish(&mut replies, i, result, &mut done);
-                    progressed = true;
-                }
-                None => k += 1,
-            }
-        }
-        // Every connection still awaited is being read by another thread:
-        // sleep until the first of them hands over our reply.
-        if !progressed && !done {
-            let i = pending.remove(0);
-            if let Some(ticket) = replies[i].ticket {
-                let result = nodes[i].wait(ticket, deadline, connect_timeout);
-                finish(&mut replies, i, result, &mut done);
+            if self.nodes[i].backlogged(ticket) {
+                self.wait_for(i);
+            } else {
+                self.nodes[i].abandon(ticket);
             }
         }
     }
-    replies
+
+    /// Waits for node `i`'s reply, and records it.
+    fn wait_for(&mut self, i: usize) {
+        if let Some(ticket) = self.replies[i].ticket {
+            let result = self.nodes[i].wait(self.cmd, ticket, self.deadline, self.connect_timeout);
+            self.received(i, result);
+        }
+    }
+
+    /// Records node `i`'s reply, and counts it unless the outcome is
+    /// already decided.
+    fn received(&mut self, i: usize, result: Result<Value, Failure>) {
+        self.replies[i].elapsed = self.start.elapsed();
+        if !self.done {
+            self.done = (self.decided)(&result);
+        }
+        self.replies[i].result = result;
+    }
 }
 
 /// The nodes for which `ask` is true: those that must be connected first
