@@ -119,6 +119,15 @@ impl RedlockBuilder {
     }
 }
 
+/// How long a round reads replies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    /// Until a quorum granted, or can no longer grant.
+    UntilDecided,
+    /// Every reply, until the deadline.
+    EveryReply,
+}
+
 /// What the nodes of one round said, counted.
 struct Tally {
     report: Report,
@@ -265,7 +274,7 @@ impl Redlock {
     /// - [`LockError::TooSlow`] when a quorum granted it but no validity was
     ///   left.
     pub fn acquire(&self, resource: &str, ttl: Duration) -> Result<Lock, LockError> {
-        self.acquire_with(
+        self.acquire_retrying(
             vec![resource.to_string()],
             ttl,
             self.inner.config.retry_count,
@@ -290,7 +299,7 @@ impl Redlock {
     ///
     /// As [`acquire`](Self::acquire).
     pub fn try_acquire(&self, resource: &str, ttl: Duration) -> Result<Lock, LockError> {
-        self.acquire_with(vec![resource.to_string()], ttl, 0)
+        self.acquire_retrying(vec![resource.to_string()], ttl, 0)
     }
 
     /// Acquires one lock over several resources, all or nothing: on each
@@ -326,7 +335,7 @@ impl Redlock {
         S: AsRef<str>,
     {
         let retries = self.inner.config.retry_count;
-        self.acquire_with(resource_list(resources), ttl, retries)
+        self.acquire_retrying(resource_list(resources), ttl, retries)
     }
 
     /// Like [`acquire_many`](Self::acquire_many), but one round only: no
@@ -352,12 +361,12 @@ impl Redlock {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        self.acquire_with(resource_list(resources), ttl, 0)
+        self.acquire_retrying(resource_list(resources), ttl, 0)
     }
 
     /// Acquires a lock over `resources`, with up to `retries` retries and
     /// within the wait budget.
-    pub(crate) fn acquire_with(
+    pub(crate) fn acquire_retrying(
         &self,
         resources: Vec<String>,
         ttl: Duration,
@@ -455,12 +464,12 @@ impl Redlock {
     /// On error the lock is left as it was: its validity still counts down
     /// from the last successful round.
     pub fn extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), LockError> {
-        self.extend_with(lock, ttl, self.inner.config.retry_count)
+        self.extend_retrying(lock, ttl, self.inner.config.retry_count)
     }
 
     /// [`extend`](Self::extend) with up to `retries` retries of a round that
     /// too few nodes answered.
-    pub(crate) fn extend_with(
+    pub(crate) fn extend_retrying(
         &self,
         lock: &mut Lock,
         ttl: Duration,
@@ -550,12 +559,7 @@ impl Redlock {
     /// One release round over every node (no validity involved).
     fn release_round(&self, resources: &[String], token: &Token) -> Tally {
         let cmd = Command::script(&script::RELEASE, resources, &[&token.hex()]);
-        let wanted = resources.len() as i64;
-        self.round(&cmd, Duration::ZERO, |value| match value {
-            Value::Int(n) if *n == wanted => Ok(true),
-            Value::Int(_) => Ok(false),
-            other => Err(other),
-        })
+        self.round(&cmd, Duration::ZERO, release_vote(resources.len()))
     }
 
     /// After a failed attempt: sends the release to every node that may hold
@@ -584,20 +588,41 @@ impl Redlock {
         ttl: Duration,
         vote: impl Fn(&Value) -> Result<bool, &Value>,
     ) -> Tally {
-        self.round_with(cmd, ttl, vote, |_| true, true)
+        self.counted_round(cmd, ttl, vote, |_| true, Reading::UntilDecided)
     }
 
-    /// Like [`round`](Self::round), on the nodes for which `ask` is true
-    /// (the others show as not awaited), and, unless `early`, reading every
-    /// reply until the deadline instead of stopping once the outcome is
-    /// decided.
-    fn round_with(
+    /// Like [`round`](Self::round), but reads every reply (until the
+    /// deadline), also once the outcome is decided.
+    fn round_reading_every_reply(
+        &self,
+        cmd: &Command,
+        ttl: Duration,
+        vote: impl Fn(&Value) -> Result<bool, &Value>,
+    ) -> Tally {
+        self.counted_round(cmd, ttl, vote, |_| true, Reading::EveryReply)
+    }
+
+    /// Like [`round`](Self::round), but asks only the nodes whose entry in
+    /// `asked` is true; the others show as not awaited, and count as not
+    /// granting.
+    fn round_asking_only(
+        &self,
+        asked: &[bool],
+        cmd: &Command,
+        ttl: Duration,
+        vote: impl Fn(&Value) -> Result<bool, &Value>,
+    ) -> Tally {
+        self.counted_round(cmd, ttl, vote, |i| asked[i], Reading::UntilDecided)
+    }
+
+    /// One round on the nodes for which `ask` is true, its votes counted.
+    fn counted_round(
         &self,
         cmd: &Command,
         ttl: Duration,
         vote: impl Fn(&Value) -> Result<bool, &Value>,
         ask: impl Fn(usize) -> bool,
-        early: bool,
+        reading: Reading,
     ) -> Tally {
         let inner = &*self.inner;
         let (n, quorum) = (inner.nodes.len(), inner.quorum);
@@ -616,7 +641,7 @@ impl Redlock {
                     Ok(value) if vote(value) == Ok(true) => yes += 1,
                     _ => no += 1,
                 }
-                early && (yes >= quorum || no > n - quorum)
+                reading == Reading::UntilDecided && (yes >= quorum || no > n - quorum)
             },
         );
         let elapsed = start.elapsed();
@@ -711,6 +736,17 @@ fn acquire_vote(value: &Value) -> Result<bool, &Value> {
         Value::Okay => Ok(true),
         Value::Int(1) => Ok(true),
         Value::Nil | Value::Int(0) => Ok(false),
+        other => Err(other),
+    }
+}
+
+/// A release script's reply (how many keys it deleted) as a vote: granted
+/// if it deleted all `resources` keys.
+fn release_vote(resources: usize) -> impl Fn(&Value) -> Result<bool, &Value> {
+    let wanted = resources as i64;
+    move |value| match value {
+        Value::Int(n) if *n == wanted => Ok(true),
+        Value::Int(_) => Ok(false),
         other => Err(other),
     }
 }

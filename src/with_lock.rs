@@ -51,11 +51,13 @@ const LOST: u64 = 0;
 /// # Ok::<(), LockError>(())
 /// ```
 pub struct LockGuard<'a> {
-    state: &'a State,
+    lease: &'a Lease,
 }
 
-/// What the guard and the watchdog share.
-struct State {
+/// The lease as the guard and the watchdog share it: its validity
+/// deadline, whether it will be extended again, and how to stop the
+/// watchdog.
+struct Lease {
     /// The instant `deadline` counts from.
     base: Instant,
     /// The validity deadline, in nanoseconds since `base` (at least 1), or
@@ -75,12 +77,12 @@ struct State {
     wake: Condvar,
 }
 
-impl State {
-    fn new(lock: &Lock, hold_deadline: Option<Instant>) -> State {
+impl Lease {
+    fn new(lock: &Lock, hold_deadline: Option<Instant>) -> Lease {
         // A cap the acquisition's validity already reaches leaves no
         // extension to come.
         let capped = hold_deadline.is_some_and(|hold| hold <= lock.valid_until);
-        let state = State {
+        let lease = Lease {
             base: Instant::now(),
             deadline: AtomicU64::new(LOST),
             ending: AtomicBool::new(capped),
@@ -91,9 +93,9 @@ impl State {
             done: Mutex::new(false),
             wake: Condvar::new(),
         };
-        let first = state.nanos(lock.valid_until).max(1);
-        state.deadline.store(first, Ordering::Release);
-        state
+        let first = lease.nanos(lock.valid_until).max(1);
+        lease.deadline.store(first, Ordering::Release);
+        lease
     }
 
     /// `t` in nanoseconds since `base` (0 for earlier instants).
@@ -235,7 +237,7 @@ impl State {
                     this_ttl = room;
                 }
             }
-            match client.extend_with(lock, this_ttl, 0) {
+            match client.extend_retrying(lock, this_ttl, 0) {
                 Ok(()) => {
                     self.set_report(lock.report());
                     // The shortened TTL was measured before the round began:
@@ -288,7 +290,7 @@ impl LockGuard<'_> {
     /// # Ok::<(), LockError>(())
     /// ```
     pub fn resource(&self) -> &str {
-        &self.state.resources[0]
+        &self.lease.resources[0]
     }
 
     /// Every resource held, in the order given.
@@ -304,7 +306,7 @@ impl LockGuard<'_> {
     /// # Ok::<(), LockError>(())
     /// ```
     pub fn resources(&self) -> &[String] {
-        &self.state.resources
+        &self.lease.resources
     }
 
     /// The token that proves ownership (it does not change when the lock
@@ -321,7 +323,7 @@ impl LockGuard<'_> {
     /// # Ok::<(), LockError>(())
     /// ```
     pub fn token(&self) -> &Token {
-        &self.state.token
+        &self.lease.token
     }
 
     /// How long the lock is still valid, by the monotonic clock, as of the
@@ -338,10 +340,10 @@ impl LockGuard<'_> {
     /// # Ok::<(), LockError>(())
     /// ```
     pub fn validity(&self) -> Duration {
-        if !self.state.held() {
+        if !self.lease.held() {
             return Duration::ZERO;
         }
-        self.state.deadline().map_or(Duration::ZERO, |d| {
+        self.lease.deadline().map_or(Duration::ZERO, |d| {
             d.saturating_duration_since(Instant::now())
         })
     }
@@ -363,7 +365,7 @@ impl LockGuard<'_> {
     /// # Ok::<(), LockError>(())
     /// ```
     pub fn is_held(&self) -> bool {
-        self.state.held()
+        self.lease.held()
     }
 
     /// `Ok(())` while the lock is held, else the lost-lock error: the
@@ -387,10 +389,10 @@ impl LockGuard<'_> {
     /// watchdog's last round (the refused or failed extension, if there
     /// was one).
     pub fn check(&self) -> Result<(), LockError> {
-        if self.state.held() {
+        if self.lease.held() {
             Ok(())
         } else {
-            Err(self.state.lost_error())
+            Err(self.lease.lost_error())
         }
     }
 
@@ -415,7 +417,7 @@ impl LockGuard<'_> {
     /// # Ok::<(), LockError>(())
     /// ```
     pub fn is_ending(&self) -> bool {
-        self.state.ending.load(Ordering::Acquire) || !self.state.held()
+        self.lease.ending.load(Ordering::Acquire) || !self.lease.held()
     }
 
     /// The instant (monotonic clock) past which the lock is never extended,
@@ -433,15 +435,15 @@ impl LockGuard<'_> {
     /// # Ok::<(), LockError>(())
     /// ```
     pub fn hold_deadline(&self) -> Option<Instant> {
-        self.state.hold_deadline
+        self.lease.hold_deadline
     }
 }
 
 impl fmt::Debug for LockGuard<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("resources", &self.state.resources)
-            .field("token", &self.state.token)
+            .field("resources", &self.lease.resources)
+            .field("token", &self.lease.token)
             .field("validity", &self.validity())
             .field("ending", &self.is_ending())
             .finish()
@@ -520,7 +522,7 @@ impl Redlock {
         F: FnOnce(&LockGuard<'_>) -> Result<T, E>,
         E: From<LockError>,
     {
-        self.with_lock_on(vec![resource.to_string()], ttl, f)
+        self.lock_and_run(vec![resource.to_string()], ttl, f)
     }
 
     /// [`with_lock`](Self::with_lock) over several resources held as one
@@ -555,38 +557,42 @@ impl Redlock {
         F: FnOnce(&LockGuard<'_>) -> Result<T, E>,
         E: From<LockError>,
     {
-        self.with_lock_on(resource_list(resources), ttl, f)
+        self.lock_and_run(resource_list(resources), ttl, f)
     }
 
-    fn with_lock_on<T, E, F>(&self, resources: Vec<String>, ttl: Duration, f: F) -> Result<T, E>
+    /// Acquires one lock over `resources`, runs `f` under it while the
+    /// watchdog extends it, and releases it: the body of
+    /// [`with_lock`](Self::with_lock) and
+    /// [`with_lock_many`](Self::with_lock_many).
+    fn lock_and_run<T, E, F>(&self, resources: Vec<String>, ttl: Duration, f: F) -> Result<T, E>
     where
         F: FnOnce(&LockGuard<'_>) -> Result<T, E>,
         E: From<LockError>,
     {
         let config = *self.config();
-        let mut lock = self.acquire_with(resources, ttl, config.retry_count)?;
+        let mut lock = self.acquire_retrying(resources, ttl, config.retry_count)?;
         let hold_deadline = config
             .max_hold
             .and_then(|cap| Instant::now().checked_add(cap));
-        let state = State::new(&lock, hold_deadline);
-        if !state.held() {
+        let lease = Lease::new(&lock, hold_deadline);
+        if !lease.held() {
             // Out of validity already: the closure does not start.
             let _ = self.release(lock);
-            return Err(state.lost_error().into());
+            return Err(lease.lost_error().into());
         }
 
         let scoped = std::thread::scope(|s| {
             let watchdog = std::thread::Builder::new()
                 .name("redlock-watchdog".to_string())
                 .spawn_scoped(s, || {
-                    state.watch(self, &mut lock, ttl, config.extend_when_left)
+                    lease.watch(self, &mut lock, ttl, config.extend_when_left)
                 })?;
-            let guard = LockGuard { state: &state };
+            let guard = LockGuard { lease: &lease };
             let outcome = panic::catch_unwind(AssertUnwindSafe(|| f(&guard)));
             // Held now means held all along: the deadline never moves
             // forward once passed.
-            let held = state.held();
-            state.stop();
+            let held = lease.held();
+            lease.stop();
             Ok((outcome, held, watchdog.join()))
         });
         let (outcome, held, watchdog) = match scoped {
@@ -608,7 +614,7 @@ impl Redlock {
             panic::resume_unwind(panic);
         }
         if !held {
-            return Err(state.lost_error().into());
+            return Err(lease.lost_error().into());
         }
         match released {
             Err(lost @ LockError::Lost { .. }) => Err(lost.into()),

@@ -152,7 +152,7 @@ impl Redlock {
     /// [`FENCE_KEY_PREFIX`]. A node whose counter is not a number fails
     /// (its script fails before it writes anything).
     pub fn acquire_fenced(&self, resource: &str, ttl: Duration) -> Result<Lock, LockError> {
-        self.acquire_fenced_with(resource, ttl, self.inner.config.retry_count)
+        self.acquire_fenced_retrying(resource, ttl, self.inner.config.retry_count)
     }
 
     /// Like [`acquire_fenced`](Self::acquire_fenced), but one attempt only:
@@ -177,10 +177,12 @@ impl Redlock {
     ///
     /// As [`acquire_fenced`](Self::acquire_fenced).
     pub fn try_acquire_fenced(&self, resource: &str, ttl: Duration) -> Result<Lock, LockError> {
-        self.acquire_fenced_with(resource, ttl, 0)
+        self.acquire_fenced_retrying(resource, ttl, 0)
     }
 
-    fn acquire_fenced_with(
+    /// [`acquire_fenced`](Self::acquire_fenced) with up to `retries`
+    /// retries.
+    fn acquire_fenced_retrying(
         &self,
         resource: &str,
         ttl: Duration,
@@ -219,20 +221,7 @@ impl Redlock {
         // Round one reads every reply (no early decision): every node that
         // may count must have its counter in the token, so a node whose
         // round-one reply went unread must not confirm in round two.
-        let first = self.round_with(
-            &claim,
-            ttl,
-            |value| match value {
-                Value::Int(n) if *n > 0 => {
-                    highest.set(highest.get().max(n.unsigned_abs()));
-                    Ok(true)
-                }
-                Value::Int(0) => Ok(false),
-                other => Err(other),
-            },
-            |_| true,
-            false,
-        );
+        let first = self.round_reading_every_reply(&claim, ttl, claim_vote(&highest));
         if !first.granted() {
             return (first, None);
         }
@@ -250,7 +239,7 @@ impl Redlock {
             .iter()
             .map(|n| n.outcome == NodeOutcome::Granted)
             .collect();
-        let second = self.round_with(&confirm, ttl, script_vote, |i| granted[i], true);
+        let second = self.round_asking_only(&granted, &confirm, ttl, script_vote);
         (self.both_rounds(first, second, ttl), Some(fence))
     }
 
@@ -285,6 +274,19 @@ impl Redlock {
                 .filter(|v| !v.is_zero()),
             start: first.start,
         }
+    }
+}
+
+/// A round-one reply as a vote: a counter (granted, and the largest so far
+/// kept in `highest`), or 0 (refused: the lock is held).
+fn claim_vote(highest: &Cell<u64>) -> impl Fn(&Value) -> Result<bool, &Value> + '_ {
+    move |value| match value {
+        Value::Int(n) if *n > 0 => {
+            highest.set(highest.get().max(n.unsigned_abs()));
+            Ok(true)
+        }
+        Value::Int(0) => Ok(false),
+        other => Err(other),
     }
 }
 
