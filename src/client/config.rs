@@ -86,7 +86,9 @@ impl Config {
     }
 }
 
-/// Builds a [`Redlock`](crate::Redlock) with settings other than the defaults.
+/// Builds a [`Redlock`](crate::Redlock) with settings other than the
+/// defaults. Each setter says what it changes and its default; nothing is
+/// checked, and nothing connected, until [`build`](Self::build).
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -113,118 +115,70 @@ pub struct RedlockBuilder {
 }
 
 impl RedlockBuilder {
-    /// How many times [`Redlock::acquire`](crate::Redlock::acquire) tries again after a failed round
-    /// (so it runs at most `retry_count + 1` rounds). Default: 3.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use redlock_sync::Redlock;
-    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-    ///     .retry_count(10)
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
+    /// Sets how many times a round that did not succeed is tried again:
+    /// by [`acquire`](crate::Redlock::acquire) and the other acquisitions
+    /// when the lock was not won, by [`extend`](crate::Redlock::extend) when
+    /// too few nodes answered. So a call runs at most `retry_count + 1`
+    /// rounds; the `try_*` calls run one. Defaults to 3.
     pub fn retry_count(mut self, count: u32) -> Self {
         self.config.retry_count = count;
         self
     }
 
-    /// The fixed part of the pause between two rounds. Default: 200 ms.
-    /// Zero is allowed.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use redlock_sync::Redlock;
-    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-    ///     .retry_delay(Duration::from_millis(50))
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
+    /// Sets the fixed part of the pause between two rounds. Zero is
+    /// allowed. Defaults to 200 ms.
     pub fn retry_delay(mut self, delay: Duration) -> Self {
         self.config.retry_delay = delay;
         self
     }
 
-    /// The random part of the pause between two rounds: the pause is drawn
-    /// from `[retry_delay, retry_delay + retry_jitter)`, so that contending
-    /// clients spread out. Default: 100 ms. Zero is allowed.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use redlock_sync::Redlock;
-    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-    ///     .retry_jitter(Duration::from_millis(50))
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
+    /// Sets the random part of the pause between two rounds: the pause is
+    /// drawn from `[retry_delay, retry_delay + retry_jitter)`, so that
+    /// contending clients spread out. Zero is allowed. Defaults to 100 ms.
     pub fn retry_jitter(mut self, jitter: Duration) -> Self {
         self.config.retry_jitter = jitter;
         self
     }
 
-    /// The share of the TTL set aside for clock drift between processes:
-    /// `validity = ttl - elapsed - (ttl * drift_factor + 2 ms)`. Must be in
-    /// `[0, 1)`. Default: 0.01.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use redlock_sync::Redlock;
-    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-    ///     .drift_factor(0.02)
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
+    /// Sets the share of the TTL set aside for clock drift between
+    /// processes: `validity = ttl - elapsed - (ttl * drift_factor + 2 ms)`.
+    /// Must be in `[0, 1)`. Defaults to 0.01.
     pub fn drift_factor(mut self, factor: f64) -> Self {
         self.config.drift_factor = factor;
         self
     }
 
-    /// The bound on one round's network I/O: a round's deadline is this long
-    /// after it begins, and a node that has not answered by then counts as
-    /// failed. Keep it small next to the TTL, and above three round trips
-    /// to your nodes: a round that must (re)connect spends one on the TCP
-    /// connect and one on the handshake before its command. Default: 50 ms,
-    /// for nodes in the same datacenter.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use redlock_sync::Redlock;
-    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-    ///     .io_timeout(Duration::from_millis(200))
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
+    /// Sets the bound on one round's network I/O: a round's deadline is
+    /// this long after it begins, and a node that has not answered by then
+    /// counts as failed. Keep it small next to the TTL, and above three
+    /// round trips to your nodes: a round that must (re)connect spends one
+    /// on the TCP connect and one on the handshake before its command. At
+    /// most [`MAX_TIMEOUT`]. Defaults to 50 ms, for nodes in the same
+    /// datacenter.
     pub fn io_timeout(mut self, timeout: Duration) -> Self {
         self.config.io_timeout = timeout;
         self
     }
 
-    /// The bound on opening one connection: resolving a host name (for
+    /// Sets the bound on opening one connection: resolving a host name (for
     /// `redis://`; over TLS the `redis` crate resolves it, unbounded), TCP
     /// connect, then one round trip for `AUTH` and `SELECT` if the URL asks
     /// for them, `SCRIPT LOAD` for the scripts, and `INFO server` (the
     /// server's `run_id`, and its uptime for the restart guard). A connect
-    /// never runs past its round's deadline either. Default: 50 ms.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use redlock_sync::Redlock;
-    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-    ///     .connect_timeout(Duration::from_millis(200))
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
+    /// never runs past its round's deadline either. At most
+    /// [`MAX_TIMEOUT`]. Defaults to 50 ms.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.config.connect_timeout = timeout;
         self
     }
 
-    /// A bound on the total time [`Redlock::acquire`](crate::Redlock::acquire) (and the acquisition
-    /// in [`Redlock::with_lock`](crate::Redlock::with_lock)) spends waiting: no attempt starts, and no
-    /// pause is slept, past `wait` after the call began. The first attempt
-    /// always runs, so a zero budget means one attempt. The retry count
-    /// still applies as well; set it high to let the budget alone decide.
-    /// Default: none (the retry count alone decides).
+    /// Sets a bound on the total time [`acquire`](crate::Redlock::acquire)
+    /// (and the acquisition in [`with_lock`](crate::Redlock::with_lock))
+    /// spends waiting: no attempt starts, and no pause is slept, past `wait`
+    /// after the call began. The first attempt always runs, so a zero budget
+    /// means one attempt. The retry count still applies as well; set it high
+    /// to let the budget alone decide. Defaults to none: the retry count
+    /// alone decides.
     ///
     /// ```no_run
     /// # use redlock_sync::Redlock;
@@ -243,38 +197,29 @@ impl RedlockBuilder {
         self
     }
 
-    /// When the watchdog of [`Redlock::with_lock`](crate::Redlock::with_lock) extends the lock: once
-    /// only this share of its validity is left (the validity measured by
-    /// the acquisition or the last extension, which is the TTL minus the
-    /// round's time and the drift term). Must be in `(0, 1)`. Default: 1/3,
-    /// so a lock with a 30 s TTL is extended when about 10 s are left,
-    /// which leaves room for a few retries of a failed extension. Keep
-    /// `ttl * fraction` well above `io_timeout`.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::Redlock;
-    /// # use std::time::Duration;
-    /// // Extend when half the validity is left: every ~5 s for a 10 s TTL.
-    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-    ///     .extend_when_left(0.5)
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
+    /// Sets when the watchdog of [`with_lock`](crate::Redlock::with_lock)
+    /// extends the lock: once only this share of its validity is left (the
+    /// validity measured by the acquisition or the last extension, which is
+    /// the TTL minus the round's time and the drift term). Must be in
+    /// `(0, 1)`; keep `ttl * fraction` well above `io_timeout`. Defaults to
+    /// 1/3, so a lock with a 30 s TTL is extended when about 10 s are left,
+    /// which leaves room for a few retries of a failed extension.
     pub fn extend_when_left(mut self, fraction: f64) -> Self {
         self.config.extend_when_left = fraction;
         self
     }
 
-    /// A cap on how long [`Redlock::with_lock`](crate::Redlock::with_lock) holds a lock: the watchdog
-    /// never extends the validity past `max_hold` after the acquisition
-    /// (the last extension is shortened to end there), and then stops
-    /// extending; [`LockGuard::is_ending`](crate::LockGuard::is_ending)
-    /// turns true. A cap shorter than the TTL means no extension at all.
+    /// Sets a cap on how long [`with_lock`](crate::Redlock::with_lock)
+    /// holds a lock: the watchdog never extends the validity past
+    /// `max_hold` after the acquisition (the last extension is shortened to
+    /// end there), and then stops extending;
+    /// [`LockGuard::is_ending`](crate::LockGuard::is_ending) turns true. A
+    /// cap shorter than the TTL means no extension at all.
     ///
-    /// Default: none. Without a cap, a closure that hangs (a deadlock, a
-    /// stuck network call) keeps the lock alive for as long as its process
-    /// runs, and every other client waits that long: set a cap above the
-    /// longest time the work may legitimately take.
+    /// Without a cap, a closure that hangs (a deadlock, a stuck network
+    /// call) keeps the lock alive for as long as its process runs, and
+    /// every other client waits that long: set a cap above the longest time
+    /// the work may legitimately take. Defaults to none.
     ///
     /// ```no_run
     /// # use redlock_sync::Redlock;
@@ -291,8 +236,8 @@ impl RedlockBuilder {
         self
     }
 
-    /// The restarted-node guard: a node that has been up for less than
-    /// `grace` does not vote. Default: off (zero).
+    /// Sets the restarted-node guard: a node that has been up for less than
+    /// `grace` does not vote.
     ///
     /// A node that restarts without persistence forgets its locks; if it
     /// voted at once, another client could win a quorum that includes it
@@ -300,8 +245,9 @@ impl RedlockBuilder {
     /// a grace period, every new connection reads the node's uptime with
     /// `INFO server` (pipelined with the handshake: no extra round trip),
     /// and while the uptime is below `grace` the node is reported as failed
-    /// with [`NodeError::Restarted`](crate::NodeError::Restarted) and gets no command. Once its uptime
-    /// reaches `grace`, it votes again: a later round simply reconnects.
+    /// with [`NodeError::Restarted`](crate::NodeError::Restarted) and gets
+    /// no command. Once its uptime reaches `grace`, it votes again: a later
+    /// round simply reconnects.
     ///
     /// Set `grace` to at least the longest TTL you pass to `acquire` or
     /// `extend` (the locks a restarted node forgot have all expired by then),
@@ -316,13 +262,14 @@ impl RedlockBuilder {
     /// the client's connection while it reconnects to a restarted server
     /// behind it would hide the restart.
     ///
-    /// It is off by default because the right value depends on the longest
-    /// TTL, which only you know, and because a guard that is too long makes
-    /// every freshly started node (a new deployment, a test cluster) refuse
-    /// to vote for that long. Nodes that run with `appendonly yes` and
-    /// `appendfsync always` keep their locks across restarts and do not need
-    /// it. The guard does not help against data lost without a restart
-    /// (`FLUSHALL`, a failover to a replica that had not caught up).
+    /// Nodes that run with `appendonly yes` and `appendfsync always` keep
+    /// their locks across restarts and do not need the guard. It does not
+    /// help against data lost without a restart (`FLUSHALL`, a failover to
+    /// a replica that had not caught up). It is off unless set because the
+    /// right value depends on the longest TTL, which only you know, and
+    /// because a guard that is too long makes every freshly started node (a
+    /// new deployment, a test cluster) refuse to vote for that long.
+    /// Defaults to zero: off.
     ///
     /// ```no_run
     /// use std::time::Duration;
