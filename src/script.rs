@@ -251,4 +251,35 @@ mod tests {
             .bytes_for(RELEASE.bit)
             .starts_with(b"*5\r\n$7\r\nEVALSHA\r\n"));
     }
+
+    #[cfg(feature = "testing")]
+    #[test]
+    fn every_scripts_hard_coded_sha_is_the_one_script_load_returns() {
+        let cluster = crate::testing::Cluster::start(1).expect("a redis-server node");
+        let scripts: [(&str, &Script); 5] = [
+            ("RELEASE", &RELEASE),
+            ("EXTEND", &EXTEND),
+            ("ACQUIRE_MANY", &ACQUIRE_MANY),
+            ("FENCE_ACQUIRE", &FENCE_ACQUIRE),
+            ("FENCE_CONFIRM", &FENCE_CONFIRM),
+        ];
+        let mut bits = 0u8;
+        for (name, script) in scripts {
+            let loaded = cluster
+                .node(0)
+                .query(&["SCRIPT", "LOAD", script.body])
+                .expect("SCRIPT LOAD");
+            let got = match loaded {
+                redis::Value::BulkString(bytes) => String::from_utf8(bytes).unwrap(),
+                other => panic!("{name}: SCRIPT LOAD answered {other:?}"),
+            };
+            assert_eq!(
+                script.sha, got,
+                "{name}: hard-coded sha (left) vs SCRIPT LOAD (right)"
+            );
+            assert_eq!(bits & script.bit, 0, "{name}: bit {} is taken", script.bit);
+            assert_eq!(script.bit.count_ones(), 1, "{name}: one bit per script");
+            bits |= script.bit;
+        }
+    }
 }
