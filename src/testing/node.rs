@@ -470,10 +470,8 @@ mod tests {
 
         node.pause().unwrap();
         assert!(node.is_paused());
-        let err = ping_over(&mut open).unwrap_err();
-        assert!(is_timeout(&err), "expected a timeout, got {err:?}");
-        let err = ping_tcp(addr, SHORT).unwrap_err();
-        assert!(is_timeout(&err), "expected a timeout, got {err:?}");
+        assert_times_out(ping_over(&mut open));
+        assert_times_out(ping_tcp(addr, SHORT));
         assert!(node.get("k").is_err());
 
         node.resume().unwrap();

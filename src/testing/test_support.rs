@@ -2,6 +2,7 @@
 //! so that a test sees exactly what a node or the proxy sends, timeouts and
 //! resets included, with no client library in between.
 
+use std::fmt::Debug;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
@@ -59,4 +60,28 @@ pub(super) fn is_timeout(e: &io::Error) -> bool {
 
 pub(super) fn process_exists(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Asserts that `result` failed by timing out (the peer stayed silent).
+#[track_caller]
+pub(super) fn assert_times_out<T: Debug>(result: io::Result<T>) {
+    match result {
+        Ok(value) => panic!("expected a timeout, got {value:?}"),
+        Err(e) => assert!(is_timeout(&e), "expected a timeout, got {e:?}"),
+    }
+}
+
+/// Asserts that the peer closes `stream` (EOF or reset) within two seconds,
+/// sending nothing first.
+#[track_caller]
+pub(super) fn assert_closed_by_peer(stream: &mut TcpStream) {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("setting a read timeout");
+    let mut buf = [0u8; 16];
+    match stream.read(&mut buf) {
+        Ok(0) => {}
+        Ok(n) => panic!("unexpected bytes {:?}", &buf[..n]),
+        Err(e) => assert!(!is_timeout(&e), "expected EOF or reset, got {e:?}"),
+    }
 }
