@@ -29,9 +29,10 @@
 //! `redis-server` (Redis 6 or later, or a compatible server such as Valkey)
 //! must be installed: it is looked up in the `REDIS_SERVER` environment
 //! variable (a path, or a program name searched on `PATH`), else as
-//! `redis-server` on `PATH`. When it cannot be found the harness returns
-//! [`HarnessError::NotInstalled`], whose message says how to install it; it
-//! never skips silently. Pausing and resuming use the `kill` program (for
+//! `redis-server` on `PATH`; `REDIS_SERVER` may name a `valkey-server` too
+//! (tried with Redis 6.2 and 7.0 and Valkey 9). When it cannot be found the
+//! harness returns [`HarnessError::NotInstalled`], whose message says how to
+//! install Redis and how to set `REDIS_SERVER`; it never skips silently. Pausing and resuming use the `kill` program (for
 //! `kill -STOP` / `kill -CONT`), so this module targets Unix-like systems.
 //!
 //! # Example
@@ -85,12 +86,20 @@ const IO_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum HarnessError {
-    /// `redis-server` is not on `PATH` (or `REDIS_SERVER` points nowhere).
+    /// No server binary: `redis-server` is not on `PATH`, or `REDIS_SERVER`
+    /// names nothing that runs. The message says how to install Redis and
+    /// how to point the harness at another binary.
     #[error(
-        "redis-server not found on PATH: install it (Debian/Ubuntu: `sudo apt-get install redis-server`, \
-         macOS: `brew install redis`) or set REDIS_SERVER to its path"
+        "{searched}: install Redis (Debian/Ubuntu: `sudo apt-get install redis-server`; \
+         macOS: `brew install redis`), or set REDIS_SERVER to the server binary to run, \
+         a path or a name found on PATH, which may be a valkey-server \
+         (for example REDIS_SERVER=/usr/local/bin/valkey-server)"
     )]
-    NotInstalled,
+    NotInstalled {
+        /// Where the harness looked: `redis-server` on `PATH`, or what
+        /// `REDIS_SERVER` names and why it does not do.
+        searched: String,
+    },
     /// A node did not become ready (it exited early, or did not answer
     /// `PING` in time).
     #[error(

@@ -232,16 +232,15 @@ impl Spawner {
     /// Starts a TCP node on a fresh port, trying other ports when the picked
     /// one turns out to be taken.
     pub(super) fn launch_on_fresh_port(&self) -> Result<(Child, u16), HarnessError> {
-        let mut last = None;
-        for _ in 0..PORT_ATTEMPTS {
+        let mut attempt = 1;
+        loop {
             let port = free_port()?;
             match self.launch(&Address::Tcp(port)) {
                 Ok(child) => return Ok((child, port)),
-                Err(LaunchError::Exited(e)) => last = Some(e),
-                Err(LaunchError::Fatal(e)) => return Err(e),
+                Err(LaunchError::Exited(_)) if attempt < PORT_ATTEMPTS => attempt += 1,
+                Err(LaunchError::Exited(e) | LaunchError::Fatal(e)) => return Err(e),
             }
         }
-        Err(last.unwrap_or(HarnessError::NotInstalled))
     }
 
     /// Starts a node on a fixed address, retrying for a short while when the
