@@ -24,6 +24,21 @@
 //! binary or in several at once: every cluster has its own directory and its
 //! own ports.
 //!
+//! # Cleaning up after a killed run
+//!
+//! A run killed before its clusters dropped (`kill -TERM` or `kill -KILL` of
+//! a test binary or an example; Ctrl-C in a terminal also stops the servers,
+//! which share its process group) would leave servers running and folders
+//! behind. So on Linux every cluster keeps a record (its owner's pid and
+//! start time, its folder, its servers' pids and start times) in
+//! `redlock-sync-records-<uid>` under the temporary directory, and every
+//! [`Cluster::start`] first stops the servers of clusters whose owner is
+//! gone and removes their folders. It kills by pid, and only a process that
+//! is still that cluster's server: same start time, working in that
+//! cluster's folder, running the recorded binary; never by name. Servers of
+//! a killed run thus live until the next run of the harness starts a
+//! cluster.
+//!
 //! # Requirements
 //!
 //! `redis-server` (Redis 6 or later, or a compatible server such as Valkey)
@@ -62,12 +77,16 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-// One file per concept, from the bottom up: finding the binary, spawning one
-// server, a node the tests drive, a cluster of nodes, and the fault proxy.
+// One file per concept, from the bottom up: finding the binary, a process by
+// its pid, the records that let a later run reap a killed run's servers,
+// spawning one server, a node the tests drive, a cluster of nodes, and the
+// fault proxy.
 mod binary;
 mod cluster;
 mod node;
+mod process;
 mod proxy;
+mod record;
 mod spawn;
 #[cfg(test)]
 mod test_support;

@@ -10,6 +10,7 @@ use std::thread;
 use super::binary::redis_server_binary;
 use super::node::Node;
 use super::proxy::Proxy;
+use super::record::{self, Record};
 use super::spawn::{make_cluster_dir, Spawner};
 use super::{io_error, HarnessError};
 
@@ -17,8 +18,10 @@ use super::{io_error, HarnessError};
 /// temporary directory, without persistence.
 ///
 /// Dropping the cluster kills (SIGKILL) and reaps every server it started,
-/// paused ones included, and removes the temporary directory. A `Cluster` is
-/// `Send + Sync`: share it by reference across threads.
+/// paused ones included, and removes the temporary directory. A run killed
+/// before its clusters dropped leaves them to the next [`Cluster::start`]
+/// (on Linux): see the [module docs](super#cleaning-up-after-a-killed-run).
+/// A `Cluster` is `Send + Sync`: share it by reference across threads.
 ///
 /// ```
 /// use redlock_sync::testing::Cluster;
@@ -41,6 +44,7 @@ use super::{io_error, HarnessError};
 pub struct Cluster {
     dir: PathBuf,
     nodes: Vec<Node>,
+    record: Option<Record>,
 }
 
 impl Cluster {
@@ -85,11 +89,21 @@ impl Cluster {
     }
 
     fn launch(binary: PathBuf, n: usize, unix_sockets: bool) -> Result<Cluster, HarnessError> {
+        record::reap_orphans();
         let dir = make_cluster_dir(unix_sockets, n)?;
+        let record = match Record::create(&dir, &binary) {
+            Ok(record) => record,
+            Err(e) => {
+                let _ = fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        let record_path = record.as_ref().map(|record| record.path().to_path_buf());
         // From here on, Drop cleans up whatever was started.
         let mut cluster = Cluster {
             dir,
             nodes: Vec::with_capacity(n),
+            record,
         };
         let results: Vec<Result<Node, HarnessError>> = thread::scope(|scope| {
             let handles: Vec<_> = (0..n)
@@ -98,6 +112,7 @@ impl Cluster {
                         binary: binary.clone(),
                         dir: cluster.dir.clone(),
                         index,
+                        record: record_path.clone(),
                     };
                     scope.spawn(move || Node::launch(spawner, unix_sockets))
                 })
@@ -210,6 +225,9 @@ impl Drop for Cluster {
             node.kill_quietly();
         }
         let _ = fs::remove_dir_all(&self.dir);
+        // Last: should this process die halfway, the record still names
+        // what is left.
+        drop(self.record.take());
     }
 }
 

@@ -3,14 +3,13 @@
 //! connection. The process handle is behind a mutex so that every method
 //! takes `&self` and any thread may fault a node while others use it.
 
-use std::fs;
 use std::io;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Mutex;
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use super::process;
 use super::spawn::{Address, Spawner, MAX_SOCKET_PATH};
 use super::{io_error, lock, HarnessError, CONNECT_TIMEOUT, IO_TIMEOUT};
 
@@ -174,7 +173,7 @@ impl Node {
             ));
         };
         // The child is not reaped until kill_locked, so the pid is still ours.
-        send_signal("STOP", pid)?;
+        process::send_signal("STOP", pid)?;
         state.paused = true;
         settle(pid, true);
         Ok(())
@@ -192,7 +191,7 @@ impl Node {
             state.paused = false;
             return Ok(());
         };
-        send_signal("CONT", pid)?;
+        process::send_signal("CONT", pid)?;
         state.paused = false;
         settle(pid, false);
         Ok(())
@@ -377,48 +376,14 @@ impl Drop for Node {
     }
 }
 
-/// Sends a signal to `pid` by running the `kill` program (`kill -STOP pid`).
-fn send_signal(signal: &str, pid: u32) -> Result<(), HarnessError> {
-    let context = || format!("running `kill -{signal} {pid}`");
-    let status = Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map_err(|e| io_error(context(), e))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(io_error(
-            context(),
-            io::Error::other(format!("kill exited with {status}")),
-        ))
-    }
-}
-
-/// The one-letter state of a process from `/proc/<pid>/stat`, where there is
-/// a `/proc` (Linux).
-fn proc_state(pid: u32) -> Option<char> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // "pid (comm) S ...": comm may contain anything, so look after the last ')'.
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.trim_start().chars().next()
-}
-
 /// Waits (bounded) until `/proc` reports the process stopped or not stopped,
 /// so that `pause` / `resume` are in effect when they return. A no-op where
 /// there is no `/proc`.
 fn settle(pid: u32, stopped: bool) {
-    let deadline = Instant::now() + SIGNAL_SETTLE;
-    while let Some(state) = proc_state(pid) {
-        let is_stopped = state == 'T' || state == 't';
-        if is_stopped == stopped || Instant::now() >= deadline {
-            return;
-        }
-        thread::sleep(Duration::from_millis(1));
-    }
+    process::wait_until(pid, SIGNAL_SETTLE, |state| match state {
+        Some(state) => matches!(state, 'T' | 't') == stopped,
+        None => true,
+    });
 }
 
 #[cfg(test)]
@@ -428,6 +393,8 @@ mod tests {
     use super::super::Cluster;
     use super::*;
     use std::net::{TcpListener, TcpStream};
+    use std::thread;
+    use std::time::Instant;
 
     #[test]
     fn kill_makes_unreachable_and_start_brings_back_empty() {

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::{io_error, HarnessError};
+use super::{io_error, record, HarnessError};
 
 /// How long a freshly spawned node may take to answer `PING`.
 const READY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -120,6 +120,9 @@ pub(super) struct Spawner {
     pub(super) binary: PathBuf,
     pub(super) dir: PathBuf,
     pub(super) index: usize,
+    /// The cluster's record, which learns every server spawned (`None`
+    /// where no record is kept).
+    pub(super) record: Option<PathBuf>,
 }
 
 /// Why one launch attempt failed.
@@ -166,7 +169,7 @@ impl Spawner {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        command.spawn().map_err(|e| {
+        let mut child = command.spawn().map_err(|e| {
             io_error(
                 format!(
                     "spawning {} for node {} ({})",
@@ -176,7 +179,14 @@ impl Spawner {
                 ),
                 e,
             )
-        })
+        })?;
+        if let Some(record) = &self.record {
+            if let Err(e) = record::add_server(record, child.id()) {
+                reap(&mut child);
+                return Err(e);
+            }
+        }
+        Ok(child)
     }
 
     fn not_ready(&self, address: &Address, waited: Duration, reason: String) -> HarnessError {
