@@ -47,8 +47,9 @@
 //! `redis-server` on `PATH`; `REDIS_SERVER` may name a `valkey-server` too
 //! (tried with Redis 6.2 and 7.0 and Valkey 9). When it cannot be found the
 //! harness returns [`HarnessError::NotInstalled`], whose message says how to
-//! install Redis and how to set `REDIS_SERVER`; it never skips silently. Pausing and resuming use the `kill` program (for
-//! `kill -STOP` / `kill -CONT`), and the module builds on Unix-like systems only.
+//! install Redis and how to set `REDIS_SERVER`; it never skips silently.
+//! Pausing and resuming use the `kill` program (for `kill -STOP` /
+//! `kill -CONT`), and the module builds on Unix-like systems only.
 //!
 //! # Example
 //!
