@@ -74,8 +74,10 @@ pub fn hold<T>(
             .name("redlock-keeper".into())
             .spawn_scoped(s, || keeper.keep(locks, &mut lock, ttl, cap, pause))
             .map_err(LockError::Thread)?;
+        // Stops the keeper even if `f` panics: the scope joins it first.
+        let stop = StopOnDrop(&keeper);
         let value = f(&keeper);
-        keeper.stop();
+        drop(stop);
         // The keeper only extends; a panic in it leaves the lock to expire.
         let _ = watchdog.join();
         Ok::<_, LockError>(value)
@@ -95,6 +97,15 @@ pub fn hold<T>(
         lost_reason,
         released: locks.release(lock),
     })
+}
+
+/// Tells the keeper to stop when dropped.
+struct StopOnDrop<'a>(&'a Keeper);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
 }
 
 /// The fenced lock's state, shared by the keeper thread and the
