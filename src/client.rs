@@ -16,6 +16,7 @@ use crate::lock::{check_resources, Lock, Token};
 use crate::node::{Endpoint, Node};
 use crate::round::{self, Reply};
 use crate::script::{self, Command};
+use crate::wait::{Waiters, Wake};
 
 pub(crate) mod config;
 pub(crate) mod fencing;
@@ -54,6 +55,8 @@ struct Inner {
     nodes: Vec<Node>,
     quorum: usize,
     config: Config,
+    /// The threads waiting for a release, and the line they listen on.
+    waiters: Waiters,
 }
 
 impl RedlockBuilder {
@@ -111,6 +114,7 @@ impl RedlockBuilder {
         let quorum = nodes.len() / 2 + 1;
         Ok(Redlock {
             inner: Arc::new(Inner {
+                waiters: Waiters::new(nodes.len()),
                 nodes,
                 quorum,
                 config,
@@ -410,6 +414,7 @@ impl Redlock {
             // and a token is set at most once on a node (fencing relies on
             // it).
             let token = Token::random()?;
+            let watch = self.inner.waiters.watch(&resources);
             let (tally, fencing_token) = attempt(&resources, &token, ttl);
             if tally.granted() {
                 return Ok(Lock {
@@ -423,17 +428,28 @@ impl Redlock {
             // The lock may have landed where the reply was lost, late or not
             // awaited: release there before trying again or giving up.
             self.clean_up(&resources, &token, &tally.report);
+            let nodes = &tally.report.nodes;
+            (self.inner.waiters).cleaned_up(&resources, &token.hex(), |i| {
+                nodes[i].outcome != NodeOutcome::Refused
+            });
             if attempts > retries {
                 return Err(tally.error(&resources[0], attempts, ttl));
             }
-            let pause = self.retry_pause()?;
-            // The next attempt would start past the wait budget: stop now.
-            if let Some(budget) = self.inner.config.max_wait {
-                if started.elapsed().saturating_add(pause) >= budget {
-                    return Err(tally.error(&resources[0], attempts, ttl));
-                }
+            // Wait for the pause, or less if a release is heard of first;
+            // never past the wait budget, whose end only a release can cut
+            // short.
+            let now = Instant::now();
+            let mut until = now + self.retry_pause()?;
+            let budget_end = self.inner.config.max_wait.map(|budget| started + budget);
+            let last = budget_end.is_some_and(|end| end <= until);
+            if let Some(end) = budget_end {
+                until = until.min(end);
             }
-            std::thread::sleep(pause);
+            let inner = &*self.inner;
+            let wake = (inner.waiters).wait(&inner.nodes, &inner.config, &resources, watch, until);
+            if last && wake == Wake::TimedOut {
+                return Err(tally.error(&resources[0], attempts, ttl));
+            }
         }
     }
 
@@ -540,6 +556,13 @@ impl Redlock {
     ///   keys that were not deleted expire at the end of their TTL.
     pub fn release(&self, lock: Lock) -> Result<Report, LockError> {
         let tally = self.release_round(&lock.resources, &lock.token);
+        if tally.report.granted() > 0 {
+            // This client's own waiters need not hear it from a node.
+            let nodes = &tally.report.nodes;
+            (self.inner.waiters).released(&lock.resources, &lock.token.hex(), |i| {
+                nodes[i].outcome == NodeOutcome::Granted
+            });
+        }
         if tally.report.granted() >= tally.report.quorum {
             Ok(tally.report)
         } else if tally.refused_by_quorum_complement() {
