@@ -406,9 +406,20 @@ impl Redlock {
         let started = Instant::now();
         // Redis is given whole milliseconds: measure validity on the same.
         let ttl = Duration::from_millis(ttl_ms);
+        // Attempts as the retry policy counts them: the first, and one at
+        // the end of each pause. Attempts made because a release was heard
+        // of during a pause come on top, within the same pause.
         let mut attempts = 0;
+        // The pause under way, if a wake-up cut it short: its end, and
+        // whether the wait budget ends it.
+        let mut pause: Option<(Instant, bool)> = None;
         loop {
-            attempts += 1;
+            // An attempt that starts once the pause is over is the retry
+            // the policy counts, however it was woken.
+            if pause.is_none_or(|(end, _)| Instant::now() >= end) {
+                pause = None;
+                attempts += 1;
+            }
             // A fresh token each attempt: no attempt can be mistaken for an
             // earlier one (a key of ours still on a node, a late clean-up),
             // and a token is set at most once on a node (fencing relies on
@@ -432,21 +443,25 @@ impl Redlock {
             (self.inner.waiters).cleaned_up(&resources, &token.hex(), |i| {
                 nodes[i].outcome != NodeOutcome::Refused
             });
-            if attempts > retries {
-                return Err(tally.error(&resources[0], attempts, ttl));
-            }
-            // Wait for the pause, or less if a release is heard of first;
+            // Wait out the pause, or less if a release is heard of first;
             // never past the wait budget, whose end only a release can cut
-            // short.
-            let now = Instant::now();
-            let mut until = now + self.retry_pause()?;
-            let budget_end = self.inner.config.max_wait.map(|budget| started + budget);
-            let last = budget_end.is_some_and(|end| end <= until);
-            if let Some(end) = budget_end {
-                until = until.min(end);
-            }
+            // short. After a wake-up, the rest of the same pause.
+            let (until, last) = match pause {
+                Some(under_way) if Instant::now() < under_way.0 => under_way,
+                _ => {
+                    if attempts > retries {
+                        return Err(tally.error(&resources[0], attempts, ttl));
+                    }
+                    let end = Instant::now() + self.retry_pause()?;
+                    match self.inner.config.max_wait.map(|budget| started + budget) {
+                        Some(budget_end) if budget_end <= end => (budget_end, true),
+                        _ => (end, false),
+                    }
+                }
+            };
             let inner = &*self.inner;
             let wake = (inner.waiters).wait(&inner.nodes, &inner.config, &resources, watch, until);
+            pause = (wake != Wake::TimedOut).then_some((until, last));
             if last && wake == Wake::TimedOut {
                 return Err(tally.error(&resources[0], attempts, ttl));
             }
