@@ -39,7 +39,11 @@ const NODES: usize = 5;
 const RELEASE: &str = "local n = 0\n\
 for _, key in ipairs(KEYS) do\n  \
 if redis.call('get', key) == ARGV[1] then\n    \
-n = n + redis.call('del', key)\n  \
+local d = redis.call('del', key)\n    \
+if d == 1 then\n      \
+redis.call('publish', 'redlock-sync:released:' .. key, ARGV[1])\n    \
+end\n    \
+n = n + d\n  \
 end\n\
 end\n\
 return n";

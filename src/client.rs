@@ -16,6 +16,7 @@ use crate::lock::{check_resources, Lock, Token};
 use crate::node::{Endpoint, Node};
 use crate::round::{self, Reply};
 use crate::script::{self, Command};
+use crate::wait::{Waiters, Wake};
 
 pub(crate) mod config;
 pub(crate) mod fencing;
@@ -54,6 +55,8 @@ struct Inner {
     nodes: Vec<Node>,
     quorum: usize,
     config: Config,
+    /// The threads waiting for a release, and the line they listen on.
+    waiters: Waiters,
 }
 
 impl RedlockBuilder {
@@ -111,6 +114,7 @@ impl RedlockBuilder {
         let quorum = nodes.len() / 2 + 1;
         Ok(Redlock {
             inner: Arc::new(Inner {
+                waiters: Waiters::new(nodes.len()),
                 nodes,
                 quorum,
                 config,
@@ -402,14 +406,26 @@ impl Redlock {
         let started = Instant::now();
         // Redis is given whole milliseconds: measure validity on the same.
         let ttl = Duration::from_millis(ttl_ms);
+        // Attempts as the retry policy counts them: the first, and one at
+        // the end of each pause. Attempts made because a release was heard
+        // of during a pause come on top, within the same pause.
         let mut attempts = 0;
+        // The pause under way, if a wake-up cut it short: its end, and
+        // whether the wait budget ends it.
+        let mut pause: Option<(Instant, bool)> = None;
         loop {
-            attempts += 1;
+            // An attempt that starts once the pause is over is the retry
+            // the policy counts, however it was woken.
+            if pause.is_none_or(|(end, _)| Instant::now() >= end) {
+                pause = None;
+                attempts += 1;
+            }
             // A fresh token each attempt: no attempt can be mistaken for an
             // earlier one (a key of ours still on a node, a late clean-up),
             // and a token is set at most once on a node (fencing relies on
             // it).
             let token = Token::random()?;
+            let watch = self.inner.waiters.watch(&resources);
             let (tally, fencing_token) = attempt(&resources, &token, ttl);
             if tally.granted() {
                 return Ok(Lock {
@@ -423,17 +439,32 @@ impl Redlock {
             // The lock may have landed where the reply was lost, late or not
             // awaited: release there before trying again or giving up.
             self.clean_up(&resources, &token, ttl, &tally.report);
-            if attempts > retries {
+            let nodes = &tally.report.nodes;
+            (self.inner.waiters).cleaned_up(&resources, &token.hex(), |i| {
+                nodes[i].outcome != NodeOutcome::Refused
+            });
+            // Wait out the pause, or less if a release is heard of first;
+            // never past the wait budget, whose end only a release can cut
+            // short. After a wake-up, the rest of the same pause.
+            let (until, last) = match pause {
+                Some(under_way) if Instant::now() < under_way.0 => under_way,
+                _ => {
+                    if attempts > retries {
+                        return Err(tally.error(&resources[0], attempts, ttl));
+                    }
+                    let end = Instant::now() + self.retry_pause()?;
+                    match self.inner.config.max_wait.map(|budget| started + budget) {
+                        Some(budget_end) if budget_end <= end => (budget_end, true),
+                        _ => (end, false),
+                    }
+                }
+            };
+            let inner = &*self.inner;
+            let wake = (inner.waiters).wait(&inner.nodes, &inner.config, &resources, watch, until);
+            pause = (wake != Wake::TimedOut).then_some((until, last));
+            if last && wake == Wake::TimedOut {
                 return Err(tally.error(&resources[0], attempts, ttl));
             }
-            let pause = self.retry_pause()?;
-            // The next attempt would start past the wait budget: stop now.
-            if let Some(budget) = self.inner.config.max_wait {
-                if started.elapsed().saturating_add(pause) >= budget {
-                    return Err(tally.error(&resources[0], attempts, ttl));
-                }
-            }
-            std::thread::sleep(pause);
         }
     }
 
@@ -540,6 +571,13 @@ impl Redlock {
     ///   keys that were not deleted expire at the end of their TTL.
     pub fn release(&self, lock: Lock) -> Result<Report, LockError> {
         let tally = self.release_round(&lock.resources, &lock.token);
+        if tally.report.granted() > 0 {
+            // This client's own waiters need not hear it from a node.
+            let nodes = &tally.report.nodes;
+            (self.inner.waiters).released(&lock.resources, &lock.token.hex(), |i| {
+                nodes[i].outcome == NodeOutcome::Granted
+            });
+        }
         if tally.report.granted() >= tally.report.quorum {
             Ok(tally.report)
         } else if tally.refused_by_quorum_complement() {

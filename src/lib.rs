@@ -135,6 +135,7 @@ mod lock;
 mod node;
 mod round;
 mod script;
+mod wait;
 mod with_lock;
 
 #[cfg(feature = "testing")]

@@ -6,6 +6,7 @@
 //! - [`shared`]: the shared connection: epochs, outbox, the writer and
 //!   reader roles.
 //! - [`transport`]: a socket split in a writing and a reading half.
+//! - [`subscription`]: a connection of its own for listening to releases.
 //! - [`resolve`], [`servers`], [`restart_guard`]: host names with a time
 //!   bound, one vote per server process, the uptime check.
 //! - [`owed`]: clean-ups that could not be sent, for the next connection.
@@ -20,6 +21,7 @@ mod resolve;
 mod restart_guard;
 mod servers;
 mod shared;
+mod subscription;
 mod transport;
 
 use std::sync::Arc;
@@ -32,6 +34,7 @@ pub(crate) use endpoint::Endpoint;
 pub(crate) use servers::Servers;
 use shared::Shared;
 pub(crate) use shared::Ticket;
+pub(crate) use subscription::{Event, Listener, Sender};
 
 use crate::error::Failure;
 use crate::script::{is_noscript, Command};
@@ -186,6 +189,18 @@ impl Node {
             self.shared.note_script(ticket, bit, ran);
         }
         lost
+    }
+
+    /// Opens a subscription connection to this node, apart from the shared
+    /// one, within `connect_timeout` and never past `deadline`. `None` if
+    /// the node's connections cannot be split (TLS): see
+    /// [`subscription`].
+    pub(crate) fn subscribe_line(
+        &self,
+        deadline: Instant,
+        connect_timeout: Duration,
+    ) -> Result<Option<(Sender, Listener)>, Failure> {
+        subscription::open(&self.connector, deadline, connect_timeout)
     }
 
     /// Whether writing to the node now means connecting first (it has no

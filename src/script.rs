@@ -20,19 +20,34 @@ pub(crate) struct Script {
     pub(crate) sha: &'static str,
 }
 
+/// Where a release says which resource it freed: the channel of resource
+/// `r` is this prefix followed by `r`. Under the crate's reserved prefix, so
+/// no application channel is mistaken for one.
+pub(crate) const RELEASED_CHANNEL_PREFIX: &str = "redlock-sync:released:";
+
 /// Deletes each key whose value is our token; returns how many it deleted.
 /// The node still held the lock when that equals the number of keys.
 /// For one key this is the classic `if get == token then del` script.
+///
+/// Each key it deletes is also announced, in the same call, with a
+/// `PUBLISH` of the token on the key's channel
+/// ([`RELEASED_CHANNEL_PREFIX`]): waiting clients wake at once instead of
+/// sleeping out their retry pause. A `PUBLISH` that nobody listens to costs
+/// the server a hash lookup; a key that was not ours publishes nothing.
 pub(crate) const RELEASE: Script = Script {
     bit: 1,
     body: "local n = 0\n\
            for _, key in ipairs(KEYS) do\n  \
              if redis.call('get', key) == ARGV[1] then\n    \
-               n = n + redis.call('del', key)\n  \
+               local d = redis.call('del', key)\n    \
+               if d == 1 then\n      \
+                 redis.call('publish', 'redlock-sync:released:' .. key, ARGV[1])\n    \
+               end\n    \
+               n = n + d\n  \
              end\n\
            end\n\
            return n",
-    sha: "98fbebb7909a0f90e72dbb0338124c0bcce6cdc2",
+    sha: "12e27086d4b6a6548f2f63f05ae0fcb5142cdfce",
 };
 
 /// Sets a new TTL (ARGV[2], milliseconds) on every key if, and only if, every
@@ -250,6 +265,12 @@ mod tests {
         assert!(cmd
             .bytes_for(RELEASE.bit)
             .starts_with(b"*5\r\n$7\r\nEVALSHA\r\n"));
+    }
+
+    #[test]
+    fn the_release_script_publishes_on_the_channels_waiters_listen_on() {
+        let publish = format!("redis.call('publish', '{RELEASED_CHANNEL_PREFIX}' .. key, ARGV[1])");
+        assert!(RELEASE.body.contains(&publish), "{}", RELEASE.body);
     }
 
     #[cfg(feature = "testing")]
