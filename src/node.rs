@@ -30,6 +30,8 @@ pub(crate) use endpoint::Endpoint;
 pub(crate) use servers::Servers;
 use shared::Shared;
 pub(crate) use shared::Ticket;
+#[cfg(feature = "testing")]
+pub use transport::counts::{io_counts, IoCounts};
 
 use crate::error::Failure;
 use crate::script::{is_noscript, Command};

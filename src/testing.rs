@@ -68,6 +68,8 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+pub use crate::node::{io_counts, IoCounts};
+
 /// How long a freshly spawned node may take to answer `PING`.
 const READY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Sleep between two readiness probes.
