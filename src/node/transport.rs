@@ -279,28 +279,17 @@ impl Reader {
     /// Past the deadline a read still collects a reply that is already
     /// here: its timeout is the smallest the OS offers.
     pub(crate) fn recv(&mut self, deadline: Instant) -> Result<Value, Failure> {
-        let Reader {
-            stream,
-            timeout,
-            buf,
-            start,
-            parser,
-        } = self;
         loop {
-            match frame_len(&buf[*start..]) {
-                Err(reason) => return Err(Failure::Error(NodeError::Io(reason))),
-                Ok(Some(len)) => {
-                    let frame = &buf[*start..*start + len];
-                    let value = parser.parse_value(frame).map_err(redis_failure)?;
-                    *start += len;
-                    if *start == buf.len() {
-                        buf.clear();
-                        *start = 0;
-                    }
-                    return Ok(value);
-                }
-                Ok(None) => {}
+            if let Some(reply) = self.recv_buffered() {
+                return reply;
             }
+            let Reader {
+                stream,
+                timeout,
+                buf,
+                start,
+                ..
+            } = self;
             if *start > 0 {
                 buf.drain(..*start);
                 *start = 0;
@@ -336,6 +325,24 @@ impl Reader {
                 return Err(Failure::TimedOut);
             }
         }
+    }
+
+    /// The next reply if it is already here whole, without a syscall: a
+    /// read often brings several threads' replies at once.
+    pub(crate) fn recv_buffered(&mut self) -> Option<Result<Value, Failure>> {
+        let len = match frame_len(&self.buf[self.start..]) {
+            Err(reason) => return Some(Err(Failure::Error(NodeError::Io(reason)))),
+            Ok(None) => return None,
+            Ok(Some(len)) => len,
+        };
+        let frame = &self.buf[self.start..self.start + len];
+        let value = self.parser.parse_value(frame).map_err(redis_failure);
+        self.start += len;
+        if self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        }
+        Some(value)
     }
 }
 
