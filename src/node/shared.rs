@@ -1,14 +1,17 @@
 //! The shared connection of one node: every thread that has a command for
 //! the node queues it here, and the threads that want answers do the I/O.
 //!
-//! Threads batch their commands on the shared connection. A thread that finds
-//! another writing leaves its packed command in the node's outbox; the writer
-//! writes the whole outbox, in one write, before it lets go. Writing and
-//! reading are separate roles: a command never waits for a read to return
-//! (except over TLS, whose connection cannot be split: there its reader
-//! writes what was queued once its read returns). Replies come back in
-//! order: each is matched to its request by sequence number and handed to
-//! the thread that asked (or discarded, if that thread stopped waiting).
+//! Threads batch their commands on the shared connection, as an event loop
+//! does: a round queues its command on every node's outbox, and the last of
+//! the client's threads to fall asleep (see [`Pace`]) writes every outbox in
+//! one write per node. A thread alone writes its own command at once.
+//! Writing and reading are separate roles: a command never waits for a read
+//! to return (except over TLS, whose connection cannot be split: there its
+//! reader writes what was queued once its read returns). Replies come back
+//! in order: each is matched to its request by sequence number and handed
+//! to the thread that asked (or discarded, if that thread stopped waiting).
+//! A reader hands out every reply one read brought, and wakes exactly the
+//! threads whose replies it stored (`thread::park` / `unpark`).
 //!
 //! Any error or timeout on the connection ends its *epoch*: the connection is
 //! dropped for every thread that shared it, and every request still on it
