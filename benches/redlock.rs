@@ -12,8 +12,13 @@
 //! several threads, a "perfect batching" reference: one thread writes every
 //! thread's commands to each node in one write and reads all the replies,
 //! the others only wake per round, to show the most batching could save.
+//! Per pair it reports CPU (this process and the 5 servers), the working
+//! threads' context switches (from /proc/thread-self/status) and the crate's
+//! socket writes and reads (counted by the crate under the `testing`
+//! feature), and the load average before and after: compare ratios within
+//! one run, and run again when the load says other work shared the cores.
 //! Set `BENCH_SECONDS` to change how long each throughput phase runs
-//! (default 1).
+//! (default 1; 6 thread counts x 3 alternating runs of 3 phases).
 
 // The examples' error report (message and causes), shared rather than
 // copied; the benchmark does not use their node list.
@@ -29,11 +34,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use redlock_sync::testing::{Cluster, Fault, Proxy};
+use redlock_sync::testing::{io_counts, Cluster, Fault, IoCounts, Proxy};
 use redlock_sync::{LockError, Redlock};
 
 const TTL: Duration = Duration::from_secs(10);
 const NODES: usize = 5;
+/// The thread counts of the throughput table.
+const THREADS: [usize; 6] = [1, 2, 4, 8, 16, 32];
 
 /// The crate's release script, for the floor (same text, so same SHA1).
 const RELEASE: &str = "local n = 0\n\
@@ -73,6 +80,7 @@ fn run() -> Result<(), Box<dyn Error>> {
         "# redlock-sync benchmark: 5 local redis-server nodes, TTL 10 s, acquire + release pairs"
     );
     println!("machine: {} cores, {}", cores(), cpu_model());
+    println!("load average at the start: {}", load_average());
     println!();
 
     // b. Latency on one thread.
@@ -108,11 +116,8 @@ fn run() -> Result<(), Box<dyn Error>> {
     // client run in turn, three times each, and the medians are reported,
     // so that a passing disturbance of the machine hits both alike.
     let servers: Vec<u32> = cluster.nodes().iter().filter_map(|n| n.pid()).collect();
-    println!("## pairs per second, distinct resources per thread (median of 3 alternating runs)");
-    println!();
-    println!("| threads | floor pairs/s | redlock-sync pairs/s | ratio | floor CPU/pair client + servers | redlock-sync CPU/pair client + servers | perfect batching: ratio, CPU/pair |");
-    println!("|--:|--:|--:|--:|--:|--:|--:|");
-    for threads in [1, 2, 4, 8] {
+    let mut rows = Vec::new();
+    for threads in THREADS {
         let mut floor_runs = Vec::new();
         let mut our_runs = Vec::new();
         let mut batched_runs = Vec::new();
@@ -134,27 +139,41 @@ fn run() -> Result<(), Box<dyn Error>> {
                 }
             }));
         }
-        let (floor, ours) = (median(floor_runs), median(our_runs));
-        let batched = if batched_runs.is_empty() {
-            "(one thread: nothing to batch)".to_string()
-        } else {
-            let batched = median(batched_runs);
-            format!(
-                "{:.2}, {} + {}",
-                batched.per_second / floor.per_second,
-                us(batched.cpu_per_op),
-                us(batched.server_cpu_per_op)
-            )
-        };
+        let batched = (!batched_runs.is_empty()).then(|| median(batched_runs));
+        rows.push((threads, median(floor_runs), median(our_runs), batched));
+    }
+    println!("## pairs per second, distinct resources per thread (median of 3 alternating runs)");
+    println!();
+    println!("| threads | floor pairs/s | redlock-sync pairs/s | ratio | perfect batching (reference) ratio |");
+    println!("|--:|--:|--:|--:|--:|");
+    for (threads, floor, ours, batched) in &rows {
         println!(
-            "| {threads} | {:.0} | {:.0} | {:.2} | {} + {} | {} + {} | {batched} |",
+            "| {threads} | {:.0} | {:.0} | {:.2} | {} |",
             floor.per_second,
             ours.per_second,
             ours.per_second / floor.per_second,
-            us(floor.cpu_per_op),
-            us(floor.server_cpu_per_op),
-            us(ours.cpu_per_op),
-            us(ours.server_cpu_per_op),
+            batched.as_ref().map_or("".to_string(), |b| format!(
+                "{:.2}",
+                b.per_second / floor.per_second
+            )),
+        );
+    }
+    println!();
+    println!("## cost per pair in the same runs: CPU (client + servers), the client's context switches (voluntary + involuntary), the crate's socket writes + reads");
+    println!();
+    println!("| threads | CPU floor | CPU redlock-sync | CPU reference | switches floor | switches redlock-sync | switches reference | redlock-sync writes + reads |");
+    println!("|--:|--:|--:|--:|--:|--:|--:|--:|");
+    for (threads, floor, ours, batched) in &rows {
+        println!(
+            "| {threads} | {} | {} | {} | {} | {} | {} | {:.2} + {:.2} |",
+            floor.cpu(),
+            ours.cpu(),
+            batched.as_ref().map_or(String::new(), Throughput::cpu),
+            floor.switches(),
+            ours.switches(),
+            batched.as_ref().map_or(String::new(), Throughput::switches),
+            ours.writes_per_op,
+            ours.reads_per_op,
         );
     }
     println!();
@@ -221,6 +240,8 @@ fn run() -> Result<(), Box<dyn Error>> {
         delayed_lat.p50.as_secs_f64() / 0.002,
         seq_lat.p50.as_secs_f64() / delayed_lat.p50.as_secs_f64()
     );
+    println!();
+    println!("load average at the end: {}", load_average());
     Ok(())
 }
 
@@ -397,7 +418,26 @@ struct Throughput {
     cpu_per_op: Duration,
     /// The redis-server processes' CPU time per operation.
     server_cpu_per_op: Duration,
+    /// Context switches of the working threads per operation.
+    voluntary_per_op: f64,
+    involuntary_per_op: f64,
+    /// The crate's socket syscalls per operation.
+    writes_per_op: f64,
+    reads_per_op: f64,
     elapsed: Duration,
+}
+
+impl Throughput {
+    fn cpu(&self) -> String {
+        format!("{} + {}", us(self.cpu_per_op), us(self.server_cpu_per_op))
+    }
+
+    fn switches(&self) -> String {
+        format!(
+            "{:.2} + {:.2}",
+            self.voluntary_per_op, self.involuntary_per_op
+        )
+    }
 }
 
 /// The run with the median rate.
@@ -417,20 +457,24 @@ where
     let done = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
     let start_line = Barrier::new(threads + 1);
+    let switches = Switches::default();
     let meter = std::thread::scope(|s| {
         for t in 0..threads {
             let (make, done, stop, start_line) = (&make, &done, &stop, &start_line);
+            let switches = &switches;
             s.spawn(move || {
                 let mut op = make(t);
                 for i in 0..100 {
                     op(i);
                 }
                 start_line.wait();
+                let before = thread_switches();
                 let mut i = 0;
                 while !stop.load(Ordering::Relaxed) {
                     op(i);
                     i += 1;
                 }
+                switches.add_since(before);
                 done.fetch_add(i as u64, Ordering::Relaxed);
             });
         }
@@ -440,7 +484,7 @@ where
         stop.store(true, Ordering::Relaxed);
         meter
     });
-    meter.finish(done.load(Ordering::Relaxed))
+    meter.finish(done.load(Ordering::Relaxed), &switches)
 }
 
 /// The reference for what batching could gain: `threads` threads, of which
@@ -459,20 +503,30 @@ fn batched_throughput(
     let rounds = std::sync::Mutex::new(0u64);
     let moved = std::sync::Condvar::new();
     let finished = AtomicBool::new(false);
+    let started = AtomicBool::new(false);
+    let switches = Switches::default();
     let mut batch = Floor::connect(addrs);
     let mut meter = None;
     let mut pairs = 0u64;
     std::thread::scope(|s| {
         for _ in 1..threads {
             let (rounds, moved, finished) = (&rounds, &moved, &finished);
+            let (started, switches) = (&started, &switches);
             s.spawn(move || {
                 let mut seen = 0;
+                let mut before = None;
                 let mut now = rounds.lock().unwrap();
                 while !finished.load(Ordering::Relaxed) {
+                    if before.is_none() && started.load(Ordering::Relaxed) {
+                        before = Some(thread_switches());
+                    }
                     if *now == seen {
                         now = moved.wait(now).unwrap();
                     }
                     seen = *now;
+                }
+                if let Some(before) = before {
+                    switches.add_since(before);
                 }
             });
         }
@@ -484,15 +538,20 @@ fn batched_throughput(
             batched_pair(&mut batch, threads, i, &round_done);
         }
         meter = Some(Meter::start(servers));
+        started.store(true, Ordering::Relaxed);
+        let before = thread_switches();
         let start = Instant::now();
         while start.elapsed() < phase {
             batched_pair(&mut batch, threads, pairs as usize, &round_done);
             pairs += 1;
         }
+        switches.add_since(before);
         finished.store(true, Ordering::Relaxed);
         round_done();
     });
-    meter.expect("started").finish(pairs * threads as u64)
+    meter
+        .expect("started")
+        .finish(pairs * threads as u64, &switches)
 }
 
 /// One pair for each of `threads` threads, batched: see
@@ -522,6 +581,7 @@ struct Meter {
     cpu: Duration,
     servers: Vec<u32>,
     server_cpu: Duration,
+    io: IoCounts,
 }
 
 impl Meter {
@@ -531,22 +591,75 @@ impl Meter {
             cpu: cpu_time("self"),
             servers: servers.to_vec(),
             server_cpu: servers.iter().map(|p| cpu_time(&p.to_string())).sum(),
+            io: io_counts(),
         }
     }
 
     /// The rates for `ops` operations since the start. (Threads finish
     /// their last operation after the phase ends; their CPU counts in.)
-    fn finish(self, ops: u64) -> Throughput {
+    fn finish(self, ops: u64, switches: &Switches) -> Throughput {
         let elapsed = self.start.elapsed();
         let server: Duration = self.servers.iter().map(|p| cpu_time(&p.to_string())).sum();
+        let io = io_counts();
         let ops = ops.max(1);
+        let per_op = |n: u64| n as f64 / ops as f64;
         Throughput {
             per_second: ops as f64 / elapsed.as_secs_f64(),
             cpu_per_op: cpu_time("self").saturating_sub(self.cpu) / ops as u32,
             server_cpu_per_op: server.saturating_sub(self.server_cpu) / ops as u32,
+            voluntary_per_op: per_op(switches.voluntary.load(Ordering::Relaxed)),
+            involuntary_per_op: per_op(switches.involuntary.load(Ordering::Relaxed)),
+            writes_per_op: per_op(io.writes - self.io.writes),
+            reads_per_op: per_op(io.reads - self.io.reads),
             elapsed,
         }
     }
+}
+
+/// Context switches of the measured threads, summed as each thread ends
+/// (a thread's counts vanish with it, so each adds its own).
+#[derive(Default)]
+struct Switches {
+    voluntary: AtomicU64,
+    involuntary: AtomicU64,
+}
+
+impl Switches {
+    fn add_since(&self, before: (u64, u64)) {
+        let now = thread_switches();
+        self.voluntary
+            .fetch_add(now.0.saturating_sub(before.0), Ordering::Relaxed);
+        self.involuntary
+            .fetch_add(now.1.saturating_sub(before.1), Ordering::Relaxed);
+    }
+}
+
+/// This thread's voluntary and involuntary context switches so far, from
+/// /proc/thread-self/status.
+fn thread_switches() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (
+        field("voluntary_ctxt_switches:"),
+        field("nonvoluntary_ctxt_switches:"),
+    )
+}
+
+/// The 1, 5 and 15 minute load averages: a run with a high one was
+/// disturbed by other work on the machine.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// A process's user + system CPU time, from /proc/<pid>/stat.

@@ -32,9 +32,12 @@ use redis::Value;
 use connect::Connector;
 pub(crate) use endpoint::Endpoint;
 pub(crate) use servers::Servers;
-use shared::Shared;
+pub(crate) use shared::Pace;
 pub(crate) use shared::Ticket;
 pub(crate) use subscription::{Event, Listener, Sender};
+use shared::{Send, Shared};
+#[cfg(feature = "testing")]
+pub use transport::counts::{io_counts, IoCounts};
 
 use crate::error::Failure;
 use crate::script::{is_noscript, Command};
@@ -92,7 +95,38 @@ impl Node {
         connect_timeout: Duration,
     ) -> Result<Ticket, Failure> {
         self.shared
-            .submit(&self.connector, cmd, deadline, connect_timeout, false)
+            .submit(&self.connector, cmd, deadline, connect_timeout, Send::Now)
+    }
+
+    /// Queues `cmd` on the connection, to be written with other threads'
+    /// commands by whoever lets go of the client's [`Pace`] last, who calls
+    /// [`flush`](Self::flush) on every node. Without an open connection it
+    /// is written now, as [`submit`](Self::submit) does.
+    pub(crate) fn queue(
+        &self,
+        cmd: &Command,
+        deadline: Instant,
+        connect_timeout: Duration,
+    ) -> Result<Ticket, Failure> {
+        self.shared.submit(
+            &self.connector,
+            cmd,
+            deadline,
+            connect_timeout,
+            Send::Queued,
+        )
+    }
+
+    /// Writes what is queued on the connection (unless another thread is
+    /// writing, which writes it before it lets go).
+    pub(crate) fn flush(&self, deadline: Instant, connect_timeout: Duration) {
+        self.shared
+            .flush(&self.connector, deadline, connect_timeout);
+    }
+
+    /// The pace of the client's threads: the same for all its nodes.
+    pub(crate) fn pace(&self) -> &Pace {
+        &self.connector.servers.pace
     }
 
     /// Like [`submit`](Self::submit), but a script always goes as `EVAL`:
@@ -106,37 +140,47 @@ impl Node {
         connect_timeout: Duration,
     ) -> Result<Ticket, Failure> {
         self.shared
-            .submit(&self.connector, cmd, deadline, connect_timeout, true)
+            .submit(&self.connector, cmd, deadline, connect_timeout, Send::Eval)
     }
 
     /// Waits for the reply to `cmd`, sent under `ticket`, reading it (and
     /// whatever comes before it) when no other thread is doing I/O. A
     /// script the server lost is sent again as `EVAL` and waited for, in
-    /// the same round: see [`script_reply`](Self::script_reply).
+    /// the same round: see [`script_reply`](Self::script_reply). Sets
+    /// `held` if the thread was woken with its reply: it holds the
+    /// [`Pace`] then.
     pub(crate) fn wait(
         &self,
         cmd: &Command,
         ticket: Ticket,
         deadline: Instant,
         connect_timeout: Duration,
+        held: &mut bool,
     ) -> Result<Value, Failure> {
-        let reply = self.wait_raw(ticket, deadline, connect_timeout);
-        self.script_reply(cmd, ticket, reply, deadline, connect_timeout)
+        let reply = self.wait_raw(ticket, deadline, connect_timeout, held);
+        self.script_reply(cmd, ticket, reply, deadline, connect_timeout, held)
     }
 
     /// Like [`wait`](Self::wait), but returns `None` instead of sleeping
-    /// when another thread is doing I/O on the connection.
+    /// when another thread is doing I/O on the connection (or owes the
+    /// write of the command).
     pub(crate) fn poll(
         &self,
         cmd: &Command,
         ticket: Ticket,
         deadline: Instant,
         connect_timeout: Duration,
+        held: &mut bool,
     ) -> Option<Result<Value, Failure>> {
-        let reply = self
-            .shared
-            .take(&self.connector, ticket, deadline, connect_timeout, false)?;
-        Some(self.script_reply(cmd, ticket, reply, deadline, connect_timeout))
+        let reply = self.shared.take(
+            &self.connector,
+            ticket,
+            deadline,
+            connect_timeout,
+            false,
+            held,
+        )?;
+        Some(self.script_reply(cmd, ticket, reply, deadline, connect_timeout, held))
     }
 
     /// The reply to `ticket` as it came, with no script bookkeeping.
@@ -145,9 +189,17 @@ impl Node {
         ticket: Ticket,
         deadline: Instant,
         connect_timeout: Duration,
+        held: &mut bool,
     ) -> Result<Value, Failure> {
         self.shared
-            .take(&self.connector, ticket, deadline, connect_timeout, true)
+            .take(
+                &self.connector,
+                ticket,
+                deadline,
+                connect_timeout,
+                true,
+                held,
+            )
             .unwrap_or(Err(Failure::TimedOut))
     }
 
@@ -163,6 +215,7 @@ impl Node {
         reply: Result<Value, Failure>,
         deadline: Instant,
         connect_timeout: Duration,
+        held: &mut bool,
     ) -> Result<Value, Failure> {
         let Some(script) = cmd.script else {
             return reply;
@@ -171,7 +224,7 @@ impl Node {
             return reply;
         }
         let ticket = self.submit_eval(cmd, deadline, connect_timeout)?;
-        let reply = self.wait_raw(ticket, deadline, connect_timeout);
+        let reply = self.wait_raw(ticket, deadline, connect_timeout, held);
         self.note_script(ticket, script.bit, &reply);
         reply
     }

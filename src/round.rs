@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::error::Failure;
-use crate::node::{Node, Ticket};
+use crate::node::{Node, Pace, Ticket};
 use crate::script::Command;
 
 /// Where the next round starts reading.
@@ -58,14 +58,17 @@ pub(crate) fn run(
             .collect(),
         decided,
         done: false,
+        pace: nodes.first().map(Node::pace),
+        held: false,
     };
     let (connecting, connected) = by_connect(nodes, &ask);
-    round.write_to_connected(&connected);
+    round.queue_on_connected(&connected);
     round.connect_the_rest(&connecting);
     let order = round.order_for_reading(connected, connecting);
     let left = round.read_until_decided(order);
     round.leave_the_rest(left);
-    round.replies
+    round.release();
+    std::mem::take(&mut round.replies)
 }
 
 /// One round under way: what it runs where, and what came back.
@@ -80,16 +83,50 @@ struct Round<'a, D> {
     decided: D,
     /// `decided` returned true: stop waiting for replies.
     done: bool,
+    /// The client's pace (the same on every node), and whether this round
+    /// holds it: from its start until its commands are queued, and again
+    /// once woken with a reply, until it blocks or ends.
+    pace: Option<&'a Pace>,
+    held: bool,
+}
+
+impl<D> Round<'_, D> {
+    /// Lets go of the pace, if held, before blocking or leaving; the last
+    /// thread to let go writes what every node has queued.
+    fn release(&mut self) {
+        if !std::mem::take(&mut self.held) {
+            return;
+        }
+        if self.pace.is_some_and(Pace::release) {
+            for node in self.nodes {
+                node.flush(self.deadline, self.connect_timeout);
+            }
+        }
+    }
+}
+
+impl<D> Drop for Round<'_, D> {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
-    /// Writes the command to the nodes that are connected, first, so that
-    /// their replies travel while we connect to the others.
-    fn write_to_connected(&mut self, connected: &[usize]) {
+    /// Queues the command on the nodes that are connected, first, so that
+    /// their replies travel while we connect to the others. It is written
+    /// with the commands of the client's other threads, in one write per
+    /// node, by the last of them to let go of the pace: this thread, unless
+    /// others are queuing too.
+    fn queue_on_connected(&mut self, connected: &[usize]) {
+        if let Some(pace) = self.pace.filter(|_| !self.held) {
+            pace.hold();
+            self.held = true;
+        }
         for &i in connected {
-            let sent = self.nodes[i].submit(self.cmd, self.deadline, self.connect_timeout);
+            let sent = self.nodes[i].queue(self.cmd, self.deadline, self.connect_timeout);
             self.sent(i, sent);
         }
+        self.release();
     }
 
     /// Connects to the other nodes side by side, so that one node whose
@@ -146,9 +183,13 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
             let mut k = 0;
             while k < pending.len() && !self.done {
                 let i = pending[k];
+                // A poll may block on a read.
+                self.release();
+                let mut held = false;
                 let polled = self.replies[i].ticket.and_then(|t| {
-                    self.nodes[i].poll(self.cmd, t, self.deadline, self.connect_timeout)
+                    self.nodes[i].poll(self.cmd, t, self.deadline, self.connect_timeout, &mut held)
                 });
+                self.held |= held;
                 match polled {
                     Some(result) => {
                         pending.remove(k);
@@ -187,7 +228,16 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
     /// Waits for node `i`'s reply, and records it.
     fn wait_for(&mut self, i: usize) {
         if let Some(ticket) = self.replies[i].ticket {
-            let result = self.nodes[i].wait(self.cmd, ticket, self.deadline, self.connect_timeout);
+            self.release();
+            let mut held = false;
+            let result = self.nodes[i].wait(
+                self.cmd,
+                ticket,
+                self.deadline,
+                self.connect_timeout,
+                &mut held,
+            );
+            self.held |= held;
             self.received(i, result);
         }
     }

@@ -96,6 +96,8 @@ pub use cluster::Cluster;
 pub use node::Node;
 pub use proxy::{Fault, Proxy};
 
+pub use crate::node::{io_counts, IoCounts};
+
 /// Connect timeout of the inspection helpers (and of the proxy's upstream
 /// connections).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{cluster, contending_client};
 use redlock_sync::testing::{Fault, Proxy};
-use redlock_sync::Redlock;
+use redlock_sync::{LockError, Redlock};
 
 const THREADS: usize = 8;
 const SECTIONS: usize = 100;
@@ -72,10 +72,17 @@ fn threads_sharing_a_client_do_not_wait_behind_each_others_reads() {
         .connect_timeout(Duration::from_millis(500))
         .build()
         .unwrap();
-    // Connect to every node before the threads start.
-    locks
-        .release(locks.acquire("warm-up", Duration::from_secs(10)).unwrap())
-        .unwrap();
+    // Connect to every node before the threads start. A fresh connection
+    // costs a handshake round trip on top of the command's, which a loaded
+    // machine can push past the 90 ms io_timeout: what this test proves
+    // starts once the connections are up, so warm up until a round won.
+    let warm = (0..20).any(|attempt| {
+        locks
+            .try_acquire(&format!("warm-up:{attempt}"), Duration::from_secs(10))
+            .map(|lock| locks.release(lock))
+            .is_ok()
+    });
+    assert!(warm, "no warm-up round won in 20 attempts");
     let failures = std::sync::Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for t in 0..8 {
@@ -99,4 +106,42 @@ fn threads_sharing_a_client_do_not_wait_behind_each_others_reads() {
         failures.len(),
         failures[0]
     );
+}
+
+/// Thirty-two threads share one client's connections, half of them asking
+/// for a resource held elsewhere (the nodes answer nil) and half for
+/// resources of their own (the nodes answer OK), in batches that mix both:
+/// a reply handed to the wrong thread would grant a held resource or refuse
+/// a free one.
+#[test]
+fn thirty_two_threads_sharing_connections_each_get_their_own_replies() {
+    let nodes = cluster(5);
+    let holder = common::builder(&nodes).build().unwrap();
+    let held = holder
+        .acquire("held", Duration::from_secs(60))
+        .expect("the holder takes the resource first");
+    let locks = common::builder(&nodes).retry_count(0).build().unwrap();
+    std::thread::scope(|s| {
+        for t in 0..32 {
+            let locks = &locks;
+            s.spawn(move || {
+                for i in 0..30 {
+                    if t % 2 == 0 {
+                        match locks.try_acquire("held", Duration::from_secs(10)) {
+                            Err(LockError::Contended { .. }) => {}
+                            other => panic!("thread {t}, try {i}: a held resource gave {other:?}"),
+                        }
+                    } else {
+                        let lock = locks
+                            .try_acquire(&format!("own:{t}:{i}"), Duration::from_secs(10))
+                            .unwrap_or_else(|e| {
+                                panic!("thread {t}, try {i}: a free resource gave {e}")
+                            });
+                        locks.release(lock).expect("release of a held lock");
+                    }
+                }
+            });
+        }
+    });
+    holder.release(held).expect("the holder still held it");
 }

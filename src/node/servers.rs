@@ -12,12 +12,16 @@ use std::sync::{Arc, Mutex};
 
 use redis::Value;
 
+use super::shared::Pace;
 use crate::error::NodeError;
 
-/// The servers the nodes of one client reached, by `run_id`.
+/// What the nodes of one client share: the servers they reached, by
+/// `run_id`, and the pace of the client's threads (which decides when
+/// queued commands are written).
 #[derive(Default)]
 pub(crate) struct Servers {
     claimed: Mutex<HashMap<String, (usize, Arc<str>)>>,
+    pub(crate) pace: Pace,
 }
 
 impl Servers {

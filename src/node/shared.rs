@@ -1,14 +1,17 @@
 //! The shared connection of one node: every thread that has a command for
 //! the node queues it here, and the threads that want answers do the I/O.
 //!
-//! Threads batch their commands on the shared connection. A thread that finds
-//! another writing leaves its packed command in the node's outbox; the writer
-//! writes the whole outbox, in one write, before it lets go. Writing and
-//! reading are separate roles: a command never waits for a read to return
-//! (except over TLS, whose connection cannot be split: there its reader
-//! writes what was queued once its read returns). Replies come back in
-//! order: each is matched to its request by sequence number and handed to
-//! the thread that asked (or discarded, if that thread stopped waiting).
+//! Threads batch their commands on the shared connection, as an event loop
+//! does: a round queues its command on every node's outbox, and the last of
+//! the client's threads to fall asleep (see [`Pace`]) writes every outbox in
+//! one write per node. A thread alone writes its own command at once.
+//! Writing and reading are separate roles: a command never waits for a read
+//! to return (except over TLS, whose connection cannot be split: there its
+//! reader writes what was queued once its read returns). Replies come back
+//! in order: each is matched to its request by sequence number and handed
+//! to the thread that asked (or discarded, if that thread stopped waiting).
+//! A reader hands out every reply one read brought, and wakes exactly the
+//! threads whose replies it stored (`thread::park` / `unpark`).
 //!
 //! Any error or timeout on the connection ends its *epoch*: the connection is
 //! dropped for every thread that shared it, and every request still on it
@@ -16,7 +19,9 @@
 //! be taken for the answer to another command.
 
 use std::collections::VecDeque;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -35,21 +40,84 @@ use crate::script::{is_noscript, Command};
 /// holds up one round in this many.
 const MAX_BACKLOG: u64 = 32;
 
+/// How long a thread whose command is queued waits for the thread owing
+/// the write before it writes the command itself: a bound on what
+/// batching may cost, should the client's threads never all fall asleep.
+const FLUSH_GRACE: Duration = Duration::from_millis(2);
+
+/// The pace of one client's threads: how many are running round code that
+/// will queue commands soon. Commands queued meanwhile wait, and the last
+/// of these threads to fall asleep (to block on a read, to sleep until a
+/// reply comes, or to leave its round) writes every node's queue, each in
+/// one write: as an event loop writes once all its tasks ran. A thread
+/// blocked on a read never counts, so no command waits behind a read.
+///
+/// A round holds the pace while it queues its command on every node, and
+/// a thread woken with its reply holds it from then on, on the waker's
+/// account: the threads one read wakes queue their next commands together.
+/// Whoever lets go of the pace last writes what is queued.
+#[derive(Default)]
+pub(crate) struct Pace {
+    awake: AtomicUsize,
+}
+
+impl Pace {
+    /// One more thread will queue commands soon.
+    pub(crate) fn hold(&self) {
+        self.awake.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A thread that held the pace falls asleep or leaves. Returns true if
+    /// it was the last awake: it must write every node's queue.
+    pub(crate) fn release(&self) -> bool {
+        self.awake.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    /// Whether a thread awake will write what is queued now.
+    fn others_awake(&self) -> bool {
+        self.awake.load(Ordering::Acquire) > 0
+    }
+}
+
 /// A request on a node's connection: which epoch, and its place in line.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Ticket {
     epoch: u64,
     seq: u64,
 }
 
-/// A node's shared connection: what its threads share, behind a mutex, and
-/// the condition variable its sleepers wait on.
+/// A node's shared connection: what its threads share, behind a mutex.
 pub(super) struct Shared {
     link: Mutex<Link>,
-    /// Signalled when a reply a sleeper waits for is stored, when the
-    /// reading role is let go with replies due, when a write lands while
-    /// nobody reads, or when the epoch ends.
-    changed: Condvar,
+}
+
+/// How a command goes out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Send {
+    /// Written now.
+    Now,
+    /// Written now, a script as `EVAL` whatever the server is known to have.
+    Eval,
+    /// Written with other threads' commands, when the pace says.
+    Queued,
+}
+
+/// A thread asleep until its reply comes (or the reading role is free).
+struct Sleeper {
+    ticket: Ticket,
+    thread: Thread,
+    woken: Woken,
+}
+
+/// Why a sleeper was woken. Each sleeper is woken at most once: the thread
+/// that wakes it marks it, and the sleeper removes its entry when it runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Woken {
+    No,
+    /// Its reply is stored; it holds the pace (see [`Pace`]).
+    Reply,
+    /// To take the reading role over, or because the epoch ended.
+    Other,
 }
 
 /// Everything behind a node's mutex: the connection of the current epoch,
@@ -61,12 +129,13 @@ struct Link {
     conn: Connection,
     /// Why the last epoch ended.
     ended: Option<(u64, Failure)>,
-    /// The requests whose threads are blocked waiting for their replies
-    /// (or for the reading role): a thread that stores one of these
-    /// replies, or lets the reading role go while replies are due, wakes
-    /// them. Nobody else is woken: a notify is a syscall, and every thread
-    /// woken for nothing costs two more.
-    sleepers: Vec<u64>,
+    /// The threads blocked waiting for their replies (or for the reading
+    /// role): a thread that stores one of these replies wakes exactly that
+    /// sleeper; one that lets the reading role go while replies are due
+    /// wakes one sleeper to take it over; the end of an epoch wakes all.
+    /// Nobody else is woken: every thread woken for nothing costs a
+    /// context switch and two syscalls.
+    sleepers: Vec<Sleeper>,
     /// The last connection ended in a timeout, and no reply came since.
     slow: bool,
     /// No connect before this, after one timed out.
@@ -149,7 +218,6 @@ impl Shared {
                 connect_after: None,
                 wait_us: 0,
             }),
-            changed: Condvar::new(),
         }
     }
 
@@ -157,21 +225,27 @@ impl Shared {
         self.link.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues `cmd` on the connection and gets it written: by this thread
-    /// now, or, if another thread is writing, by that thread before it lets
-    /// go. Connects first if there is no connection. With `eval`, a script
-    /// goes as `EVAL` whatever the connection's server is known to have.
+    /// Queues `cmd` on the connection and, as `send` says, gets it written
+    /// now or leaves it for whoever lets go of the client's [`Pace`] last
+    /// (see [`flush`](Self::flush)). Written now means: by this thread, or,
+    /// if another thread is writing, by that thread before it lets go; and
+    /// connected first if there is no connection. A command to queue on a
+    /// connection not open yet is written now too: a connect must not wait.
     pub(super) fn submit(
         &self,
         connector: &Connector,
         cmd: &Command,
         deadline: Instant,
         connect_timeout: Duration,
-        eval: bool,
+        send: Send,
     ) -> Result<Ticket, Failure> {
         let mut link = self.lock();
-        let bytes = cmd.bytes_for(if eval { 0 } else { link.conn.scripts });
-        link.conn.outbox.extend_from_slice(bytes);
+        let scripts = if send == Send::Eval {
+            0
+        } else {
+            link.conn.scripts
+        };
+        link.conn.outbox.extend_from_slice(cmd.bytes_for(scripts));
         let ticket = Ticket {
             epoch: link.epoch,
             seq: link.conn.next_seq,
@@ -179,14 +253,33 @@ impl Shared {
         link.conn.next_seq += 1;
         link.conn.abandoned.push_back(false);
         link.conn.live += 1;
+        if send == Send::Queued && link.conn.open {
+            return Ok(ticket);
+        }
         link = self.write_out(link, connector, deadline, connect_timeout);
         check(&link, ticket)?;
         Ok(ticket)
     }
 
+    /// Writes what is queued, unless another thread is writing (which
+    /// writes it before it lets go).
+    pub(super) fn flush(
+        &self,
+        connector: &Connector,
+        deadline: Instant,
+        connect_timeout: Duration,
+    ) {
+        let link = self.lock();
+        if !link.conn.outbox.is_empty() {
+            drop(self.write_out(link, connector, deadline, connect_timeout));
+        }
+    }
+
     /// Takes the reply to `ticket`, reading it (and whatever comes before
     /// it) when no other thread is doing I/O. Unless `block`, returns `None`
-    /// instead of sleeping while another thread does the I/O.
+    /// instead of sleeping while another thread does the I/O. Sets `held`
+    /// if the thread was woken with its reply: it holds the client's
+    /// [`Pace`] then, and must let go of it before it blocks again.
     pub(super) fn take(
         &self,
         connector: &Connector,
@@ -194,8 +287,12 @@ impl Shared {
         deadline: Instant,
         connect_timeout: Duration,
         block: bool,
+        held: &mut bool,
     ) -> Option<Result<Value, Failure>> {
+        let pace = &connector.servers.pace;
         let mut link = self.lock();
+        // When to stop waiting for the awake threads to write our command.
+        let mut flush_by = None;
         let taken = loop {
             if let Err(failure) = check(&link, ticket) {
                 break Some(Err(failure));
@@ -208,7 +305,8 @@ impl Shared {
             {
                 break Some(Ok(link.conn.replies.swap_remove(i).1));
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            let now = Instant::now();
+            let left = deadline.saturating_duration_since(now);
             if link.conn.next_read < link.conn.written && can_read(&link.conn) {
                 if left.is_zero() && link.conn.live > 1 {
                     // Late, and other threads still want replies on this
@@ -220,10 +318,17 @@ impl Shared {
                 link = self.read_one(link, connector, deadline, connect_timeout);
                 continue;
             }
+            let mut sleep = left;
             if ticket.seq >= link.conn.written && !link.conn.writing && !link.conn.outbox.is_empty()
             {
-                link = self.write_out(link, connector, deadline, connect_timeout);
-                continue;
+                // Our command is queued. A thread awake owes its write,
+                // unless none is, or it is overdue.
+                let by = *flush_by.get_or_insert(now + FLUSH_GRACE);
+                if !pace.others_awake() || now >= by {
+                    link = self.write_out(link, connector, deadline, connect_timeout);
+                    continue;
+                }
+                sleep = sleep.min(by - now);
             }
             if left.is_zero() {
                 give_up(&mut link.conn, ticket.seq);
@@ -232,23 +337,24 @@ impl Shared {
             if !block {
                 break None;
             }
-            link.sleepers.push(ticket.seq);
-            link = self
-                .changed
-                .wait_timeout(link, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-            if let Some(i) = link.sleepers.iter().position(|&seq| seq == ticket.seq) {
-                link.sleepers.swap_remove(i);
+            link.sleepers.push(Sleeper {
+                ticket,
+                thread: thread::current(),
+                woken: Woken::No,
+            });
+            drop(link);
+            thread::park_timeout(sleep);
+            link = self.lock();
+            if let Some(i) = link.sleepers.iter().position(|s| s.ticket == ticket) {
+                if link.sleepers.swap_remove(i).woken == Woken::Reply {
+                    *held = true;
+                }
             }
         };
-        // Leaving: if replies are due and nobody reads them, wake the
-        // sleepers, one of which takes the reading role over.
-        if !link.sleepers.is_empty()
-            && link.conn.next_read < link.conn.written
-            && can_read(&link.conn)
-        {
-            self.changed.notify_all();
+        // Leaving: if replies are due and nobody reads them, wake a
+        // sleeper to take the reading role over.
+        if link.conn.next_read < link.conn.written && can_read(&link.conn) {
+            wake_one(&mut link);
         }
         taken
     }
@@ -387,9 +493,7 @@ impl Shared {
                         // while more is written.
                         connecting = false;
                         link.conn.reading = false;
-                        if !link.sleepers.is_empty() {
-                            self.changed.notify_all();
-                        }
+                        wake_one(&mut link);
                     }
                     writer = Some(w);
                     link.conn.written += count;
@@ -423,17 +527,19 @@ impl Shared {
                 link.conn.reading = false;
             }
         }
-        // Sleepers want replies: a thread that is reading wakes them when it
-        // lets go. Otherwise what was written may be theirs to read now.
-        if !link.sleepers.is_empty() && (!link.conn.reading || link.epoch != epoch) {
-            self.changed.notify_all();
+        // Sleepers want replies: a thread that is reading hands them over
+        // (or wakes one to read on when it lets go). Otherwise what was
+        // written may be theirs to read now: one of them reads.
+        if link.epoch == epoch && link.conn.next_read < link.conn.written && can_read(&link.conn) {
+            wake_one(&mut link);
         }
         link
     }
 
-    /// The reading role: reads one reply and hands it to its thread (or
-    /// discards it), then lets go; over an unsplit connection, then writes
-    /// what was queued meanwhile. The lock is not held during I/O.
+    /// The reading role: reads one reply, and every other one already
+    /// buffered whole, and hands each to its thread (or discards it), then
+    /// lets go; over an unsplit connection, then writes what was queued
+    /// meanwhile. The lock is not held during I/O.
     fn read_one<'a>(
         &'a self,
         mut link: MutexGuard<'a, Link>,
@@ -464,46 +570,78 @@ impl Shared {
         };
         let waited = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
         link = self.lock();
-        let mut wake = false;
         if link.epoch == epoch {
-            match received {
-                Ok(value) => {
-                    link.slow = false;
-                    link.wait_us = link.wait_us - link.wait_us / 8 + waited / 8;
-                    let seq = link.conn.next_read;
-                    wake = link.sleepers.contains(&seq);
-                    link.conn.next_read += 1;
-                    if link.conn.abandoned.pop_front().unwrap_or(false) {
-                        forget_scripts_if_lost(&mut link.conn, &value);
-                    } else {
-                        link.conn.live -= 1;
-                        link.conn.replies.push((seq, value));
+            let pace = &connector.servers.pace;
+            let mut received = Some(received);
+            if received.as_ref().is_some_and(Result::is_ok) {
+                link.slow = false;
+                link.wait_us = link.wait_us - link.wait_us / 8 + waited / 8;
+            }
+            while let Some(next) = received.take() {
+                match next {
+                    Ok(value) => {
+                        store(&mut link, value, pace);
+                        received = reader.as_mut().and_then(|r| r.recv_buffered());
                     }
-                    link.conn.reader = reader;
-                    link.conn.reading = false;
-                    if unsplit {
-                        link.conn.writer = writer;
-                        link.conn.writing = false;
+                    Err(failure) => {
+                        // The cause is recorded first: ending the socket
+                        // makes a writer fail too, for no reason of its own.
+                        end_epoch(&mut link, failure);
+                        if let Some(r) = &reader {
+                            r.shutdown();
+                        }
                     }
-                }
-                Err(failure) => {
-                    // The cause is recorded first: ending the socket makes
-                    // a writer fail too, for no reason of its own.
-                    end_epoch(&mut link, failure);
-                    if let Some(r) = &reader {
-                        r.shutdown();
-                    }
-                    wake = true;
                 }
             }
-        }
-        if wake && !link.sleepers.is_empty() {
-            self.changed.notify_all();
+            if link.epoch == epoch {
+                link.conn.reader = reader;
+                link.conn.reading = false;
+                if unsplit {
+                    link.conn.writer = writer;
+                    link.conn.writing = false;
+                }
+            }
         }
         if unsplit {
             link = self.write_out(link, connector, deadline, connect_timeout);
         }
         link
+    }
+}
+
+/// Hands the next reply on the connection to its thread, waking it if it
+/// sleeps (it holds the `pace` from then on), or discards it if its
+/// thread stopped waiting.
+fn store(link: &mut Link, value: Value, pace: &Pace) {
+    let seq = link.conn.next_read;
+    link.conn.next_read += 1;
+    if link.conn.abandoned.pop_front().unwrap_or(false) {
+        forget_scripts_if_lost(&mut link.conn, &value);
+        return;
+    }
+    link.conn.live -= 1;
+    link.conn.replies.push((seq, value));
+    let ticket = Ticket {
+        epoch: link.epoch,
+        seq,
+    };
+    if let Some(sleeper) = link
+        .sleepers
+        .iter_mut()
+        .find(|s| s.ticket == ticket && s.woken == Woken::No)
+    {
+        sleeper.woken = Woken::Reply;
+        pace.hold();
+        sleeper.thread.unpark();
+    }
+}
+
+/// Wakes one sleeper that waits for a reply not read yet: it takes the
+/// reading role over.
+fn wake_one(link: &mut Link) {
+    if let Some(sleeper) = link.sleepers.iter_mut().find(|s| s.woken == Woken::No) {
+        sleeper.woken = Woken::Other;
+        sleeper.thread.unpark();
     }
 }
 
@@ -555,6 +693,12 @@ fn end_epoch(link: &mut Link, failure: Failure) {
     link.slow = failure == Failure::TimedOut;
     link.ended = Some((link.epoch, failure));
     link.epoch += 1;
+    for sleeper in &mut link.sleepers {
+        if sleeper.woken == Woken::No {
+            sleeper.woken = Woken::Other;
+            sleeper.thread.unpark();
+        }
+    }
 }
 
 /// Whether a thread may take the reading role now.

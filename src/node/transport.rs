@@ -21,6 +21,38 @@ use redis::Value;
 
 use crate::error::{Failure, NodeError};
 
+/// Syscall counters for the benchmark (feature `testing` only): how many
+/// writes and reads the crate's sockets made. Relaxed: a count, not a sync.
+#[cfg(feature = "testing")]
+pub(crate) mod counts {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    pub(crate) static WRITES: AtomicU64 = AtomicU64::new(0);
+    pub(crate) static READS: AtomicU64 = AtomicU64::new(0);
+
+    pub(crate) fn add(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many socket syscalls the crate has made so far, in this process.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct IoCounts {
+        /// `write` calls on the nodes' sockets (TLS connections not counted).
+        pub writes: u64,
+        /// `read` calls on the nodes' sockets (TLS connections not counted).
+        pub reads: u64,
+    }
+
+    /// The counts so far; subtract two readings for the I/O of a stretch
+    /// of work.
+    pub fn io_counts() -> IoCounts {
+        IoCounts {
+            writes: WRITES.load(Ordering::Relaxed),
+            reads: READS.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// How far past the time left a socket timeout may reach: a read or write
 /// ends at most this long after the deadline. Within it, a timeout already
 /// set is kept (one `setsockopt` saved per read in steady state).
@@ -100,6 +132,8 @@ impl Stream {
 
 impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        #[cfg(feature = "testing")]
+        counts::add(&counts::READS);
         match self {
             Stream::Tcp(s) => s.read(buf),
             #[cfg(unix)]
@@ -110,6 +144,8 @@ impl Read for Stream {
 
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        #[cfg(feature = "testing")]
+        counts::add(&counts::WRITES);
         match self {
             Stream::Tcp(s) => s.write(buf),
             #[cfg(unix)]
@@ -243,28 +279,17 @@ impl Reader {
     /// Past the deadline a read still collects a reply that is already
     /// here: its timeout is the smallest the OS offers.
     pub(crate) fn recv(&mut self, deadline: Instant) -> Result<Value, Failure> {
-        let Reader {
-            stream,
-            timeout,
-            buf,
-            start,
-            parser,
-        } = self;
         loop {
-            match frame_len(&buf[*start..]) {
-                Err(reason) => return Err(Failure::Error(NodeError::Io(reason))),
-                Ok(Some(len)) => {
-                    let frame = &buf[*start..*start + len];
-                    let value = parser.parse_value(frame).map_err(redis_failure)?;
-                    *start += len;
-                    if *start == buf.len() {
-                        buf.clear();
-                        *start = 0;
-                    }
-                    return Ok(value);
-                }
-                Ok(None) => {}
+            if let Some(reply) = self.recv_buffered() {
+                return reply;
             }
+            let Reader {
+                stream,
+                timeout,
+                buf,
+                start,
+                ..
+            } = self;
             if *start > 0 {
                 buf.drain(..*start);
                 *start = 0;
@@ -300,6 +325,24 @@ impl Reader {
                 return Err(Failure::TimedOut);
             }
         }
+    }
+
+    /// The next reply if it is already here whole, without a syscall: a
+    /// read often brings several threads' replies at once.
+    pub(crate) fn recv_buffered(&mut self) -> Option<Result<Value, Failure>> {
+        let len = match frame_len(&self.buf[self.start..]) {
+            Err(reason) => return Some(Err(Failure::Error(NodeError::Io(reason)))),
+            Ok(None) => return None,
+            Ok(Some(len)) => len,
+        };
+        let frame = &self.buf[self.start..self.start + len];
+        let value = self.parser.parse_value(frame).map_err(redis_failure);
+        self.start += len;
+        if self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        }
+        Some(value)
     }
 }
 
