@@ -34,8 +34,8 @@ pub(crate) use endpoint::Endpoint;
 pub(crate) use servers::Servers;
 pub(crate) use shared::Pace;
 pub(crate) use shared::Ticket;
+use shared::{Dispatch, Shared};
 pub(crate) use subscription::{Event, Listener, Sender};
-use shared::{Send, Shared};
 #[cfg(feature = "testing")]
 pub use transport::counts::{io_counts, IoCounts};
 
@@ -94,8 +94,13 @@ impl Node {
         deadline: Instant,
         connect_timeout: Duration,
     ) -> Result<Ticket, Failure> {
-        self.shared
-            .submit(&self.connector, cmd, deadline, connect_timeout, Send::Now)
+        self.shared.submit(
+            &self.connector,
+            cmd,
+            deadline,
+            connect_timeout,
+            Dispatch::Now,
+        )
     }
 
     /// Queues `cmd` on the connection, to be written with other threads'
@@ -113,7 +118,7 @@ impl Node {
             cmd,
             deadline,
             connect_timeout,
-            Send::Queued,
+            Dispatch::Queued,
         )
     }
 
@@ -139,8 +144,13 @@ impl Node {
         deadline: Instant,
         connect_timeout: Duration,
     ) -> Result<Ticket, Failure> {
-        self.shared
-            .submit(&self.connector, cmd, deadline, connect_timeout, Send::Eval)
+        self.shared.submit(
+            &self.connector,
+            cmd,
+            deadline,
+            connect_timeout,
+            Dispatch::Eval,
+        )
     }
 
     /// Waits for the reply to `cmd`, sent under `ticket`, reading it (and

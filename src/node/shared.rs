@@ -93,7 +93,7 @@ pub(super) struct Shared {
 
 /// How a command goes out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Send {
+pub(crate) enum Dispatch {
     /// Written now.
     Now,
     /// Written now, a script as `EVAL` whatever the server is known to have.
@@ -225,7 +225,7 @@ impl Shared {
         self.link.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues `cmd` on the connection and, as `send` says, gets it written
+    /// Queues `cmd` on the connection and, as `dispatch` says, gets it written
     /// now or leaves it for whoever lets go of the client's [`Pace`] last
     /// (see [`flush`](Self::flush)). Written now means: by this thread, or,
     /// if another thread is writing, by that thread before it lets go; and
@@ -237,10 +237,10 @@ impl Shared {
         cmd: &Command,
         deadline: Instant,
         connect_timeout: Duration,
-        send: Send,
+        dispatch: Dispatch,
     ) -> Result<Ticket, Failure> {
         let mut link = self.lock();
-        let scripts = if send == Send::Eval {
+        let scripts = if dispatch == Dispatch::Eval {
             0
         } else {
             link.conn.scripts
@@ -253,7 +253,7 @@ impl Shared {
         link.conn.next_seq += 1;
         link.conn.abandoned.push_back(false);
         link.conn.live += 1;
-        if send == Send::Queued && link.conn.open {
+        if dispatch == Dispatch::Queued && link.conn.open {
             return Ok(ticket);
         }
         link = self.write_out(link, connector, deadline, connect_timeout);
