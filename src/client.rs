@@ -452,8 +452,13 @@ impl Redlock {
                     if attempts > retries {
                         return Err(tally.error(&resources[0], attempts, ttl));
                     }
-                    let end = Instant::now() + self.retry_pause()?;
-                    match self.inner.config.max_wait.map(|budget| started + budget) {
+                    let end = later(Instant::now(), self.retry_pause()?);
+                    match self
+                        .inner
+                        .config
+                        .max_wait
+                        .map(|budget| later(started, budget))
+                    {
                         Some(budget_end) if budget_end <= end => (budget_end, true),
                         _ => (end, false),
                     }
@@ -614,9 +619,7 @@ impl Redlock {
             &cmd,
             now + inner.config.io_timeout,
             inner.config.connect_timeout,
-            // (A TTL past the clock's range: owed for a year.)
-            now.checked_add(ttl)
-                .unwrap_or(now + Duration::from_secs(365 * 86_400)),
+            later(now, ttl),
             |i| report.nodes[i].outcome != NodeOutcome::Refused,
         );
     }
@@ -822,4 +825,11 @@ fn outcome(
             Err(other) => NodeOutcome::Failed(NodeError::Protocol(format!("{other:?}"))),
         },
     }
+}
+
+/// `t + d`, or a year after `t` where that is past the clock's range (a
+/// `Duration::MAX` retry delay, wait budget or TTL).
+fn later(t: Instant, d: Duration) -> Instant {
+    t.checked_add(d)
+        .unwrap_or_else(|| t + Duration::from_secs(365 * 86_400))
 }

@@ -229,3 +229,30 @@ fn many_waiters_one_release_at_a_time_exactly_one_holds() {
     });
     assert_eq!(done.load(Ordering::SeqCst), 9 * rounds);
 }
+
+#[test]
+fn a_retry_delay_and_wait_budget_past_the_clocks_range_wait_for_a_release_without_panicking() {
+    let nodes = cluster(3);
+    let holder = patient(nodes.urls()).build().unwrap();
+    let held = holder.acquire("unbounded", TTL).unwrap();
+    let waiter = patient(nodes.urls())
+        .retry_count(1)
+        .retry_delay(Duration::MAX)
+        .max_wait(Duration::MAX)
+        .build()
+        .unwrap();
+    let (done, outcome) = std::sync::mpsc::channel();
+    let waiting = waiter.clone();
+    thread::spawn(move || {
+        let _ = done.send(waiting.acquire("unbounded", TTL));
+    });
+    // Only a release can end the waiter's pause: the waiter looks once
+    // more when it starts listening, so releasing at any moment is caught.
+    thread::sleep(Duration::from_millis(50));
+    holder.release(held).unwrap();
+    let lock = outcome
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the waiter was woken by the release")
+        .expect("and then acquired");
+    waiter.release(lock).unwrap();
+}
