@@ -182,7 +182,7 @@ impl Redlock {
 
     /// [`acquire_fenced`](Self::acquire_fenced) with up to `retries`
     /// retries.
-    fn acquire_fenced_retrying(
+    pub(crate) fn acquire_fenced_retrying(
         &self,
         resource: &str,
         ttl: Duration,
@@ -262,17 +262,19 @@ impl Redlock {
                 _ => one,
             })
             .collect();
+        let validity = self.validity(ttl, elapsed);
         Tally {
             report: Report {
                 nodes,
                 quorum: first.report.quorum,
                 elapsed,
             },
-            validity: ttl
-                .checked_sub(elapsed)
-                .and_then(|v| v.checked_sub(self.drift(ttl)))
-                .filter(|v| !v.is_zero()),
+            validity,
             start: first.start,
+            // Round one won: a node that refused round two no longer held
+            // our key, and with no validity left, that key had expired. The
+            // attempt ran out of time; no other client made it fail.
+            too_slow: validity.is_none(),
         }
     }
 }
