@@ -76,6 +76,11 @@ impl Endpoint {
                 redis.db()
             )));
         }
+        if let ConnectionAddr::Tcp(_, 0) | ConnectionAddr::TcpTls { port: 0, .. } = info.addr() {
+            return Err(bad(
+                "the port `0` is not a number from 1 to 65535".to_string()
+            ));
+        }
         let route;
         let (name, identity) = match info.addr() {
             ConnectionAddr::Tcp(host, port) => {
@@ -207,6 +212,12 @@ fn diagnose(url: &str) -> Option<String> {
                 None => return Some(format!("`{after}` after the IPv6 address: expected :port")),
             },
         }
+    } else if host_port.matches(':').count() > 1 {
+        return Some(
+            "more than one ':' after the host: an IPv6 address goes in brackets \
+             (redis://[::1]:6379), a password before an '@' (redis://:password@host:port)"
+                .to_string(),
+        );
     } else {
         match host_port.split_once(':') {
             Some((host, port)) => (host, Some(port)),
@@ -217,11 +228,6 @@ fn diagnose(url: &str) -> Option<String> {
         return Some("the host is missing: expected redis://host:port".to_string());
     }
     if let Some(port) = port.filter(|p| !p.is_empty()) {
-        if port.contains(':') {
-            return Some(format!(
-                "the host `{host}` is followed by more than one ':'; an IPv6 address goes in brackets: redis://[::1]:6379"
-            ));
-        }
         if !matches!(port.parse::<u16>(), Ok(1..)) {
             return Some(format!("the port `{port}` is not a number from 1 to 65535"));
         }
@@ -302,6 +308,12 @@ pub(crate) fn redact(url: &str) -> String {
             let user = rest[..at].split(':').next().unwrap_or("");
             format!("{}{user}:***{}", &url[..scheme_end], &rest[at..])
         }
+        // An address that starts with ':' is a password whose '@' was
+        // left out: hide the whole address.
+        None if rest.starts_with(':') => {
+            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            format!("{}:***{}", &url[..scheme_end], &rest[end..])
+        }
         None => url.to_string(),
     };
     let Some((head, query)) = shown.split_once('?') else {
@@ -332,6 +344,11 @@ mod tests {
         assert_eq!(redact("no scheme"), "no scheme");
         assert_eq!(redact("redis://:pa/ss@h:1"), "redis://:***@h:1");
         assert_eq!(redact("redis://u:p?a#s@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(redact("redis://:s3cret127.0.0.1:1/2"), "redis://:***/2");
+        assert_eq!(
+            redact("redis+unix:///tmp/x.sock?db=1&pass=s3cret&user=u"),
+            "redis+unix:///tmp/x.sock?db=1&pass=***&user=u"
+        );
     }
 
     #[test]
