@@ -30,7 +30,8 @@ const DRIFT_FLOOR: Duration = Duration::from_millis(2);
 /// One value holds the configuration and one connection to every node. It
 /// is `Send + Sync` and cheap to clone (an `Arc` inside): share it between
 /// threads rather than building one per thread, so that their commands
-/// share connections and go out batched.
+/// share connections and go out batched. Its `Debug` output shows the
+/// nodes (never their passwords), the quorum and the settings.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -197,10 +198,12 @@ impl Redlock {
     /// A client over the given node URLs, with the default settings (see
     /// [`RedlockBuilder`]).
     ///
-    /// A URL is `redis://[user:password@]host:port[/db]`,
-    /// `redis+unix:///path/to/socket[?db=N]`, or, with the `tls` feature,
-    /// `rediss://...`. Give each independent master once; a quorum is
-    /// `N / 2 + 1` of them.
+    /// A URL is `redis://[user:password@]host:port[/db]` (a password alone
+    /// goes after a colon: `redis://:password@host:port`),
+    /// `redis+unix:///path/to/socket[?db=N][&pass=P]`, or, with the `tls`
+    /// feature, `rediss://...`; `valkey://`, `valkey+unix://` and
+    /// `valkeys://` are the same. Give each independent master once; a
+    /// quorum is `N / 2 + 1` of them.
     ///
     /// ```no_run
     /// # use redlock_sync::Redlock;

@@ -196,11 +196,23 @@ pub enum ConfigError {
     NoNodes,
 
     /// A node URL could not be parsed or is not supported.
+    ///
+    /// ```
+    /// use redlock_sync::{ConfigError, LockError, Redlock};
+    /// let err = Redlock::new(["redis://:hunter2@10.0.0.1:99999"]).unwrap_err();
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "invalid configuration: node URL `redis://:***@10.0.0.1:99999` is not usable: \
+    ///      the port `99999` is not a number from 1 to 65535"
+    /// );
+    /// ```
     #[error("node URL `{url}` is not usable: {reason}")]
     NodeUrl {
         /// The URL, with any password replaced by `***`.
         url: String,
-        /// Why it was rejected.
+        /// Why it was rejected, naming the part that is wrong (the scheme,
+        /// the port, the host, the database, a password character to
+        /// percent-encode, the socket path).
         reason: String,
     },
 
