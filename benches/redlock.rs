@@ -15,8 +15,16 @@
 //! Set `BENCH_SECONDS` to change how long each throughput phase runs
 //! (default 1).
 
+// The examples' error report (message and causes), shared rather than
+// copied; the benchmark does not use their node list.
+#[allow(dead_code)]
+#[path = "../examples/common/mod.rs"]
+mod common;
+
+use std::error::Error;
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -36,13 +44,17 @@ end\n\
 end\n\
 return n";
 
-fn main() {
+fn main() -> ExitCode {
+    common::exit_code(run())
+}
+
+fn run() -> Result<(), Box<dyn Error>> {
     let seconds: f64 = std::env::var("BENCH_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1.0);
     let phase = Duration::from_secs_f64(seconds);
-    let cluster = Cluster::start(NODES).expect("start 5 redis-server nodes");
+    let cluster = Cluster::start(NODES)?;
     let addrs: Vec<String> = cluster
         .urls()
         .iter()
@@ -51,8 +63,7 @@ fn main() {
     let locks = Redlock::builder(cluster.urls())
         .io_timeout(Duration::from_millis(200))
         .connect_timeout(Duration::from_millis(200))
-        .build()
-        .expect("client");
+        .build()?;
 
     println!(
         "# redlock-sync benchmark: 5 local redis-server nodes, TTL 10 s, acquire + release pairs"
@@ -67,8 +78,8 @@ fn main() {
         |i| {
             let lock = locks
                 .try_acquire(&format!("lat:{}", i % 64), TTL)
-                .expect("uncontended acquire");
-            locks.release(lock).expect("release");
+                .or_panic("uncontended acquire");
+            locks.release(lock).or_panic("release");
         },
         5_000,
     );
@@ -114,8 +125,8 @@ fn main() {
                 move |i| {
                     let lock = locks
                         .try_acquire(&format!("tp:{t}:{}", i % 64), TTL)
-                        .expect("uncontended acquire");
-                    locks.release(lock).expect("release");
+                        .or_panic("uncontended acquire");
+                    locks.release(lock).or_panic("release");
                 }
             }));
         }
@@ -151,10 +162,10 @@ fn main() {
         move |_| match locks.try_acquire("contended", TTL) {
             Ok(lock) => {
                 acquired.fetch_add(1, Ordering::Relaxed);
-                locks.release(lock).expect("release");
+                locks.release(lock).or_panic("release");
             }
             Err(LockError::Contended { .. }) => {}
-            Err(e) => panic!("unexpected error under contention: {e}"),
+            Err(e) => panic!("unexpected error under contention: {}", common::Chain(&e)),
         }
     });
     let secs = contended.elapsed.as_secs_f64();
@@ -171,7 +182,7 @@ fn main() {
     println!();
 
     // e. Behind a proxy that delays each direction by 1 ms.
-    let proxies: Vec<Proxy> = cluster.proxies().expect("proxies");
+    let proxies: Vec<Proxy> = cluster.proxies()?;
     for proxy in &proxies {
         proxy.set_fault(Fault::Delay(Duration::from_millis(1)));
     }
@@ -179,16 +190,15 @@ fn main() {
     let slow_locks = Redlock::builder(proxies.iter().map(Proxy::url))
         .io_timeout(Duration::from_millis(500))
         .connect_timeout(Duration::from_millis(500))
-        .build()
-        .expect("client");
+        .build()?;
     let mut sequential = Floor::connect(&proxied);
     let seq_lat = latencies(|i| sequential_pair(&mut sequential, i), 100);
     let delayed_lat = latencies(
         |i| {
             let lock = slow_locks
                 .try_acquire(&format!("delay:{}", i % 8), TTL)
-                .expect("acquire behind the proxy");
-            slow_locks.release(lock).expect("release");
+                .or_panic("acquire behind the proxy");
+            slow_locks.release(lock).or_panic("release");
         },
         100,
     );
@@ -207,6 +217,24 @@ fn main() {
         delayed_lat.p50.as_secs_f64() / 0.002,
         seq_lat.p50.as_secs_f64() / delayed_lat.p50.as_secs_f64()
     );
+    Ok(())
+}
+
+/// `expect` that shows the error's message and causes, not its `Debug`
+/// form. A measurement that fails mid-run has no caller to hand the error
+/// to; the panic unwinds, so the cluster still stops its servers.
+trait OrPanic<T> {
+    fn or_panic(self, what: &str) -> T;
+}
+
+impl<T, E: Error> OrPanic<T> for Result<T, E> {
+    #[track_caller]
+    fn or_panic(self, what: &str) -> T {
+        match self {
+            Ok(value) => value,
+            Err(e) => panic!("{what}: {}", common::Chain(&e)),
+        }
+    }
 }
 
 /// One connection per node, speaking raw RESP.
@@ -222,8 +250,8 @@ impl Floor {
             conns: addrs
                 .iter()
                 .map(|a| {
-                    let s = TcpStream::connect(a).expect("connect");
-                    s.set_nodelay(true).expect("nodelay");
+                    let s = TcpStream::connect(a).or_panic("connect");
+                    s.set_nodelay(true).or_panic("nodelay");
                     s
                 })
                 .collect(),
@@ -232,7 +260,7 @@ impl Floor {
         };
         let load = pack(&["SCRIPT", "LOAD", RELEASE]);
         for i in 0..floor.conns.len() {
-            floor.conns[i].write_all(&load).expect("write");
+            floor.conns[i].write_all(&load).or_panic("write");
             let reply = floor.read_reply(i);
             floor.sha = String::from_utf8_lossy(&reply)
                 .lines()
@@ -248,7 +276,7 @@ impl Floor {
         self.buf.clear();
         let mut chunk = [0u8; 1024];
         while self.buf.iter().filter(|&&b| b == b'\n').count() < count {
-            let n = self.conns[i].read(&mut chunk).expect("read");
+            let n = self.conns[i].read(&mut chunk).or_panic("read");
             assert!(n > 0, "node closed the connection");
             self.buf.extend_from_slice(&chunk[..n]);
         }
@@ -267,7 +295,7 @@ impl Floor {
             if complete(&self.buf) {
                 return self.buf.clone();
             }
-            let n = self.conns[i].read(&mut chunk).expect("read");
+            let n = self.conns[i].read(&mut chunk).or_panic("read");
             assert!(n > 0, "node closed the connection");
             self.buf.extend_from_slice(&chunk[..n]);
         }
@@ -306,7 +334,7 @@ fn floor_pair(floor: &mut Floor, i: usize) {
     let release = pack(&["EVALSHA", &floor.sha, "1", &key, &token]);
     for cmd in [&set, &release] {
         for conn in &mut floor.conns {
-            conn.write_all(cmd).expect("write");
+            conn.write_all(cmd).or_panic("write");
         }
         for n in 0..floor.conns.len() {
             floor.read_reply(n);
@@ -322,7 +350,7 @@ fn sequential_pair(floor: &mut Floor, i: usize) {
     let release = pack(&["EVALSHA", &floor.sha, "1", &key, &token]);
     for cmd in [&set, &release] {
         for n in 0..floor.conns.len() {
-            floor.conns[n].write_all(cmd).expect("write");
+            floor.conns[n].write_all(cmd).or_panic("write");
             floor.read_reply(n);
         }
     }
@@ -475,7 +503,7 @@ fn batched_pair(floor: &mut Floor, threads: usize, i: usize, round_done: &impl F
     }
     for cmd in [&set, &release] {
         for conn in &mut floor.conns {
-            conn.write_all(cmd).expect("write");
+            conn.write_all(cmd).or_panic("write");
         }
         for n in 0..floor.conns.len() {
             floor.read_replies(n, threads);

@@ -23,6 +23,7 @@ mod common;
 
 use std::collections::HashSet;
 use std::error::Error;
+use std::process::ExitCode;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -39,7 +40,11 @@ enum Outcome {
     AlreadyDone,
 }
 
-fn main() -> Result<(), Box<dyn Error>> {
+fn main() -> ExitCode {
+    common::exit_code(run())
+}
+
+fn run() -> Result<(), Box<dyn Error>> {
     let (_cluster, urls) = common::nodes(5)?;
     println!("nodes: {}", urls.join(", "));
 

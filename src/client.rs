@@ -442,7 +442,7 @@ impl Redlock {
             }
             // The lock may have landed where the reply was lost, late or not
             // awaited: release there before trying again or giving up.
-            self.clean_up(&resources, &token, &tally.report);
+            self.clean_up(&resources, &token, ttl, &tally.report);
             if attempts > retries {
                 return Err(tally.error(&resources[0], attempts, ttl));
             }
@@ -594,16 +594,21 @@ impl Redlock {
 
     /// After a failed attempt: sends the release to every node that may hold
     /// our key (all but those that refused), without waiting for replies.
-    /// The next attempt's command follows it on the same connections.
-    fn clean_up(&self, resources: &[String], token: &Token, report: &Report) {
+    /// The next attempt's command follows it on the same connections. A
+    /// node it cannot reach now gets it first thing when next reached,
+    /// while a key set with `ttl` could still be there.
+    fn clean_up(&self, resources: &[String], token: &Token, ttl: Duration, report: &Report) {
         let inner = &*self.inner;
         let cmd = Command::script(&script::RELEASE, resources, &[&token.hex()]);
-        let deadline = Instant::now() + inner.config.io_timeout;
+        let now = Instant::now();
         round::send_only(
             &inner.nodes,
             &cmd,
-            deadline,
+            now + inner.config.io_timeout,
             inner.config.connect_timeout,
+            // (A TTL past the clock's range: owed for a year.)
+            now.checked_add(ttl)
+                .unwrap_or(now + Duration::from_secs(365 * 86_400)),
             |i| report.nodes[i].outcome != NodeOutcome::Refused,
         );
     }

@@ -185,3 +185,10 @@ pub use error::{
 };
 pub use lock::{Lock, Token};
 pub use with_lock::LockGuard;
+
+/// The README's code blocks, compiled (and, where they need no servers, run)
+/// as doctests, so that `cargo test` fails when the README and the API part
+/// ways.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

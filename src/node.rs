@@ -8,12 +8,14 @@
 //! - [`transport`]: a socket split in a writing and a reading half.
 //! - [`resolve`], [`servers`], [`restart_guard`]: host names with a time
 //!   bound, one vote per server process, the uptime check.
+//! - [`owed`]: clean-ups that could not be sent, for the next connection.
 //!
 //! No async runtime, no background thread: the threads that want answers do
 //! the I/O.
 
 mod connect;
 mod endpoint;
+mod owed;
 mod resolve;
 mod restart_guard;
 mod servers;
@@ -65,6 +67,7 @@ impl Node {
                 index,
                 servers,
                 reconnect_backoff,
+                owed: Default::default(),
             },
             shared: Shared::new(),
         }
@@ -204,6 +207,13 @@ impl Node {
     /// round should wait for its reply rather than leave it unread.
     pub(crate) fn backlogged(&self, ticket: Ticket) -> bool {
         self.shared.backlogged(ticket)
+    }
+
+    /// Sends `cmd` (a release after a failed attempt) first thing on the
+    /// node's next connection, unless `until` passed by then: for a
+    /// clean-up that could not be sent now.
+    pub(crate) fn owe(&self, cmd: &Command, until: Instant) {
+        self.connector.owed.add(cmd.bytes_for(0).to_vec(), until);
     }
 
     /// The reply to `ticket` is no longer wanted: discard it when it comes.

@@ -243,23 +243,24 @@ fn side_by_side<T: Send>(items: &[usize], f: impl Fn(usize) -> T + Sync) -> Vec<
 }
 
 /// Writes `cmd` to the nodes for which `ask` is true and does not wait for
-/// the replies (they are read and discarded later). For best-effort clean-up.
-/// A script goes as `EVAL`: nobody reads the reply, so a `NOSCRIPT` would
-/// go unnoticed.
+/// the replies (they are read and discarded later). For clean-up: a node
+/// that cannot be sent it now is owed it until `owed_until`, and gets it
+/// first on its next connection. A script goes as `EVAL`: nobody reads the
+/// reply, so a `NOSCRIPT` would go unnoticed.
 pub(crate) fn send_only(
     nodes: &[Node],
     cmd: &Command,
     deadline: Instant,
     connect_timeout: Duration,
+    owed_until: Instant,
     ask: impl Fn(usize) -> bool,
 ) {
     // As in a round: nodes that must be connected first are connected side
     // by side, so that the clean-up costs one connect timeout at most.
     let (connecting, connected) = by_connect(nodes, &ask);
-    let send = |i: usize| {
-        if let Ok(ticket) = nodes[i].submit_eval(cmd, deadline, connect_timeout) {
-            nodes[i].abandon(ticket);
-        }
+    let send = |i: usize| match nodes[i].submit_eval(cmd, deadline, connect_timeout) {
+        Ok(ticket) => nodes[i].abandon(ticket),
+        Err(_) => nodes[i].owe(cmd, owed_until),
     };
     connected.into_iter().for_each(send);
     side_by_side(&connecting, send);

@@ -244,7 +244,8 @@ fn after_script_flush_release_falls_back_to_eval_and_later_rounds_heal() {
 
     // Every connection learns that its server lost the scripts when it
     // reads that NOSCRIPT, at the latest when its backlog of unread replies
-    // (16) is drained; from then on releases work on every node.
+    // (32: a node always read last is still read every 32 rounds) is
+    // drained; from then on releases work on every node.
     for i in 0..20 {
         let lock = locks.acquire(&format!("flush-{i}"), TTL).unwrap();
         locks.release(lock).unwrap();

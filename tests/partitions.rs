@@ -308,3 +308,41 @@ fn replies_trickled_out_byte_by_byte_do_not_hold_a_round_past_its_deadline() {
         },
     );
 }
+
+#[test]
+fn a_failed_attempt_leaves_no_keys_behind_once_slow_nodes_answer_again() {
+    let (nodes, proxies, locks) = behind_proxies();
+    let ttl = Duration::from_secs(30);
+    // 3 of 5 nodes answer later than io_timeout: their SETs land after the
+    // round gave up, and the clean-up cannot reach them (its reconnects time
+    // out too, and then the nodes back off reconnecting).
+    for proxy in &proxies[..3] {
+        proxy.set_fault(Fault::Delay(Duration::from_millis(80)));
+    }
+    let err = locks.try_acquire("orphan", ttl).unwrap_err();
+    assert!(
+        matches!(err, LockError::NoQuorum { .. }),
+        "3 slow nodes of 5: expected NoQuorum, got {err}"
+    );
+    wait_until(SETTLE, "the late SETs landed on the 3 slow nodes", || {
+        values(&nodes, "orphan").iter().flatten().count() == 3
+    });
+    for proxy in &proxies {
+        proxy.set_fault(Fault::None);
+    }
+    // Once the client reaches those nodes again (after its reconnect
+    // backoff), the clean-up it owes them goes first: the keys go, long
+    // before their 30 s TTL would have removed them.
+    wait_until(
+        Duration::from_secs(5),
+        "the orphaned keys were released on the healed nodes",
+        || {
+            let _ = locks.try_acquire("other", ttl).map(|l| locks.release(l));
+            values(&nodes, "orphan").iter().all(Option::is_none)
+        },
+    );
+    let lock = locks
+        .try_acquire("orphan", ttl)
+        .expect("nothing left holds the resource");
+    locks.release(lock).unwrap();
+}

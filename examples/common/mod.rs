@@ -1,6 +1,9 @@
-//! What the examples share: the nodes they run against.
+//! What the examples share: the nodes they run against, and how they
+//! report an error.
 
 use std::error::Error;
+use std::fmt;
+use std::process::ExitCode;
 
 use redlock_sync::testing::Cluster;
 
@@ -18,5 +21,40 @@ pub fn nodes(n: usize) -> Result<(Option<Cluster>, Vec<String>), Box<dyn Error>>
             let urls = cluster.urls();
             Ok((Some(cluster), urls))
         }
+    }
+}
+
+/// Ends an example: on error, prints it for a person (its message and each
+/// cause, never the `Debug` form that `main() -> Result` would print) and
+/// exits with a failure status.
+pub fn exit_code(result: Result<(), Box<dyn Error>>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", Chain(e.as_ref()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// An error's message followed by each of its causes, one per line.
+pub struct Chain<'a>(pub &'a dyn Error);
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut shown = self.0.to_string();
+        f.write_str(&shown)?;
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            // Many errors already quote their cause in their own message;
+            // a reader needs each text once.
+            let text = cause.to_string();
+            if !shown.contains(&text) {
+                write!(f, "\n  caused by: {text}")?;
+            }
+            shown = text;
+            source = cause.source();
+        }
+        Ok(())
     }
 }

@@ -1,7 +1,8 @@
 //! Opening a node's connection within the round's deadline: resolve the
 //! host name, connect (TCP, Unix socket, or TLS through the `redis` crate),
 //! then one pipelined handshake: `AUTH` and `SELECT`, `SCRIPT LOAD`, and
-//! `INFO server` for the restart guard and for one vote per server.
+//! `INFO server` for the restart guard and for one vote per server, and
+//! any clean-ups the node is owed.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use super::endpoint::{Endpoint, Route};
+use super::owed::Owed;
 use super::resolve::{Resolver, Unresolved};
 use super::restart_guard;
 use super::servers::Servers;
@@ -33,6 +35,9 @@ pub(crate) struct Connector {
     /// answers (a stopped process) would otherwise cost every round its
     /// whole deadline.
     pub(super) reconnect_backoff: Duration,
+    /// Clean-ups the node could not be sent: the next connection sends
+    /// them right after its handshake.
+    pub(super) owed: Owed,
 }
 
 /// A new connection, its handshake done.
@@ -98,7 +103,14 @@ impl Connector {
             Some(r) => r.recv(deadline),
             None => writer.recv(deadline),
         };
-        writer.send(&self.endpoint.handshake, deadline)?;
+        let owed = self.owed.due();
+        if owed.ids.is_empty() {
+            writer.send(&self.endpoint.handshake, deadline)?;
+        } else {
+            let mut first = self.endpoint.handshake.clone();
+            first.extend_from_slice(&owed.bytes);
+            writer.send(&first, deadline)?;
+        }
         let mut scripts = script::ALL_SCRIPTS;
         for i in 0..self.endpoint.checked_replies + self.endpoint.script_replies {
             if let Value::ServerError(e) = recv(&mut writer)? {
@@ -117,10 +129,16 @@ impl Connector {
         // then one vote per server process.
         let info = recv(&mut writer)?;
         if let Value::ServerError(e) = &info {
+            // Not authenticated: the owed clean-ups did not run either.
             if is_auth_error(e) {
                 return Err(self.auth_failure(e));
             }
         }
+        // The owed clean-ups' replies: whatever they say, they ran.
+        for _ in &owed.ids {
+            recv(&mut writer)?;
+        }
+        self.owed.settle(&owed.ids);
         if let Some(grace) = self.restart_grace {
             restart_guard::check(&info, grace).map_err(Failure::Error)?;
         }

@@ -28,9 +28,12 @@ use crate::script::{is_noscript, Command};
 
 /// Past this many unread replies on a connection, a round waits for its
 /// reply even after the outcome is decided, draining the backlog (or, on a
-/// hung node, ending the connection). A reply is a few bytes, so this costs
-/// little memory, and a node that is merely slow seldom holds up a round.
-const MAX_BACKLOG: u64 = 1024;
+/// hung node, ending the connection). A node that is always read last (the
+/// slowest) is read at least every this many rounds, so it learns soon
+/// enough what its unread replies said (a `NOSCRIPT` after `SCRIPT FLUSH`:
+/// until then, its unread releases do not happen); and a merely slow node
+/// holds up one round in this many.
+const MAX_BACKLOG: u64 = 32;
 
 /// A request on a node's connection: which epoch, and its place in line.
 #[derive(Debug, Clone, Copy)]

@@ -1,0 +1,405 @@
+//! The command line: subcommands, options, and the man-page-like help of
+//! each (what it does, its exit codes, an example).
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::exit;
+
+/// One exit-code line of a help text; the codes are padded to five
+/// characters so the texts line up (help is wrapped at the terminal's
+/// width, so each text stays short).
+macro_rules! code_line {
+    ($code:literal, $what:literal) => {
+        concat!("  ", $code, "  ", $what, "\n")
+    };
+}
+
+/// The exit-code lines that every subcommand that talks to the nodes shares.
+macro_rules! common_codes {
+    () => {
+        concat!(
+            code_line!("64   ", "usage: a bad option, duration, node URL, token or resource; no nodes"),
+            code_line!("69   ", "too few nodes answered in time to decide (the message says which\n         failed and how)"),
+            code_line!("71   ", "system error: no thread, no random numbers, no signal handling"),
+        )
+    };
+}
+
+/// The text that says where the nodes come from, for every subcommand.
+macro_rules! nodes_note {
+    () => {
+        "Nodes come from --nodes or REDLOCK_NODES: comma-separated URLs of independent Redis or Valkey masters \
+(redis://[user:password@]host:port[/db], redis+unix:///path/to/socket[?db=N]); three or five for fault \
+tolerance. Passwords are never printed."
+    };
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "redlock",
+    version,
+    about = "Run a command under a distributed lock held on a quorum of Redis or Valkey nodes (Redlock)",
+    long_about = concat!(
+        "Run a command under a distributed lock held on a quorum of independent Redis or Valkey masters \
+(the Redlock algorithm): flock(1) across hosts. `redlock run` takes the lock, runs the command, keeps the \
+lock alive while the command runs and releases it when the command ends. `acquire`, `extend` and `release` \
+take and give back a lock in separate steps, with an explicit token; `status` shows who holds a lock.\n\n",
+        nodes_note!()
+    ),
+    after_help = "Run `redlock help SUBCOMMAND` or `redlock SUBCOMMAND --help` for what each does, its exit codes and an example.",
+    after_long_help = concat!(
+        "Exit codes (each subcommand's --help has its own list):\n",
+        code_line!("0    ", "done (for run: the command's own status)"),
+        common_codes!(),
+        code_line!("75   ", "the lock is held by another client (--conflict-exit-code changes it)"),
+        code_line!("76   ", "the lock was lost while held, or was not held at extend or release"),
+        code_line!("126  ", "run: the command could not be run; 127: it was not found"),
+        code_line!("128+N", "run: the command died of signal N; or signal N stopped the wait"),
+        "\nExample:\n",
+        "  export REDLOCK_NODES=redis://h1:6379,redis://h2:6379,redis://h3:6379\n",
+        "  redlock run --no-wait nightly-report -- /usr/local/bin/nightly-report\n",
+    )
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    Run(RunArgs),
+    Acquire(AcquireArgs),
+    Extend(ExtendArgs),
+    Release(ReleaseArgs),
+    Status(StatusArgs),
+}
+
+impl Command {
+    /// Whether `--json` was given.
+    pub fn json(&self) -> bool {
+        let nodes = match self {
+            Command::Run(a) => &a.nodes,
+            Command::Acquire(a) => &a.nodes,
+            Command::Extend(a) => &a.nodes,
+            Command::Release(a) => &a.nodes,
+            Command::Status(a) => &a.nodes,
+        };
+        nodes.json
+    }
+}
+
+/// Where the nodes are and how long to wait for them: every subcommand's.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Nodes")]
+pub struct NodeArgs {
+    #[arg(
+        long,
+        help = "The nodes: comma-separated URLs of independent Redis or Valkey masters \
+                (redis://[user:password@]host:port[/db], redis+unix:///path[?db=N])",
+        env = "REDLOCK_NODES",
+        hide_env_values = true,
+        value_delimiter = ',',
+        value_name = "URL,..."
+    )]
+    pub nodes: Vec<String>,
+
+    /// How long a round trip to the nodes may take.
+    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "50ms")]
+    pub io_timeout: Duration,
+
+    /// How long connecting to a node may take.
+    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "50ms")]
+    pub connect_timeout: Duration,
+
+    /// Keep a node that has been up for less than this from voting (it
+    /// may have restarted and forgotten locks): at least the longest TTL
+    /// in use. Off by default; status ignores it.
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub restart_grace: Option<Duration>,
+
+    /// Machine-readable output: one JSON object on standard output, for
+    /// the result and for errors (the message also goes to standard error).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How a lock is taken: `run`'s and `acquire`'s.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Taking the lock")]
+pub struct Acquisition {
+    /// How long the lock lasts on the nodes unless extended.
+    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "30s")]
+    pub ttl: Duration,
+
+    /// Wait at most this long for the lock. Without it (and without
+    /// --no-wait), wait until the lock is had.
+    #[arg(long, value_name = "DURATION", value_parser = duration, conflicts_with = "no_wait")]
+    pub wait: Option<Duration>,
+
+    /// Give up at once if the lock is held (like flock -n): one attempt.
+    #[arg(short = 'n', long)]
+    pub no_wait: bool,
+
+    /// The pause between two attempts while waiting, plus up to half as
+    /// much again at random (so waiters spread out). Also the pause
+    /// before retrying a failed extension.
+    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "200ms")]
+    pub retry_delay: Duration,
+
+    /// The exit code when the lock is held by another client (like
+    /// flock -E); 0 makes "someone else is on it" a success.
+    #[arg(short = 'E', long, value_name = "N", default_value_t = exit::CONFLICT)]
+    pub conflict_exit_code: u8,
+
+    /// Take a fenced lock: it comes with a fencing token, a number larger
+    /// than that of every earlier fenced lock on the resource, for the
+    /// protected storage to check.
+    #[arg(long)]
+    pub fenced: bool,
+
+    /// Say on standard error when waiting starts and when the lock is had.
+    #[arg(short, long)]
+    pub verbose: bool,
+}
+
+/// `redlock run`.
+#[derive(Debug, Args)]
+#[command(
+    about = "Run a command while holding a lock",
+    long_about = concat!(
+        "Take the lock on RESOURCE, run COMMAND with its arguments while holding it, keep the lock alive \
+while the command runs (it is extended each time a third of its validity is left), release it when the \
+command ends, and exit with the command's status.\n\n",
+        "By default wait for the lock as long as it takes; --wait bounds the wait and --no-wait (-n) gives up \
+at once. When the lock is not had, the command does not run.\n\n",
+        "If the lock is lost while the command runs (its extension is refused, or too few nodes answer until \
+its validity runs out), or --max-hold is reached, the command gets SIGTERM, then SIGKILL after \
+--kill-after, and redlock exits with 76 and says on standard error when the lock was lost.\n\n",
+        "SIGINT, SIGTERM and SIGHUP sent to redlock are passed on to the command; the lock is released after \
+the command exits. A signal while still waiting for the lock ends the wait at once. Signals typed at a \
+terminal (Ctrl-C) reach the command directly too, as for any foreground command.\n\n",
+        "The command's environment gets REDLOCK_RESOURCE, REDLOCK_TOKEN and, with --fenced, \
+REDLOCK_FENCING_TOKEN (pass it to the storage you write, which should refuse a token lower than one it \
+has seen).\n\n",
+        nodes_note!()
+    ),
+    after_help = "Run `redlock run --help` for the exit codes and an example.",
+    after_long_help = concat!(
+        "Exit codes:\n",
+        code_line!("any  ", "the command's own exit status (0 when it succeeded), when it ran with\n         the lock held throughout"),
+        common_codes!(),
+        code_line!("75   ", "the lock is held by another client (or was until --wait ran out):\n         the command did not run; --conflict-exit-code changes it"),
+        code_line!("76   ", "the lock was lost while the command ran, or --max-hold was reached:\n         the command was stopped (SIGTERM, then SIGKILL after --kill-after)"),
+        code_line!("126  ", "the command was found but could not be run"),
+        code_line!("127  ", "the command was not found"),
+        code_line!("128+N", "the command died of signal N (the shell's convention); or signal N\n         stopped the wait for the lock"),
+        "\nA command may itself exit with 69, 75 or 76; where that must be told apart,\n",
+        "pick a --conflict-exit-code it never uses.\n",
+        "\nExamples:\n",
+        "  # crontab on every host: the report runs on one host at a time, and a host\n",
+        "  # that finds it running skips this round quietly.\n",
+        "  REDLOCK_NODES=redis://h1:6379,redis://h2:6379,redis://h3:6379\n",
+        "  */10 * * * *  redlock run -n -E 0 nightly-report -- /usr/local/bin/nightly-report\n",
+        "\n",
+        "  # a deploy step that waits up to 5 minutes for the previous one\n",
+        "  redlock run --wait 5m --ttl 1m deploy:web -- ./deploy.sh --env prod\n",
+    )
+)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub acquisition: Acquisition,
+
+    /// Hold the lock at most this long: then it is no longer extended and
+    /// the command is stopped as when the lock is lost.
+    #[arg(long, value_name = "DURATION", value_parser = duration, help_heading = "Taking the lock")]
+    pub max_hold: Option<Duration>,
+
+    /// After the lock is lost, how long the command has between SIGTERM
+    /// and SIGKILL.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        value_parser = duration,
+        default_value = "10s",
+        help_heading = "Running the command"
+    )]
+    pub kill_after: Duration,
+
+    #[command(flatten)]
+    pub nodes: NodeArgs,
+
+    /// The lock's name (any string but empty), the same on every host.
+    pub resource: String,
+
+    /// The command to run and its arguments (put `--` before it if an
+    /// argument starts with `-`).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND",
+        value_parser = clap::value_parser!(OsString)
+    )]
+    pub command: Vec<OsString>,
+}
+
+/// `redlock acquire`.
+#[derive(Debug, Args)]
+#[command(
+    about = "Take a lock and print its token",
+    long_about = concat!(
+        "Take the lock on RESOURCE and print its token on standard output (with --fenced, the token and the \
+fencing token, separated by a space). The lock is not kept alive: it expires after --ttl unless \
+`redlock extend` renews it in time, and `redlock release` gives it back. For scripts that take and give \
+back a lock in separate steps; `redlock run` is simpler where it fits.\n\n",
+        "Waits as `redlock run` does (--wait, --no-wait); a signal while waiting ends the wait at once.\n\n",
+        nodes_note!()
+    ),
+    after_help = "Run `redlock acquire --help` for the exit codes and an example.",
+    after_long_help = concat!(
+        "Exit codes:\n",
+        code_line!("0    ", "the lock is had: its token was printed"),
+        common_codes!(),
+        code_line!("75   ", "the lock is held by another client (or was until --wait ran out);\n         --conflict-exit-code changes it"),
+        code_line!("128+N", "signal N stopped the wait"),
+        "\nExample:\n",
+        "  token=$(redlock acquire --ttl 5m migrate) || exit\n",
+        "  ./migrate step-1 && redlock extend --ttl 5m migrate \"$token\" && ./migrate step-2\n",
+        "  redlock release migrate \"$token\"\n",
+    )
+)]
+pub struct AcquireArgs {
+    #[command(flatten)]
+    pub acquisition: Acquisition,
+
+    #[command(flatten)]
+    pub nodes: NodeArgs,
+
+    /// The lock's name (any string but empty).
+    pub resource: String,
+}
+
+/// `redlock extend`.
+#[derive(Debug, Args)]
+#[command(
+    about = "Extend a lock taken with acquire",
+    long_about = concat!(
+        "Make the lock on RESOURCE that TOKEN holds last --ttl from now, if a quorum of nodes still holds \
+it. Prints nothing (with --json: the validity left).\n\n",
+        nodes_note!()
+    ),
+    after_help = "Run `redlock extend --help` for the exit codes and an example.",
+    after_long_help = concat!(
+        "Exit codes:\n",
+        code_line!("0    ", "extended"),
+        common_codes!(),
+        code_line!("76   ", "the lock was lost: it had expired, or another client holds it now"),
+        "\nExample:\n",
+        "  redlock extend --ttl 5m migrate \"$token\" || { echo 'lost the lock' >&2; exit 1; }\n",
+    )
+)]
+pub struct ExtendArgs {
+    /// How long the lock lasts from now.
+    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "30s")]
+    pub ttl: Duration,
+
+    #[command(flatten)]
+    pub nodes: NodeArgs,
+
+    #[command(flatten)]
+    pub lock: LockRef,
+}
+
+/// `redlock release`.
+#[derive(Debug, Args)]
+#[command(
+    about = "Release a lock taken with acquire",
+    long_about = concat!(
+        "Release the lock on RESOURCE that TOKEN holds: delete it on every node that still holds that \
+token, and nothing else. Prints nothing (with --json: what each node answered).\n\n",
+        nodes_note!()
+    ),
+    after_help = "Run `redlock release --help` for the exit codes and an example.",
+    after_long_help = concat!(
+        "Exit codes:\n",
+        code_line!("0    ", "released"),
+        common_codes!(),
+        code_line!("76   ", "the lock was not held any more: it had expired (and may have been\n         taken); the work done under it may have overlapped another holder's"),
+        "\nExample:\n",
+        "  redlock release migrate \"$token\"\n",
+    )
+)]
+pub struct ReleaseArgs {
+    #[command(flatten)]
+    pub nodes: NodeArgs,
+
+    #[command(flatten)]
+    pub lock: LockRef,
+}
+
+/// A lock taken by `redlock acquire`, named by its resource and token:
+/// `extend`'s and `release`'s operands.
+#[derive(Debug, Args)]
+pub struct LockRef {
+    /// The lock's name.
+    pub resource: String,
+
+    /// The token `redlock acquire` printed (40 lowercase hex characters).
+    pub token: String,
+}
+
+/// `redlock status`.
+#[derive(Debug, Args)]
+#[command(
+    about = "Show what each node holds for a lock",
+    long_about = concat!(
+        "Show what each node holds for RESOURCE right now: held or free, the time left, the holder's token \
+by its first 8 characters (the whole token would let anyone release the lock), the fencing counter, and \
+whether a quorum holds one token (then the lock is held). Read-only: GET and PTTL in one MULTI on each \
+node.\n\n",
+        nodes_note!()
+    ),
+    after_help = "Run `redlock status --help` for the exit codes and an example.",
+    after_long_help = concat!(
+        "Exit codes:\n",
+        code_line!("0    ", "a quorum of nodes answered (whether or not the lock is held)"),
+        common_codes!(),
+        "\nExample:\n",
+        "  redlock status nightly-report\n",
+        "  redlock status --json nightly-report | jq .held\n",
+    )
+)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub nodes: NodeArgs,
+
+    /// The lock's name.
+    pub resource: String,
+}
+
+/// Parses a human duration: `500ms`, `30s`, `5m`, `1h 30m`.
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{e}; give a duration such as 500ms, 30s, 5m or 1h30m"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations_take_human_units() {
+        assert_eq!(duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(duration("5m"), Ok(Duration::from_secs(300)));
+        assert!(duration("5 parsecs").unwrap_err().contains("such as 500ms"));
+    }
+}

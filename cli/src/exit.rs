@@ -1,0 +1,210 @@
+//! The tool's exit codes, and the failures that end it: what they print
+//! (one line on standard error, and with `--json` one object on standard
+//! output) and which code they exit with.
+//!
+//! The codes follow `sysexits.h` where one fits, and the shell for a
+//! command that cannot run or died of a signal, so that scripts can tell
+//! "someone else holds it" from "the nodes are down" from "a typo".
+
+use std::fmt::Display;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use redlock_sync::{LockError, NodeOutcome, Report};
+use serde_json::{json, Value};
+
+/// Bad usage: an option, a duration, a URL, a token, no nodes
+/// (`EX_USAGE`).
+pub const USAGE: u8 = 64;
+/// Too few nodes answered to decide (`EX_UNAVAILABLE`).
+pub const NODES: u8 = 69;
+/// The operating system failed us: threads, randomness, signals
+/// (`EX_OSERR`).
+pub const SYSTEM: u8 = 71;
+/// The lock is held by another client (`EX_TEMPFAIL`: try again later);
+/// the default of `--conflict-exit-code`.
+pub const CONFLICT: u8 = 75;
+/// The lock was lost while held, or was not held at extend or release.
+pub const LOST: u8 = 76;
+/// The command was found but could not be run (the shell's 126).
+#[cfg_attr(not(unix), allow(dead_code))] // only `run` uses it
+pub const CANNOT_RUN: u8 = 126;
+/// The command was not found (the shell's 127).
+#[cfg_attr(not(unix), allow(dead_code))] // only `run` uses it
+pub const NOT_FOUND: u8 = 127;
+
+/// What ends the tool unsuccessfully.
+#[derive(Debug)]
+pub struct Failure {
+    /// The exit code.
+    pub code: u8,
+    /// A stable name for scripts (`--json`'s `error`).
+    pub kind: &'static str,
+    /// One line for people.
+    pub message: String,
+    /// What each node answered, when nodes were asked.
+    pub report: Option<Report>,
+}
+
+impl Failure {
+    pub fn new(code: u8, kind: &'static str, message: impl Display) -> Failure {
+        Failure {
+            code,
+            kind,
+            message: message.to_string(),
+            report: None,
+        }
+    }
+
+    pub fn usage(message: impl Display) -> Failure {
+        Failure::new(USAGE, "usage", message)
+    }
+
+    pub fn system(message: impl Display) -> Failure {
+        Failure::new(SYSTEM, "system", message)
+    }
+
+    /// Signal `signal` stopped the tool before it held the lock (or before
+    /// the command started): exits as a shell reports a death by it.
+    pub fn interrupted(signal: i32, while_doing: &str) -> Failure {
+        let code = signal_code(signal);
+        Failure::new(
+            code,
+            "interrupted",
+            format!("stopped by signal {signal} {while_doing}; no lock is held"),
+        )
+    }
+
+    /// The failure for a library error. `conflict` is the code for a lock
+    /// held by another client.
+    pub fn from_lock(e: LockError, conflict: u8) -> Failure {
+        let (code, kind) = match &e {
+            LockError::Config(_) | LockError::Argument(_) => (USAGE, "usage"),
+            LockError::Contended { .. } => (conflict, "conflict"),
+            LockError::NoQuorum { .. } => (NODES, "no_quorum"),
+            LockError::TooSlow { .. } => (NODES, "too_slow"),
+            LockError::Lost { .. } => (LOST, "lost"),
+            _ => (SYSTEM, "system"),
+        };
+        Failure {
+            code,
+            kind,
+            report: e.report().cloned(),
+            message: e.to_string(),
+        }
+    }
+
+    /// The same failure, its message prefixed with what was being done.
+    pub fn context(mut self, doing: impl Display) -> Failure {
+        self.message = format!("{doing}: {}", self.message);
+        self
+    }
+
+    /// Prints the failure: a line on standard error, and with `json` an
+    /// object on standard output.
+    pub fn print(&self, json: bool) {
+        eprintln!("redlock: {}", self.message);
+        if json {
+            let mut out = json!({
+                "error": self.kind,
+                "message": self.message,
+                "exit_code": self.code,
+            });
+            if let Some(report) = &self.report {
+                out["nodes"] = nodes_json(report);
+            }
+            println!("{out}");
+        }
+    }
+}
+
+impl From<LockError> for Failure {
+    /// A lock held by another client gets the default conflict code.
+    fn from(e: LockError) -> Failure {
+        Failure::from_lock(e, CONFLICT)
+    }
+}
+
+/// The exit code for signal `signal`: 128 + its number, the shell's
+/// convention.
+pub fn signal_code(signal: i32) -> u8 {
+    u8::try_from(signal)
+        .ok()
+        .and_then(|s| s.checked_add(128))
+        .unwrap_or(SYSTEM)
+}
+
+/// The exit code that reports a child's status: its own code, or 128 + the
+/// signal that killed it.
+#[cfg_attr(not(unix), allow(dead_code))] // only `run` uses it
+pub fn status_code(status: ExitStatus) -> u8 {
+    if let Some(code) = status.code() {
+        // A Unix exit status is one byte; other systems' wider codes are
+        // truncated as a shell would.
+        return code as u8;
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(signal) = status.signal() {
+            return signal_code(signal);
+        }
+    }
+    SYSTEM
+}
+
+/// What each node answered, for `--json`.
+pub fn nodes_json(report: &Report) -> Value {
+    report
+        .nodes
+        .iter()
+        .map(|n| {
+            let (outcome, error) = match &n.outcome {
+                NodeOutcome::Granted => ("granted", None),
+                NodeOutcome::Refused => ("refused", None),
+                NodeOutcome::TimedOut => ("timed_out", None),
+                NodeOutcome::Failed(e) => ("failed", Some(e.to_string())),
+                NodeOutcome::NotAwaited => ("not_awaited", None),
+                other => ("other", Some(other.to_string())),
+            };
+            let mut node = json!({
+                "node": &*n.node,
+                "outcome": outcome,
+                "elapsed_ms": millis(n.elapsed),
+            });
+            if let Some(error) = error {
+                node["error"] = error.into();
+            }
+            node
+        })
+        .collect()
+}
+
+/// A duration in milliseconds, with microseconds as the fraction.
+pub fn millis(d: Duration) -> f64 {
+    (d.as_micros() as f64) / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signal_death_is_128_plus_the_signal() {
+        assert_eq!(signal_code(15), 143);
+        assert_eq!(signal_code(9), 137);
+        assert_eq!(signal_code(-1), SYSTEM);
+    }
+
+    #[test]
+    fn library_errors_map_to_their_documented_codes() {
+        let usage = Failure::from(LockError::from(redlock_sync::ConfigError::NoNodes));
+        assert_eq!((usage.code, usage.kind), (USAGE, "usage"));
+        let contended = LockError::Contended {
+            resource: "r".into(),
+            attempts: 1,
+            report: Report::default(),
+        };
+        assert_eq!(Failure::from_lock(contended, 3).code, 3);
+    }
+}

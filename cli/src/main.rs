@@ -1,0 +1,109 @@
+//! `redlock`: run a command under a distributed lock held on a quorum of
+//! independent Redis or Valkey masters, with `redlock-sync`; and take,
+//! extend, release and inspect such locks from scripts.
+//!
+//! ```text
+//! redlock run [OPTIONS] RESOURCE -- COMMAND [ARGS...]
+//! redlock acquire [OPTIONS] RESOURCE          # prints the token
+//! redlock extend [OPTIONS] RESOURCE TOKEN
+//! redlock release [OPTIONS] RESOURCE TOKEN
+//! redlock status [OPTIONS] RESOURCE
+//! ```
+//!
+//! An example of embedding the library in a command-line tool, built on
+//! its public API only: `with_lock` and its watchdog keep a plain lock
+//! alive while the command runs ([`run`]), `try_acquire` in a loop whose
+//! pauses a signal cuts short waits for it ([`wait`]), and explicit tokens
+//! carry a lock across invocations ([`explicit`]). The exit codes are in
+//! [`exit`] and in each subcommand's `--help`.
+
+#![forbid(unsafe_code)]
+
+mod args;
+mod events;
+mod exit;
+mod explicit;
+#[cfg(unix)]
+mod lease;
+mod nodes;
+#[cfg(unix)]
+mod run;
+mod status;
+mod wait;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use args::{Cli, Command};
+use exit::Failure;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(&e),
+    };
+    let json = cli.command.json();
+    let outcome = match &cli.command {
+        Command::Run(args) => run_command(args),
+        Command::Acquire(args) => explicit::acquire(args),
+        Command::Extend(args) => explicit::extend(args),
+        Command::Release(args) => explicit::release(args),
+        Command::Status(args) => status::status(args),
+    };
+    match outcome {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => {
+            failure.print(json);
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+#[cfg(unix)]
+fn run_command(args: &args::RunArgs) -> Result<u8, Failure> {
+    run::run(args)
+}
+
+/// Without Unix signals the command could not be stopped when the lock is
+/// lost, nor be passed the signals the tool gets: refuse rather than run
+/// it unguarded.
+#[cfg(not(unix))]
+fn run_command(_: &args::RunArgs) -> Result<u8, Failure> {
+    Err(Failure::new(
+        exit::SYSTEM,
+        "unsupported",
+        "`redlock run` needs Unix signals (Linux, macOS) to stop the command when the lock is lost; \
+         on this system use `redlock acquire`, `extend` and `release`",
+    ))
+}
+
+/// Help and version go to standard output with code 0; a command line
+/// that does not parse gets clap's message and the usage code (not clap's
+/// own 2), with `--json` also as an object.
+fn usage_error(e: &clap::Error) -> ExitCode {
+    if !e.use_stderr() {
+        let _ = e.print();
+        return ExitCode::SUCCESS;
+    }
+    let _ = e.print();
+    if json_asked() {
+        let failure = Failure::usage(e.kind());
+        let out = serde_json::json!({
+            "error": failure.kind,
+            "message": e.to_string().lines().next().unwrap_or_default(),
+            "exit_code": failure.code,
+        });
+        println!("{out}");
+    }
+    ExitCode::from(exit::USAGE)
+}
+
+/// Whether `--json` is among the tool's own arguments (before a `--`),
+/// for errors that come before they are parsed.
+fn json_asked() -> bool {
+    std::env::args_os()
+        .skip(1)
+        .take_while(|arg| arg != "--")
+        .any(|arg| arg == "--json")
+}

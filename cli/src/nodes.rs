@@ -1,0 +1,39 @@
+//! From `--nodes` (or `REDLOCK_NODES`) and the timeouts to a client.
+
+use redlock_sync::{Redlock, RedlockBuilder};
+
+use crate::args::NodeArgs;
+use crate::exit::Failure;
+
+/// The node URLs given, without the blanks a trailing comma or an empty
+/// variable leaves.
+pub fn urls(args: &NodeArgs) -> Result<Vec<&str>, Failure> {
+    let urls: Vec<&str> = args
+        .nodes
+        .iter()
+        .map(|url| url.trim())
+        .filter(|url| !url.is_empty())
+        .collect();
+    if urls.is_empty() {
+        return Err(Failure::usage(
+            "no nodes: give their URLs with --nodes redis://h1:6379,redis://h2:6379,redis://h3:6379 \
+             or in the REDLOCK_NODES environment variable",
+        ));
+    }
+    Ok(urls)
+}
+
+/// A client over the nodes, with the timeouts given and whatever `tune`
+/// adds. Connects to nothing yet.
+pub fn client(
+    args: &NodeArgs,
+    tune: impl FnOnce(RedlockBuilder) -> RedlockBuilder,
+) -> Result<Redlock, Failure> {
+    let mut builder = Redlock::builder(urls(args)?)
+        .io_timeout(args.io_timeout)
+        .connect_timeout(args.connect_timeout);
+    if let Some(grace) = args.restart_grace {
+        builder = builder.restart_grace(grace);
+    }
+    Ok(tune(builder).build()?)
+}

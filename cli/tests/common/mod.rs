@@ -1,0 +1,259 @@
+//! What the tool's tests share: running the real `redlock` binary against
+//! a throwaway cluster of real `redis-server` nodes, and waiting on
+//! conditions with a deadline instead of sleeping.
+
+#![allow(dead_code)] // each test binary uses its own share of these
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStderr, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::time::{Duration, Instant};
+
+use redlock_sync::testing::Cluster;
+
+/// How long any awaited condition may take before the test fails. Long
+/// next to what the tests wait for (a second or two): it only bounds a
+/// broken run.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A cluster of `n` real nodes; fails with the harness's message (how to
+/// install redis-server) if it cannot start.
+pub fn cluster(n: usize) -> Cluster {
+    Cluster::start(n).unwrap_or_else(|e| panic!("cannot start {n} redis-server nodes: {e}"))
+}
+
+/// `redlock SUBCOMMAND --nodes <the cluster's nodes>`, with nothing taken
+/// from the environment of the test.
+pub fn redlock(subcommand: &str, cluster: &Cluster) -> Command {
+    let mut cmd = bare();
+    cmd.arg(subcommand)
+        .arg("--nodes")
+        .arg(cluster.urls().join(","));
+    cmd
+}
+
+/// The `redlock` binary, with no `REDLOCK_*` variables from the test's
+/// environment.
+pub fn bare() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_redlock"));
+    for var in [
+        "REDLOCK_NODES",
+        "REDLOCK_TOKEN",
+        "REDLOCK_RESOURCE",
+        "REDLOCK_FENCING_TOKEN",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+/// Runs `cmd` to its end (within [`PATIENCE`]) and returns its output.
+pub fn output(cmd: &mut Command) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the redlock binary starts");
+    // Read both pipes while it runs, so that it never blocks writing.
+    let stdout = child.stdout.take().map(read_all);
+    let stderr = child.stderr.take().map(read_all);
+    let status = Tool::new(child).wait(PATIENCE);
+    let collect = |reader: Option<std::thread::JoinHandle<Vec<u8>>>| {
+        reader.map_or_else(Vec::new, |r| r.join().unwrap_or_default())
+    };
+    Output {
+        status,
+        stdout: collect(stdout),
+        stderr: collect(stderr),
+    }
+}
+
+fn read_all(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = pipe.read_to_end(&mut bytes);
+        bytes
+    })
+}
+
+/// The exit code of a finished tool; fails the test if it died of a
+/// signal.
+pub fn code(output: &Output) -> i32 {
+    output.status.code().unwrap_or_else(|| {
+        panic!(
+            "redlock died of a signal: {:?}; stderr: {}",
+            output.status,
+            text(&output.stderr)
+        )
+    })
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A running `redlock`, killed and reaped if the test ends first.
+pub struct Tool {
+    child: Option<Child>,
+    /// Its standard error, line by line, if it was piped.
+    lines: Option<Receiver<String>>,
+    /// The lines read so far.
+    pub stderr: Vec<String>,
+}
+
+impl Tool {
+    /// Starts `cmd` with its standard error piped (read line by line on a
+    /// thread).
+    pub fn spawn(cmd: &mut Command) -> Tool {
+        let mut child = cmd
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the redlock binary starts");
+        let lines = child.stderr.take().map(read_lines);
+        let mut tool = Tool::new(child);
+        tool.lines = lines;
+        tool
+    }
+
+    fn new(child: Child) -> Tool {
+        Tool {
+            child: Some(child),
+            lines: None,
+            stderr: Vec::new(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Waits for a line of standard error that contains `needle`.
+    pub fn wait_for_stderr(&mut self, needle: &str) {
+        let lines = self.lines.as_ref().expect("stderr is piped");
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) => {
+                    let found = line.contains(needle);
+                    self.stderr.push(line);
+                    if found {
+                        return;
+                    }
+                }
+                Err(_) => panic!(
+                    "redlock never said {needle:?} on stderr; it said: {:?}",
+                    self.stderr
+                ),
+            }
+        }
+    }
+
+    /// Sends `signal` (a `kill` name such as `TERM`) to the tool.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// Whether it has ended (without reaping it for good: `wait` still
+    /// gives the status).
+    pub fn has_ended(&mut self) -> bool {
+        let child = self.child.as_mut().expect("running");
+        child.try_wait().expect("try_wait works").is_some()
+    }
+
+    /// Waits for the tool to end, up to `limit`; fails the test past it.
+    pub fn wait(&mut self, limit: Duration) -> ExitStatus {
+        let child = self.child.as_mut().expect("running");
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait works") {
+                if let Some(lines) = &self.lines {
+                    self.stderr.extend(lines.iter());
+                }
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redlock did not end within {limit:?}; stderr so far: {:?}",
+                self.stderr
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Everything it said on stderr (after `wait`).
+    pub fn stderr_text(&self) -> String {
+        self.stderr.join("\n")
+    }
+}
+
+impl Drop for Tool {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn read_lines(stderr: ChildStderr) -> Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Polls `condition` every 10 ms until it holds; fails the test with
+/// `what` if it does not within [`PATIENCE`].
+pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A scratch file in the cluster's directory (removed with the cluster).
+pub fn scratch(cluster: &Cluster, name: &str) -> PathBuf {
+    cluster.dir().join(name)
+}
+
+pub fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// How many nodes hold `resource` with the value `token`.
+pub fn holders(cluster: &Cluster, resource: &str, token: &str) -> usize {
+    cluster
+        .nodes()
+        .iter()
+        .filter(|node| node.get(resource).ok().flatten().as_deref() == Some(token))
+        .count()
+}
+
+/// How many nodes have any key for `resource`.
+pub fn keys_on(cluster: &Cluster, resource: &str) -> usize {
+    cluster
+        .nodes()
+        .iter()
+        .filter(|node| node.get(resource).ok().flatten().is_some())
+        .count()
+}
+
+/// A shell command line for the child: `sh -c SCRIPT`.
+pub fn sh(script: &str) -> [String; 3] {
+    ["sh".into(), "-c".into(), script.into()]
+}

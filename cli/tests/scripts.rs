@@ -1,0 +1,229 @@
+//! `redlock acquire`, `extend`, `release` and `status` across invocations,
+//! and bad input, with the real binary against real redis-server nodes.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+fn json(out: &std::process::Output) -> Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not one JSON object ({e}): {}", text(&out.stdout)))
+}
+
+#[test]
+fn acquire_and_release_in_separate_invocations_with_status_before_and_after() {
+    let cluster = cluster(3);
+
+    let out = output(redlock("status", &cluster).arg("deploy"));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("`deploy`: not held"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // The nodes may come from the environment too.
+    let out = output(
+        bare()
+            .env("REDLOCK_NODES", cluster.urls().join(","))
+            .args(["acquire", "--ttl", "10s", "deploy"]),
+    );
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let token = text(&out.stdout).trim().to_string();
+    assert_eq!(token.len(), 40, "the token alone on stdout: {token:?}");
+    assert_eq!(holders(&cluster, "deploy", &token), 3);
+
+    let out = output(redlock("status", &cluster).args(["--json", "deploy"]));
+    assert_eq!(code(&out), 0);
+    let status = json(&out);
+    assert_eq!(status["held"], true);
+    assert_eq!(status["token_prefix"], token[..8]);
+    assert_eq!(status["answered"], 3);
+    for node in status["nodes"].as_array().unwrap() {
+        assert_eq!(node["state"], "held");
+        assert!(node["ttl_ms"].as_u64().unwrap() > 5_000, "{node}");
+    }
+    let out = output(redlock("status", &cluster).arg("deploy"));
+    let shown = text(&out.stdout);
+    assert!(shown.starts_with("`deploy`: held"), "{shown}");
+    assert!(
+        !shown.contains(&token),
+        "status never shows a whole token: {shown}"
+    );
+
+    let out = output(redlock("acquire", &cluster).args(["-n", "deploy"]));
+    assert_eq!(code(&out), 75, "held: another acquire is refused");
+
+    let out =
+        output(redlock("extend", &cluster).args(["--ttl", "60s", "--json", "deploy", &token]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert!(json(&out)["validity_ms"].as_f64().unwrap() > 50_000.0);
+    assert!(cluster.node(0).pttl("deploy").unwrap() > 50_000);
+
+    let out = output(redlock("release", &cluster).args(["deploy", &token]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert!(out.stdout.is_empty());
+    assert_eq!(keys_on(&cluster, "deploy"), 0);
+
+    let out = output(redlock("status", &cluster).args(["--json", "deploy"]));
+    assert_eq!(json(&out)["held"], false);
+
+    // Given back already: releasing or extending again says it was lost.
+    let out = output(redlock("release", &cluster).args(["deploy", &token]));
+    assert_eq!(code(&out), 76, "{}", text(&out.stderr));
+    let out = output(redlock("extend", &cluster).args(["deploy", &token]));
+    assert_eq!(code(&out), 76, "{}", text(&out.stderr));
+}
+
+#[test]
+fn a_fenced_acquire_prints_the_token_and_a_growing_fencing_token() {
+    let cluster = cluster(3);
+    let mut last = 0;
+    for _ in 0..2 {
+        let out = output(redlock("acquire", &cluster).args(["--fenced", "--json", "ledger"]));
+        assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+        let acquired = json(&out);
+        let token = acquired["token"].as_str().unwrap().to_string();
+        let fencing = acquired["fencing_token"].as_u64().expect("a fencing token");
+        assert!(fencing > last, "{fencing} after {last}");
+        last = fencing;
+
+        let out = output(redlock("status", &cluster).arg("ledger"));
+        assert!(
+            text(&out.stdout).contains(&format!("fence {fencing}")),
+            "{}",
+            text(&out.stdout)
+        );
+        let out = output(redlock("release", &cluster).args(["ledger", &token]));
+        assert_eq!(code(&out), 0);
+    }
+    let out = output(redlock("acquire", &cluster).args(["--fenced", "ledger"]));
+    let printed = text(&out.stdout);
+    let fields: Vec<&str> = printed.split_whitespace().collect();
+    assert_eq!(fields.len(), 2, "token and fencing token: {printed:?}");
+    assert!(fields[1].parse::<u64>().unwrap() > last);
+}
+
+#[test]
+fn status_says_which_nodes_failed_and_when_too_few_answered() {
+    let cluster = cluster(3);
+    cluster.node(0).kill().unwrap();
+    let out = output(redlock("status", &cluster).arg("r"));
+    assert_eq!(
+        code(&out),
+        0,
+        "two of three answered: {}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        text(&out.stdout).matches("error: ").count(),
+        1,
+        "{}",
+        text(&out.stdout)
+    );
+
+    cluster.node(1).kill().unwrap();
+    let out = output(redlock("status", &cluster).args(["--json", "r"]));
+    assert_eq!(code(&out), 69, "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("fewer than a quorum"));
+    let status = json(&out);
+    assert_eq!(status["answered"], 1);
+    assert_eq!(status["nodes"][0]["state"], "error");
+
+    let out = output(redlock("acquire", &cluster).args(["-n", "--json", "r"]));
+    assert_eq!(
+        code(&out),
+        69,
+        "no quorum: the nodes code, not the conflict code"
+    );
+    let failure = json(&out);
+    assert_eq!(failure["error"], "no_quorum");
+    assert_eq!(failure["nodes"][0]["outcome"], "failed");
+    assert!(text(&out.stderr).contains(&format!("127.0.0.1:{}", cluster.node(0).port().unwrap())));
+}
+
+#[test]
+fn bad_input_gets_a_clear_message_and_the_usage_exit_code() {
+    let unused = "redis://127.0.0.1:1";
+    let token = "0123456789abcdef0123456789abcdef01234567";
+    let cases: &[(&[&str], &str)] = &[
+        (&["status", "r"], "no nodes"),
+        (&["acquire", "--nodes", "", "r"], "no nodes"),
+        (&["acquire", "--nodes", "http://h:1", "r"], "not usable"),
+        (
+            &[
+                "release",
+                "--nodes",
+                "redis://:s3cret@127.0.0.1:1,redis://:s3cret@127.0.0.1:1",
+                "r",
+                token,
+            ],
+            "listed twice",
+        ),
+        (
+            &["run", "--nodes", unused, "--ttl", "5 parsecs", "r", "true"],
+            "such as 500ms",
+        ),
+        (
+            &["run", "--nodes", unused, "--wait=-1s", "r", "true"],
+            "invalid value '-1s' for '--wait <DURATION>'",
+        ),
+        (&["run", "--nodes", unused, "r"], "<COMMAND>"),
+        (
+            &["run", "--nodes", unused, "-n", "--wait", "1s", "r", "true"],
+            "cannot be used with",
+        ),
+        (
+            &["release", "--nodes", unused, "r", "not-a-token"],
+            "bad token",
+        ),
+        (
+            &["extend", "--nodes", unused, "r", &token[1..]],
+            "bad token",
+        ),
+        (&["acquire", "--nodes", unused, ""], "empty"),
+        (&["acquire", "--nodes", unused, "--ttl", "0s", "r"], "TTL"),
+        (&["status", "--nodes", unused, ""], "empty"),
+        (&["run", "--nodes", unused, "-E", "300", "r", "true"], "300"),
+        (&["lock", "r"], "unrecognized subcommand"),
+        (&[], "Usage"),
+    ];
+    for (args, says) in cases {
+        let out = output(bare().args(*args));
+        let stderr = text(&out.stderr);
+        assert_eq!(code(&out), 64, "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(says),
+            "{args:?} should say {says:?}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("s3cret"),
+            "{args:?} printed a password: {stderr}"
+        );
+    }
+
+    // With --json, the error is an object on stdout as well.
+    let out = output(bare().args(["acquire", "--json", "--ttl", "soon", "r"]));
+    assert_eq!(code(&out), 64);
+    assert_eq!(json(&out)["error"], "usage");
+    let out = output(bare().args(["status", "--json", "r"]));
+    assert_eq!(code(&out), 64);
+    assert_eq!(json(&out)["error"], "usage");
+
+    // Help is not an error.
+    for args in [
+        &["--help"][..],
+        &["run", "--help"],
+        &["help", "status"],
+        &["--version"],
+    ] {
+        let out = output(bare().args(args));
+        assert_eq!(code(&out), 0, "{args:?}");
+    }
+    let help = text(&output(bare().args(["run", "--help"])).stdout);
+    for says in ["Exit codes", "75", "76", "128+N", "Example"] {
+        assert!(help.contains(says), "run --help should say {says:?}");
+    }
+}
