@@ -2,6 +2,7 @@
 //! knows the algorithm (quorum, validity, retry).
 
 use std::collections::HashSet;
+use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,7 +31,8 @@ const DRIFT_FLOOR: Duration = Duration::from_millis(2);
 /// One value holds the configuration and one connection to every node. It
 /// is `Send + Sync` and cheap to clone (an `Arc` inside): share it between
 /// threads rather than building one per thread, so that their commands
-/// share connections and go out batched.
+/// share connections and go out batched. Its `Debug` output shows the
+/// nodes (never their passwords), the quorum and the settings.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -57,6 +59,18 @@ struct Inner {
     config: Config,
     /// The threads waiting for a release, and the line they listen on.
     waiters: Waiters,
+}
+
+/// The nodes by address (never with a password), the quorum, and every
+/// setting.
+impl fmt::Debug for Redlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = f.debug_struct("Redlock");
+        out.field("nodes", &self.nodes())
+            .field("quorum", &self.inner.quorum);
+        self.inner.config.debug_fields(&mut out);
+        out.finish()
+    }
 }
 
 impl RedlockBuilder {
@@ -138,6 +152,10 @@ struct Tally {
     /// Validity left after the round, measured from its start.
     validity: Option<Duration>,
     start: Instant,
+    /// A quorum granted, but no validity was left (for a fenced attempt:
+    /// round one won, and none was left after round two, whose refusals
+    /// then only say that the keys had expired).
+    too_slow: bool,
 }
 
 impl Tally {
@@ -151,14 +169,14 @@ impl Tally {
     }
 
     /// The error for a round that did not succeed: too slow if a quorum
-    /// granted; no quorum if the failed nodes alone rule one out; else
-    /// contended (a node refused, and it was that refusal that made the
-    /// difference). Judged on the nodes read, whether or not the round
-    /// stopped early.
+    /// granted but no validity was left; no quorum if the failed nodes
+    /// alone rule one out; else contended (a node refused, and it was that
+    /// refusal that made the difference). Judged on the nodes read, whether
+    /// or not the round stopped early.
     fn error(self, resource: &str, attempts: u32, ttl: Duration) -> LockError {
         let resource = resource.to_string();
         let report = self.report;
-        if report.granted() >= report.quorum {
+        if self.too_slow {
             LockError::TooSlow {
                 resource,
                 ttl,
@@ -184,10 +202,12 @@ impl Redlock {
     /// A client over the given node URLs, with the default settings (see
     /// [`RedlockBuilder`]).
     ///
-    /// A URL is `redis://[user:password@]host:port[/db]`,
-    /// `redis+unix:///path/to/socket[?db=N]`, or, with the `tls` feature,
-    /// `rediss://...`. Give each independent master once; a quorum is
-    /// `N / 2 + 1` of them.
+    /// A URL is `redis://[user:password@]host:port[/db]` (a password alone
+    /// goes after a colon: `redis://:password@host:port`),
+    /// `redis+unix:///path/to/socket[?db=N][&pass=P]`, or, with the `tls`
+    /// feature, `rediss://...`; `valkey://`, `valkey+unix://` and
+    /// `valkeys://` are the same. Give each independent master once; a
+    /// quorum is `N / 2 + 1` of them.
     ///
     /// ```no_run
     /// # use redlock_sync::Redlock;
@@ -575,11 +595,21 @@ impl Redlock {
     /// - [`LockError::NoQuorum`] when too few nodes answered to tell. The
     ///   keys that were not deleted expire at the end of their TTL.
     pub fn release(&self, lock: Lock) -> Result<Report, LockError> {
-        let tally = self.release_round(&lock.resources, &lock.token);
+        self.release_token(&lock.resources, &lock.token)
+    }
+
+    /// [`release`](Self::release) of the lock over `resources` that `token`
+    /// holds.
+    pub(crate) fn release_token(
+        &self,
+        resources: &[String],
+        token: &Token,
+    ) -> Result<Report, LockError> {
+        let tally = self.release_round(resources, token);
         if tally.report.granted() > 0 {
             // This client's own waiters need not hear it from a node.
             let nodes = &tally.report.nodes;
-            (self.inner.waiters).released(&lock.resources, &lock.token.hex(), |i| {
+            (self.inner.waiters).released(resources, &token.hex(), |i| {
                 nodes[i].outcome == NodeOutcome::Granted
             });
         }
@@ -587,12 +617,12 @@ impl Redlock {
             Ok(tally.report)
         } else if tally.refused_by_quorum_complement() {
             Err(LockError::Lost {
-                resource: lock.resources[0].clone(),
+                resource: resources[0].clone(),
                 report: tally.report,
             })
         } else {
             Err(LockError::NoQuorum {
-                resource: lock.resources[0].clone(),
+                resource: resources[0].clone(),
                 attempts: 1,
                 report: tally.report,
             })
@@ -708,19 +738,26 @@ impl Redlock {
                 },
             )
             .collect();
-        let drift = self.drift(ttl);
+        let validity = self.validity(ttl, elapsed);
+        let granted = yes >= quorum;
         Tally {
             report: Report {
                 nodes,
                 quorum,
                 elapsed,
             },
-            validity: ttl
-                .checked_sub(elapsed)
-                .and_then(|v| v.checked_sub(drift))
-                .filter(|v| !v.is_zero()),
+            validity,
             start,
+            too_slow: granted && validity.is_none(),
         }
+    }
+
+    /// The validity a round that took `elapsed` leaves of `ttl`: none if
+    /// `ttl - elapsed - drift` is not positive.
+    fn validity(&self, ttl: Duration, elapsed: Duration) -> Option<Duration> {
+        ttl.checked_sub(elapsed)
+            .and_then(|v| v.checked_sub(self.drift(ttl)))
+            .filter(|v| !v.is_zero())
     }
 
     /// `ttl * drift_factor + 2 ms`.
@@ -756,7 +793,7 @@ impl Redlock {
         let extra = if jitter_ns == 0 {
             0
         } else {
-            getrandom::u64().map_err(LockError::Random)? % jitter_ns
+            getrandom::u64().map_err(LockError::random)? % jitter_ns
         };
         Ok(config
             .retry_delay

@@ -18,10 +18,16 @@ use std::time::Duration;
 /// | [`TooSlow`](Self::TooSlow) | a quorum agreed, but no validity was left | use a longer TTL |
 /// | [`Lost`](Self::Lost) | the lock had expired or was taken | assume your critical section may have overlapped another's |
 /// | [`Random`](Self::Random) | the OS random source failed | retry; check the system |
-/// | [`Thread`](Self::Thread) | no thread for `with_lock`'s watchdog | retry; check the system's thread limits |
+/// | [`Thread`](Self::Thread) | no thread for the watchdog of `with_lock` or `lock` | retry; check the system's thread limits |
 ///
 /// Every variant that comes from talking to the nodes carries a [`Report`]
 /// of the last round: what each node answered and how long it took.
+///
+/// The errors of this crate say everything in their `Display` message,
+/// causes included (a wrapped [`ConfigError`], the OS error), and return no
+/// [`source`](std::error::Error::source): printing the message is enough,
+/// and a report that walks the chain shows nothing twice. The cause is
+/// still there to match on, in the variant.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 ///
@@ -41,11 +47,11 @@ use std::time::Duration;
 pub enum LockError {
     /// The client's configuration is invalid (see [`ConfigError`]).
     #[error("invalid configuration: {0}")]
-    Config(#[from] ConfigError),
+    Config(ConfigError),
 
     /// An argument of the call is invalid (see [`ArgumentError`]).
     #[error("invalid argument: {0}")]
-    Argument(#[from] ArgumentError),
+    Argument(ArgumentError),
 
     /// The lock is held by another client: the last round reached enough
     /// nodes to decide, and too few of them granted it.
@@ -99,17 +105,40 @@ pub enum LockError {
     },
 
     /// The operating system's random source failed while making a token or
-    /// a retry delay.
+    /// a retry delay. The error is the OS error where there is one
+    /// ([`raw_os_error`](std::io::Error::raw_os_error)).
     #[error("the operating system's random source failed: {0}")]
-    Random(getrandom::Error),
+    Random(std::io::Error),
 
     /// The operating system could not start the watchdog thread of
-    /// [`with_lock`](crate::Redlock::with_lock). The lock was released and
-    /// the closure did not run.
-    #[error(
-        "could not start the watchdog thread (the lock was released, the closure did not run): {0}"
-    )]
+    /// [`with_lock`](crate::Redlock::with_lock) or
+    /// [`lock`](crate::Redlock::lock). The lock was released (and the
+    /// closure did not run).
+    #[error("could not start the watchdog thread (the lock was released): {0}")]
     Thread(std::io::Error),
+}
+
+impl From<ConfigError> for LockError {
+    fn from(e: ConfigError) -> LockError {
+        LockError::Config(e)
+    }
+}
+
+impl From<ArgumentError> for LockError {
+    fn from(e: ArgumentError) -> LockError {
+        LockError::Argument(e)
+    }
+}
+
+impl LockError {
+    /// The random source's error, as a standard I/O error: the OS error
+    /// code where there is one, else its message.
+    pub(crate) fn random(e: getrandom::Error) -> LockError {
+        LockError::Random(match e.raw_os_error() {
+            Some(code) => std::io::Error::from_raw_os_error(code),
+            None => std::io::Error::other(e.to_string()),
+        })
+    }
 }
 
 /// A token string that does not parse is an argument error, so that
@@ -167,11 +196,23 @@ pub enum ConfigError {
     NoNodes,
 
     /// A node URL could not be parsed or is not supported.
+    ///
+    /// ```
+    /// use redlock_sync::{ConfigError, LockError, Redlock};
+    /// let err = Redlock::new(["redis://:hunter2@10.0.0.1:99999"]).unwrap_err();
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "invalid configuration: node URL `redis://:***@10.0.0.1:99999` is not usable: \
+    ///      the port `99999` is not a number from 1 to 65535"
+    /// );
+    /// ```
     #[error("node URL `{url}` is not usable: {reason}")]
     NodeUrl {
         /// The URL, with any password replaced by `***`.
         url: String,
-        /// Why it was rejected.
+        /// Why it was rejected, naming the part that is wrong (the scheme,
+        /// the port, the host, the database, a password character to
+        /// percent-encode, the socket path).
         reason: String,
     },
 
@@ -331,9 +372,25 @@ pub enum NodeOutcome {
 /// # Ok::<(), redlock_sync::LockError>(())
 /// ```
 pub enum NodeError {
-    /// Connecting (or authenticating, or selecting the database) failed.
+    /// Connecting (or selecting the database) failed.
     #[error("connect: {0}")]
     Connect(String),
+    /// The node refused this client's credentials (`WRONGPASS`, or any
+    /// other error reply to `AUTH`), or it asks for a password and the URL
+    /// gives none (`NOAUTH`). Fix the node's URL: a password alone goes
+    /// after a colon, `redis://:password@host:port`; `redis://secret@host`
+    /// names a *user* `secret` with no password.
+    #[error("node `{node}` refused authentication ({reply}): {hint}")]
+    #[non_exhaustive]
+    Auth {
+        /// The node's address, never with its password.
+        node: String,
+        /// The server's error reply, for instance `WRONGPASS invalid
+        /// username-password pair or user is disabled.`
+        reply: String,
+        /// What to check in the URL.
+        hint: &'static str,
+    },
     /// Writing or reading failed.
     #[error("i/o: {0}")]
     Io(String),

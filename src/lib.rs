@@ -58,7 +58,7 @@
 //! - [`max_wait`](RedlockBuilder::max_wait) bounds the total time `acquire`
 //!   waits, besides the retry count.
 //!
-//! # Scoped locking: `with_lock`
+//! # Scoped locking: `with_lock` and `lock`
 //!
 //! [`with_lock`](Redlock::with_lock) acquires, runs a closure, and always
 //! releases (on return, on error, on panic). Meanwhile a watchdog thread
@@ -83,12 +83,46 @@
 //! # Ok::<(), LockError>(())
 //! ```
 //!
+//! For code that does not fit in a closure, [`lock`](Redlock::lock) returns
+//! the same guard, kept alive by the same watchdog: the lock is released
+//! when the guard is dropped (at the end of its scope, on an early return
+//! or `?`, while a panic unwinds), or by [`unlock`](LockGuard::unlock),
+//! which says whether it was held throughout.
+//!
+//! ```no_run
+//! # use std::time::Duration;
+//! # use redlock_sync::{LockError, Redlock};
+//! # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+//! let guard = locks.lock("nightly-report", Duration::from_secs(10))?;
+//! for _batch in 0..1_000 {
+//!     guard.check()?; // lost: return, and the guard's drop releases
+//! }
+//! guard.unlock()?;
+//! # Ok::<(), LockError>(())
+//! ```
+//!
+//! Each comes as the acquisitions do: `try_` for one round with no retry
+//! ([`try_with_lock`](Redlock::try_with_lock), [`try_lock`](Redlock::try_lock)),
+//! `_many` for several resources as one lock, `_fenced` with a fencing token
+//! ([`LockGuard::fencing_token`]).
+//!
 //! A [`Token`] is 160 random bits from the operating system. A lock acquired
 //! in one process can be released or extended in another that knows only
 //! its resource and token: see [`Lock::from_token`].
 //!
 //! Every operation reports what each node answered: [`Lock::report`] after
-//! success, [`LockError::report`] after failure.
+//! success, [`LockError::report`] after failure. Errors say what to do in
+//! their message (`Display`); a node that refuses the URL's password, or
+//! asks for one, fails with [`NodeError::Auth`].
+//!
+//! # Node URLs
+//!
+//! `redis://[user:password@]host:port[/db]` (a password alone goes after a
+//! colon: `redis://:password@host:port`), `redis+unix:///path?db=N&pass=P`,
+//! and with the `tls` feature `rediss://`; `valkey://`, `valkey+unix://`
+//! and `valkeys://` are the same. A URL that does not parse is refused
+//! with [`ConfigError::NodeUrl`], which names the part that is wrong; no
+//! message or `Debug` output of this crate shows a password.
 //!
 //! # What a lease-based lock can and cannot promise
 //!
@@ -104,7 +138,8 @@
 //!   must itself reject stale holders: a fencing token checked by the
 //!   resource, or a consensus system (etcd, ZooKeeper) with a transaction
 //!   that includes the check. This crate gives fencing tokens:
-//!   [`Redlock::acquire_fenced`] (where the safety argument is). Check
+//!   [`Redlock::acquire_fenced`] (where the safety argument is), and
+//!   [`Redlock::with_lock_fenced`] or [`Redlock::lock_fenced`]. Check
 //!   [`Lock::validity`] before each write, and treat [`LockError::Lost`]
 //!   from `release` as "my critical section may have overlapped another's".
 //!
@@ -118,8 +153,9 @@
 //!
 //! # Features
 //!
-//! - `tls`: `rediss://` node URLs, through the `redis` crate's rustls support.
-//!   The application selects rustls' crypto provider (for instance
+//! - `tls`: `rediss://` (and `valkeys://`) node URLs, through the `redis`
+//!   crate's rustls support. The application selects rustls' crypto
+//!   provider (for instance
 //!   `rustls = { version = "0.23", features = ["ring"] }` among its
 //!   dependencies); without one, `rediss://` nodes fail with a
 //!   [`NodeError::Connect`] that says so.

@@ -29,7 +29,7 @@ const TOKEN_BYTES: usize = 20;
 /// assert!("not a token".parse::<Token>().is_err());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Token([u8; TOKEN_BYTES]);
 
 impl Token {
@@ -47,7 +47,7 @@ impl Token {
     /// ```
     pub fn random() -> Result<Token, LockError> {
         let mut bytes = [0u8; TOKEN_BYTES];
-        getrandom::fill(&mut bytes).map_err(LockError::Random)?;
+        getrandom::fill(&mut bytes).map_err(LockError::random)?;
         Ok(Token(bytes))
     }
 
@@ -119,7 +119,10 @@ impl FromStr for Token {
 ///
 /// A `Lock` is not `Clone`: [`Redlock::release`](crate::Redlock::release)
 /// consumes it. Dropping a `Lock` does not release it (the keys expire at
-/// the end of their TTL); release it when done.
+/// the end of their TTL, and everyone else waits until then): release it
+/// when done. So a `Lock` is `#[must_use]`: `locks.acquire(..)?;` on its
+/// own warns. For a lock that is released when it goes out of scope, and
+/// kept alive meanwhile, use [`Redlock::lock`](crate::Redlock::lock).
 ///
 /// ```no_run
 /// # use redlock_sync::Redlock;
@@ -131,6 +134,7 @@ impl FromStr for Token {
 /// # Ok::<(), redlock_sync::LockError>(())
 /// ```
 #[derive(Debug)]
+#[must_use = "a lock stays held until its TTL runs out unless released: pass it to Redlock::release when done"]
 pub struct Lock {
     pub(crate) resources: Vec<String>,
     pub(crate) token: Token,

@@ -1,10 +1,14 @@
-//! `with_lock`: a closure run under a lock that a watchdog thread keeps
-//! alive, and the [`LockGuard`] the closure gets.
+//! Locks kept alive by a watchdog thread: [`LockGuard`], which
+//! [`Redlock::lock`] returns and which releases the lock when dropped, and
+//! [`Redlock::with_lock`], which runs a closure under such a guard.
 //!
-//! The watchdog is a scoped thread (`std::thread::scope`), so it cannot
-//! outlive `with_lock`. It sleeps on a condition variable until the next
-//! extension is due, and wakes at once when the closure ends; it is joined
-//! before the release round, so no extension can land after the release.
+//! The watchdog is a thread of its own, holding the lease by `Arc` and a
+//! clone of the client. It sleeps on a condition variable until the next
+//! extension is due, and wakes at once when the guard is unlocked or
+//! dropped; the guard joins it before the release round, so no extension
+//! can land after the release. A guard that is never dropped
+//! (`mem::forget`) leaves its watchdog extending the lock up to the hold
+//! cap, or as long as the process lives.
 //!
 //! The guard's view of the lock is one atomic: the validity deadline in
 //! nanoseconds since a base instant, or [`LOST`]. It only moves forward
@@ -14,9 +18,9 @@
 //! saw, before that deadline, for the new one.
 
 use std::fmt;
-use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::client::{resource_list, Redlock};
@@ -26,32 +30,47 @@ use crate::lock::{Lock, Token};
 /// The deadline value that means the lock is lost, for good.
 const LOST: u64 = 0;
 
-/// What a closure run by [`Redlock::with_lock`] gets: the lock's resources
-/// and token, how much validity is left, and whether it is still held.
+/// A lock held until the guard is dropped or [unlocked](Self::unlock),
+/// and kept alive meanwhile by a watchdog thread: what [`Redlock::lock`]
+/// returns, and what the closure of [`Redlock::with_lock`] gets.
 ///
-/// The lock stays held while the watchdog extends it. It is lost as soon
-/// as an extension is refused (another client holds it, or it expired on
-/// the nodes) or its validity deadline passes (extensions kept failing,
-/// or the hold cap stopped them), whichever comes first; from then on
-/// [`is_held`](Self::is_held) is false and [`check`](Self::check) returns
-/// [`LockError::Lost`], for good. Both are cheap (an atomic load and a
-/// read of the monotonic clock): call them before each step of the work.
+/// The watchdog extends the lock each time only a share of its validity is
+/// left ([`extend_when_left`](crate::RedlockBuilder::extend_when_left)),
+/// up to the hold cap ([`max_hold`](crate::RedlockBuilder::max_hold)) if
+/// one is set. The lock is lost as soon as an extension is refused (another
+/// client holds it, or it expired on the nodes) or its validity deadline
+/// passes (extensions kept failing, or the hold cap stopped them),
+/// whichever comes first; from then on [`is_held`](Self::is_held) is false
+/// and [`check`](Self::check) returns [`LockError::Lost`], for good. Both
+/// are cheap (an atomic load and a read of the monotonic clock): call them
+/// before each step of the work.
+///
+/// Dropping the guard stops the watchdog and releases the lock, also on an
+/// early return and while a panic unwinds; that release is best effort and
+/// never panics (a release that fails leaves keys that expire within the
+/// TTL). [`unlock`](Self::unlock) does the same and says how it went:
+/// whether the lock was held throughout, and what the nodes answered.
+/// Either waits for the watchdog to stop, which takes at most the
+/// watchdog's round in progress (`io_timeout`).
 ///
 /// ```no_run
 /// # use redlock_sync::{LockError, Redlock};
 /// # use std::time::Duration;
 /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-/// locks.with_lock("reindex", Duration::from_secs(10), |guard| {
-///     for batch in 0..100 {
-///         guard.check()?; // stop at once if the lock was lost
-///         println!("batch {batch} under {} ({:?} left)", guard.token(), guard.validity());
-///     }
-///     Ok::<(), LockError>(())
-/// })?;
+/// let guard = locks.lock("reindex", Duration::from_secs(10))?;
+/// for batch in 0..100 {
+///     guard.check()?; // stop at once if the lock was lost (the guard releases it)
+///     println!("batch {batch} under {} ({:?} left)", guard.token(), guard.validity());
+/// }
+/// guard.unlock()?; // Err(Lost) if the lock was lost at any moment
 /// # Ok::<(), LockError>(())
 /// ```
-pub struct LockGuard<'a> {
-    lease: &'a Lease,
+#[must_use = "the lock is released as soon as the guard is dropped: bind it to a name (not `_`) for as long as the work runs"]
+pub struct LockGuard {
+    lease: Arc<Lease>,
+    client: Redlock,
+    /// The watchdog, until the guard stops it; `None` once released.
+    watchdog: Option<JoinHandle<()>>,
 }
 
 /// The lease as the guard and the watchdog share it: its validity
@@ -69,6 +88,7 @@ struct Lease {
     hold_deadline: Option<Instant>,
     resources: Vec<String>,
     token: Token,
+    fencing_token: Option<u64>,
     /// What the nodes answered in the watchdog's last round (at first, in
     /// the acquisition's): the report of the lost-lock error.
     report: Mutex<Report>,
@@ -89,6 +109,7 @@ impl Lease {
             hold_deadline,
             resources: lock.resources.clone(),
             token: lock.token,
+            fencing_token: lock.fencing_token,
             report: Mutex::new(lock.report.clone()),
             done: Mutex::new(false),
             wake: Condvar::new(),
@@ -276,17 +297,15 @@ impl Lease {
     }
 }
 
-impl LockGuard<'_> {
+impl LockGuard {
     /// The resource held (the first one, for a lock over several).
     ///
     /// ```no_run
     /// # use redlock_sync::{LockError, Redlock};
     /// # use std::time::Duration;
     /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// locks.with_lock("invoice:42", Duration::from_secs(10), |guard| {
-    ///     assert_eq!(guard.resource(), "invoice:42");
-    ///     Ok::<(), LockError>(())
-    /// })?;
+    /// let guard = locks.lock("invoice:42", Duration::from_secs(10))?;
+    /// assert_eq!(guard.resource(), "invoice:42");
     /// # Ok::<(), LockError>(())
     /// ```
     pub fn resource(&self) -> &str {
@@ -324,6 +343,30 @@ impl LockGuard<'_> {
     /// ```
     pub fn token(&self) -> &Token {
         &self.lease.token
+    }
+
+    /// The fencing token, for a lock from [`lock_fenced`](Redlock::lock_fenced),
+    /// [`with_lock_fenced`](Redlock::with_lock_fenced) or their `try_`
+    /// forms; `None` for every other lock. It stays the same across
+    /// extensions. Pass it with every write to the protected resource, which
+    /// refuses a write whose token is lower than the highest it has seen
+    /// (see [`acquire_fenced`](Redlock::acquire_fenced)).
+    ///
+    /// ```no_run
+    /// # use redlock_sync::{LockError, Redlock};
+    /// # use std::time::Duration;
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// locks.with_lock_fenced("ledger", Duration::from_secs(10), |guard| {
+    ///     let token = guard.fencing_token().expect("a fenced lock has a token");
+    ///     guard.check()?;
+    ///     // storage.write_if_token_at_least(token, ...);
+    /// #   let _ = token;
+    ///     Ok::<(), LockError>(())
+    /// })?;
+    /// # Ok::<(), LockError>(())
+    /// ```
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.lease.fencing_token
     }
 
     /// How long the lock is still valid, by the monotonic clock, as of the
@@ -437,13 +480,72 @@ impl LockGuard<'_> {
     pub fn hold_deadline(&self) -> Option<Instant> {
         self.lease.hold_deadline
     }
+
+    /// Stops the watchdog, releases the lock on every node, and says how
+    /// it went. Dropping the guard does the same, quietly.
+    ///
+    /// ```no_run
+    /// # use redlock_sync::{LockError, Redlock};
+    /// # use std::time::Duration;
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// let guard = locks.lock("invoice:42", Duration::from_secs(10))?;
+    /// // ... the work, checking guard.check()? before each step ...
+    /// let report = guard.unlock()?;
+    /// println!("released: {report}");
+    /// # Ok::<(), LockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// - [`LockError::Lost`] if the lock was lost at any moment while the
+    ///   guard held it (an extension was refused, or the validity ran out,
+    ///   for instance past the hold cap), with the report of the watchdog's
+    ///   last round; or if the release found it gone. The work done under
+    ///   it may have overlapped another holder's. The release ran anyway,
+    ///   and deleted only keys that still held this lock's token.
+    /// - [`LockError::NoQuorum`] when too few nodes answered the release to
+    ///   tell. The keys not deleted expire within the TTL.
+    pub fn unlock(mut self) -> Result<Report, LockError> {
+        self.finish()
+            .unwrap_or_else(|| Err(self.lease.lost_error()))
+    }
+
+    /// Stops and joins the watchdog, then releases the lock: the first
+    /// time only (`None` after that).
+    fn finish(&mut self) -> Option<Result<Report, LockError>> {
+        let watchdog = self.watchdog.take()?;
+        // Held now means held all along: the deadline never moves forward
+        // once passed.
+        let held = self.lease.held();
+        self.lease.stop();
+        // Joined first: no extension can land after the release. A watchdog
+        // that panicked extends no more, and the lease says the rest.
+        let _ = watchdog.join();
+        let lease = &*self.lease;
+        let released = self.client.release_token(&lease.resources, &lease.token);
+        Some(if held {
+            released
+        } else {
+            Err(lease.lost_error())
+        })
+    }
 }
 
-impl fmt::Debug for LockGuard<'_> {
+/// Stops the watchdog and releases the lock, unless
+/// [`unlock`](LockGuard::unlock) did. Never panics: the release's outcome
+/// is dropped.
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        let _ = self.finish();
+    }
+}
+
+impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
             .field("resources", &self.lease.resources)
             .field("token", &self.lease.token)
+            .field("fencing_token", &self.lease.fencing_token)
             .field("validity", &self.validity())
             .field("ending", &self.is_ending())
             .finish()
@@ -452,19 +554,187 @@ impl fmt::Debug for LockGuard<'_> {
 
 impl Redlock {
     /// Acquires a lock on `resource` for `ttl` (with the retry policy and
+    /// wait budget of [`acquire`](Self::acquire)) and returns a guard that
+    /// keeps it alive with a watchdog thread and releases it when dropped:
+    /// the form of [`with_lock`](Self::with_lock) for code that does not
+    /// fit in a closure.
+    ///
+    /// Unlike the [`Lock`] of [`acquire`](Self::acquire), which is yours
+    /// for its validity only and which you release, the guard's lock is
+    /// extended for as long as the guard lives (up to the hold cap,
+    /// [`max_hold`](crate::RedlockBuilder::max_hold)), and released when
+    /// the guard goes out of scope: at the end of the block, on an early
+    /// return or `?`, while a panic unwinds. [`LockGuard::unlock`] releases
+    /// it and tells whether it was held throughout.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redlock_sync::{LockError, Redlock};
+    ///
+    /// fn rebuild_index(locks: &Redlock) -> Result<(), LockError> {
+    ///     let guard = locks.lock("search-index", Duration::from_secs(10))?;
+    ///     for shard in 0..64 {
+    ///         guard.check()?; // lost: return, and the guard's drop releases
+    ///         println!("rebuilding shard {shard}");
+    ///     }
+    ///     guard.unlock()?; // Err(Lost) if the lock was lost at any moment
+    ///     Ok(())
+    /// }
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// # rebuild_index(&locks)?;
+    /// # Ok::<(), LockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// - As [`acquire`](Self::acquire).
+    /// - [`LockError::Lost`] if the validity ran out before the guard could
+    ///   be made (the lock is released).
+    /// - [`LockError::Thread`] if the OS cannot start the watchdog thread
+    ///   (the lock is released).
+    pub fn lock(&self, resource: &str, ttl: Duration) -> Result<LockGuard, LockError> {
+        let retries = self.config().retry_count;
+        let lock = self.acquire_retrying(vec![resource.to_string()], ttl, retries)?;
+        self.keep_alive(lock, ttl)
+    }
+
+    /// Like [`lock`](Self::lock), but one round only, as
+    /// [`try_acquire`](Self::try_acquire): no retry.
+    ///
+    /// ```no_run
+    /// # use redlock_sync::{LockError, Redlock};
+    /// # use std::time::Duration;
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// match locks.try_lock("report", Duration::from_secs(30)) {
+    ///     Ok(guard) => { /* do the work */ guard.unlock()?; }
+    ///     Err(LockError::Contended { .. }) => println!("someone else is on it"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), LockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock).
+    pub fn try_lock(&self, resource: &str, ttl: Duration) -> Result<LockGuard, LockError> {
+        let lock = self.acquire_retrying(vec![resource.to_string()], ttl, 0)?;
+        self.keep_alive(lock, ttl)
+    }
+
+    /// [`lock`](Self::lock) over several resources held as one lock, all or
+    /// nothing, as [`acquire_many`](Self::acquire_many) takes them.
+    ///
+    /// ```no_run
+    /// # use redlock_sync::{LockError, Redlock};
+    /// # use std::time::Duration;
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// let guard = locks.lock_many(["account:alice", "account:bob"], Duration::from_secs(5))?;
+    /// guard.check()?;
+    /// // debit alice, credit bob
+    /// guard.unlock()?;
+    /// # Ok::<(), LockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock), and [`LockError::Argument`] for no
+    /// resources, an empty resource name, or a resource named twice.
+    pub fn lock_many<I, S>(&self, resources: I, ttl: Duration) -> Result<LockGuard, LockError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let retries = self.config().retry_count;
+        let lock = self.acquire_retrying(resource_list(resources), ttl, retries)?;
+        self.keep_alive(lock, ttl)
+    }
+
+    /// Like [`lock_many`](Self::lock_many), but one round only: no retry.
+    ///
+    /// ```no_run
+    /// # use redlock_sync::{LockError, Redlock};
+    /// # use std::time::Duration;
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// if let Ok(guard) = locks.try_lock_many(["shelf:3", "shelf:4"], Duration::from_secs(30)) {
+    ///     // rearrange both shelves
+    ///     guard.unlock()?;
+    /// }
+    /// # Ok::<(), LockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`lock_many`](Self::lock_many).
+    pub fn try_lock_many<I, S>(&self, resources: I, ttl: Duration) -> Result<LockGuard, LockError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let lock = self.acquire_retrying(resource_list(resources), ttl, 0)?;
+        self.keep_alive(lock, ttl)
+    }
+
+    /// [`lock`](Self::lock) with a fencing token, as
+    /// [`acquire_fenced`](Self::acquire_fenced) gets it: see
+    /// [`LockGuard::fencing_token`].
+    ///
+    /// ```no_run
+    /// # use redlock_sync::{LockError, Redlock};
+    /// # use std::time::Duration;
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// let guard = locks.lock_fenced("ledger", Duration::from_secs(10))?;
+    /// let token = guard.fencing_token().expect("a fenced lock has a token");
+    /// // UPDATE ledger SET ..., fence = $token WHERE id = 1 AND fence <= $token
+    /// # let _ = token;
+    /// guard.unlock()?;
+    /// # Ok::<(), LockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock) and [`acquire_fenced`](Self::acquire_fenced).
+    pub fn lock_fenced(&self, resource: &str, ttl: Duration) -> Result<LockGuard, LockError> {
+        let retries = self.config().retry_count;
+        let lock = self.acquire_fenced_retrying(resource, ttl, retries)?;
+        self.keep_alive(lock, ttl)
+    }
+
+    /// Like [`lock_fenced`](Self::lock_fenced), but one attempt only: no
+    /// retry.
+    ///
+    /// ```no_run
+    /// # use redlock_sync::{LockError, Redlock};
+    /// # use std::time::Duration;
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// if let Ok(guard) = locks.try_lock_fenced("ledger", Duration::from_secs(10)) {
+    ///     println!("writing with fencing token {:?}", guard.fencing_token());
+    /// }
+    /// # Ok::<(), LockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`lock_fenced`](Self::lock_fenced).
+    pub fn try_lock_fenced(&self, resource: &str, ttl: Duration) -> Result<LockGuard, LockError> {
+        let lock = self.acquire_fenced_retrying(resource, ttl, 0)?;
+        self.keep_alive(lock, ttl)
+    }
+
+    /// Acquires a lock on `resource` for `ttl` (with the retry policy and
     /// wait budget of [`acquire`](Self::acquire)), runs `f` under it while a
     /// watchdog thread keeps extending it, and always releases it
     /// afterwards: when `f` returns `Ok` or `Err`, and when it panics (the
-    /// panic then resumes after the release).
+    /// lock is released as the panic unwinds).
     ///
     /// The watchdog extends the lock by `ttl` each time only a share of its
     /// validity is left ([`extend_when_left`](crate::RedlockBuilder::extend_when_left),
     /// default 1/3), so `f` may run far longer than `ttl`, up to the hold
     /// cap ([`max_hold`](crate::RedlockBuilder::max_hold)) if one is set. `f` gets
-    /// a [`LockGuard`]: check [`is_held`](LockGuard::is_held) or
-    /// [`check`](LockGuard::check) before each step of the work. The error
-    /// type only needs `From<LockError>`, so `?` works on both the lock's
-    /// errors and your own.
+    /// the [`LockGuard`] (the one [`lock`](Self::lock) would return): check
+    /// [`is_held`](LockGuard::is_held) or [`check`](LockGuard::check)
+    /// before each step of the work. The error type only needs
+    /// `From<LockError>`, so `?` works on both the lock's errors and your
+    /// own.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -496,9 +766,9 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// - Whatever acquiring returns (see [`acquire`](Self::acquire)); `f`
-    ///   does not run then. Nor does it run if the validity ran out before
-    ///   it could start ([`LockError::Lost`]).
+    /// - Whatever [`lock`](Self::lock) returns; `f` does not run then. Nor
+    ///   does it run if the validity ran out before it could start
+    ///   ([`LockError::Lost`]).
     /// - `f`'s own error, if it returned one. It comes first, even if the
     ///   lock was also lost, because it says why the work stopped (often it
     ///   is the lost-lock error from [`check`](LockGuard::check)), and the
@@ -515,14 +785,48 @@ impl Redlock {
     ///
     /// # Panics
     ///
-    /// Only if `f` panics: the lock is released first, then the panic
-    /// resumes.
+    /// Only if `f` panics: the lock is released as the panic unwinds (with
+    /// `panic = "abort"`, the keys expire within the TTL instead).
     pub fn with_lock<T, E, F>(&self, resource: &str, ttl: Duration, f: F) -> Result<T, E>
     where
-        F: FnOnce(&LockGuard<'_>) -> Result<T, E>,
+        F: FnOnce(&LockGuard) -> Result<T, E>,
         E: From<LockError>,
     {
-        self.lock_and_run(vec![resource.to_string()], ttl, f)
+        run_locked(self.lock(resource, ttl), f)
+    }
+
+    /// Like [`with_lock`](Self::with_lock), but one round only, as
+    /// [`try_acquire`](Self::try_acquire): no retry, so it returns at once
+    /// when another client holds the lock.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use redlock_sync::{LockError, Redlock};
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// match locks.try_with_lock("job:17", Duration::from_secs(10), |guard| {
+    ///     guard.check()?;
+    ///     Ok::<_, LockError>("done") // run job 17
+    /// }) {
+    ///     Ok(outcome) => println!("job 17: {outcome}"),
+    ///     Err(LockError::Contended { .. }) => println!("another worker has job 17"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), LockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`with_lock`](Self::with_lock).
+    ///
+    /// # Panics
+    ///
+    /// Only if `f` panics, after releasing the lock.
+    pub fn try_with_lock<T, E, F>(&self, resource: &str, ttl: Duration, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&LockGuard) -> Result<T, E>,
+        E: From<LockError>,
+    {
+        run_locked(self.try_lock(resource, ttl), f)
     }
 
     /// [`with_lock`](Self::with_lock) over several resources held as one
@@ -554,71 +858,159 @@ impl Redlock {
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
-        F: FnOnce(&LockGuard<'_>) -> Result<T, E>,
+        F: FnOnce(&LockGuard) -> Result<T, E>,
         E: From<LockError>,
     {
-        self.lock_and_run(resource_list(resources), ttl, f)
+        run_locked(self.lock_many(resources, ttl), f)
     }
 
-    /// Acquires one lock over `resources`, runs `f` under it while the
-    /// watchdog extends it, and releases it: the body of
-    /// [`with_lock`](Self::with_lock) and
-    /// [`with_lock_many`](Self::with_lock_many).
-    fn lock_and_run<T, E, F>(&self, resources: Vec<String>, ttl: Duration, f: F) -> Result<T, E>
+    /// Like [`with_lock_many`](Self::with_lock_many), but one round only: no
+    /// retry.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use redlock_sync::{LockError, Redlock};
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// let moved = locks.try_with_lock_many(["shelf:3", "shelf:4"], Duration::from_secs(5), |guard| {
+    ///     guard.check()?;
+    ///     Ok::<_, LockError>(12) // books moved from one shelf to the other
+    /// });
+    /// # Ok::<(), LockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`with_lock_many`](Self::with_lock_many).
+    ///
+    /// # Panics
+    ///
+    /// Only if `f` panics, after releasing the lock.
+    pub fn try_with_lock_many<I, S, T, E, F>(
+        &self,
+        resources: I,
+        ttl: Duration,
+        f: F,
+    ) -> Result<T, E>
     where
-        F: FnOnce(&LockGuard<'_>) -> Result<T, E>,
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+        F: FnOnce(&LockGuard) -> Result<T, E>,
         E: From<LockError>,
     {
+        run_locked(self.try_lock_many(resources, ttl), f)
+    }
+
+    /// [`with_lock`](Self::with_lock) with a fencing token, as
+    /// [`acquire_fenced`](Self::acquire_fenced) gets it: the guard's
+    /// [`fencing_token`](LockGuard::fencing_token) is `Some`, and stays the
+    /// same while the watchdog extends the lock.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use redlock_sync::{LockError, Redlock};
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// locks.with_lock_fenced("ledger", Duration::from_secs(10), |guard| {
+    ///     let token = guard.fencing_token().expect("a fenced lock has a token");
+    ///     // UPDATE ledger SET ..., fence = $token WHERE id = 1 AND fence <= $token
+    /// #   let _ = token;
+    ///     Ok::<(), LockError>(())
+    /// })?;
+    /// # Ok::<(), LockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`with_lock`](Self::with_lock) and
+    /// [`acquire_fenced`](Self::acquire_fenced).
+    ///
+    /// # Panics
+    ///
+    /// Only if `f` panics, after releasing the lock.
+    pub fn with_lock_fenced<T, E, F>(&self, resource: &str, ttl: Duration, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&LockGuard) -> Result<T, E>,
+        E: From<LockError>,
+    {
+        run_locked(self.lock_fenced(resource, ttl), f)
+    }
+
+    /// Like [`with_lock_fenced`](Self::with_lock_fenced), but one attempt
+    /// only: no retry.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use redlock_sync::{LockError, Redlock};
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// let written = locks.try_with_lock_fenced("ledger", Duration::from_secs(10), |guard| {
+    ///     Ok::<_, LockError>(guard.fencing_token())
+    /// });
+    /// # Ok::<(), LockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`with_lock_fenced`](Self::with_lock_fenced).
+    ///
+    /// # Panics
+    ///
+    /// Only if `f` panics, after releasing the lock.
+    pub fn try_with_lock_fenced<T, E, F>(&self, resource: &str, ttl: Duration, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&LockGuard) -> Result<T, E>,
+        E: From<LockError>,
+    {
+        run_locked(self.try_lock_fenced(resource, ttl), f)
+    }
+
+    /// Puts an acquired `lock` under a guard whose watchdog extends it by
+    /// `ttl`: the end of every `lock*` call.
+    fn keep_alive(&self, lock: Lock, ttl: Duration) -> Result<LockGuard, LockError> {
         let config = *self.config();
-        let mut lock = self.acquire_retrying(resources, ttl, config.retry_count)?;
         let hold_deadline = config
             .max_hold
             .and_then(|cap| Instant::now().checked_add(cap));
-        let lease = Lease::new(&lock, hold_deadline);
+        let lease = Arc::new(Lease::new(&lock, hold_deadline));
         if !lease.held() {
-            // Out of validity already: the closure does not start.
+            // Out of validity already: no guard.
             let _ = self.release(lock);
-            return Err(lease.lost_error().into());
+            return Err(lease.lost_error());
         }
-
-        let scoped = std::thread::scope(|s| {
-            let watchdog = std::thread::Builder::new()
+        let spawned = {
+            let (lease, client, mut lock) = (Arc::clone(&lease), self.clone(), lock);
+            std::thread::Builder::new()
                 .name("redlock-watchdog".to_string())
-                .spawn_scoped(s, || {
-                    lease.watch(self, &mut lock, ttl, config.extend_when_left)
-                })?;
-            let guard = LockGuard { lease: &lease };
-            let outcome = panic::catch_unwind(AssertUnwindSafe(|| f(&guard)));
-            // Held now means held all along: the deadline never moves
-            // forward once passed.
-            let held = lease.held();
-            lease.stop();
-            Ok((outcome, held, watchdog.join()))
-        });
-        let (outcome, held, watchdog) = match scoped {
-            Ok(ran) => ran,
-            // No thread for the watchdog: the closure did not run.
+                .spawn(move || lease.watch(&client, &mut lock, ttl, config.extend_when_left))
+        };
+        match spawned {
+            Ok(watchdog) => Ok(LockGuard {
+                lease,
+                client: self.clone(),
+                watchdog: Some(watchdog),
+            }),
             Err(e) => {
-                let _ = self.release(lock);
-                return Err(LockError::Thread(e).into());
+                let _ = self.release_token(&lease.resources, &lease.token);
+                Err(LockError::Thread(e))
             }
-        };
-        // The watchdog is joined: no extension can land after this release.
-        let released = self.release(lock);
+        }
+    }
+}
 
-        let value = match outcome {
-            Err(panic) => panic::resume_unwind(panic),
-            Ok(result) => result?,
-        };
-        if let Err(panic) = watchdog {
-            panic::resume_unwind(panic);
-        }
-        if !held {
-            return Err(lease.lost_error().into());
-        }
-        match released {
-            Err(lost @ LockError::Lost { .. }) => Err(lost.into()),
-            _ => Ok(value),
-        }
+/// Runs `f` under the guard that `locked` holds, then releases the lock:
+/// the body of every `with_lock*` call. `f`'s error comes first; then a
+/// lock lost at any moment; a release that reached too few nodes is not an
+/// error (the work was done under a valid lock).
+fn run_locked<T, E, F>(locked: Result<LockGuard, LockError>, f: F) -> Result<T, E>
+where
+    F: FnOnce(&LockGuard) -> Result<T, E>,
+    E: From<LockError>,
+{
+    let guard = locked?;
+    // A panic in `f` unwinds through the guard's drop, which releases.
+    let value = f(&guard);
+    let released = guard.unlock();
+    let value = value?;
+    match released {
+        Err(lost @ LockError::Lost { .. }) => Err(lost.into()),
+        _ => Ok(value),
     }
 }

@@ -57,13 +57,105 @@ fn unparsable_and_unsupported_urls_are_rejected_without_showing_the_password() {
     }
 }
 
+#[test]
+fn a_bad_url_names_the_url_without_its_password_and_the_part_that_is_wrong() {
+    for (url, part) in [
+        ("redis://:hunter2@127.0.0.1:99999", "port `99999`"),
+        ("redis://:hunter2@127.0.0.1:notaport", "port `notaport`"),
+        ("redis://:hunter2@127.0.0.1:0", "port `0`"),
+        ("redis://:hunter2@:6379", "host is missing"),
+        (
+            "redis://:hunter2@127.0.0.1:6379/notadb",
+            "database `notadb`",
+        ),
+        ("redis://:hunter2@127.0.0.1:6379/-1", "database number -1"),
+        ("redis://:hunt/er2@127.0.0.1:6379", "percent-encode"),
+        ("redis://:hunt#er2@127.0.0.1:6379", "percent-encode"),
+        ("redis://::1:6379", "IPv6 address goes in brackets"),
+        ("redis://:hunter2127.0.0.1:6379", "a password before an '@'"),
+        ("redis://[::g]:6379", "not an IPv6 address"),
+        ("redis://[::1]x:6379", "expected :port"),
+        ("redis://my host:6379", "no host name may hold"),
+        ("valkey://:hunter2@127.0.0.1:70000", "port `70000`"),
+        ("redis+unix://relative.sock", "socket path"),
+        ("redis+unix:///tmp/n.sock?db=x&pass=hunter2", "database `x`"),
+    ] {
+        let built = Redlock::new([url]);
+        assert!(built.is_err(), "{url:?} is refused");
+        match config_error(built) {
+            ConfigError::NodeUrl { url: shown, reason } => {
+                assert!(
+                    reason.contains(part),
+                    "{url:?}: the reason names the part ({part}): {reason}"
+                );
+                let message = LockError::from(ConfigError::NodeUrl {
+                    url: shown.clone(),
+                    reason: reason.clone(),
+                })
+                .to_string();
+                assert!(
+                    !message.contains("hunter2"),
+                    "the password shows: {message}"
+                );
+                assert!(
+                    !message.contains("did not parse"),
+                    "{url:?}: the redis crate's message is replaced: {message}"
+                );
+                assert!(
+                    shown.starts_with(url.split("://").next().unwrap()),
+                    "the URL is named: {shown}"
+                );
+            }
+            other => panic!("{url:?}: expected NodeUrl, got {other}"),
+        }
+    }
+}
+
+#[test]
+fn valkey_urls_are_accepted_like_their_redis_forms() {
+    let locks = Redlock::new([
+        "valkey://127.0.0.1:7001",
+        "valkey://:pw@127.0.0.1:7002/3",
+        "valkey+unix:///tmp/redlock-valkey.sock?db=2",
+    ])
+    .expect("valkey URLs are accepted");
+    assert_eq!(
+        locks.nodes(),
+        [
+            "127.0.0.1:7001",
+            "127.0.0.1:7002",
+            "/tmp/redlock-valkey.sock"
+        ]
+    );
+    // One server under both schemes is still one server.
+    match config_error(Redlock::new([
+        "redis://127.0.0.1:7001",
+        "valkey://127.0.0.1:7001",
+    ])) {
+        ConfigError::DuplicateNode { node } => assert_eq!(node, "127.0.0.1:7001"),
+        other => panic!("expected DuplicateNode, got {other}"),
+    }
+}
+
 #[cfg(not(feature = "tls"))]
 #[test]
-fn rediss_without_the_tls_feature_says_which_feature_to_enable() {
-    match config_error(Redlock::new(["rediss://127.0.0.1:6380"])) {
-        ConfigError::NodeUrl { reason, .. } => assert!(reason.contains("tls"), "{reason}"),
-        other => panic!("expected NodeUrl, got {other}"),
+fn rediss_and_valkeys_without_the_tls_feature_say_which_feature_to_enable() {
+    for url in ["rediss://127.0.0.1:6380", "valkeys://127.0.0.1:6380"] {
+        match config_error(Redlock::new([url])) {
+            ConfigError::NodeUrl { reason, .. } => {
+                assert!(reason.contains("`tls` feature"), "{url}: {reason}")
+            }
+            other => panic!("{url}: expected NodeUrl, got {other}"),
+        }
     }
+}
+
+#[cfg(feature = "tls")]
+#[test]
+fn valkeys_urls_are_tls_nodes_with_the_tls_feature() {
+    let locks = Redlock::new(["valkeys://127.0.0.1:6380", "rediss://127.0.0.1:6381"])
+        .expect("valkeys URLs are accepted with the tls feature");
+    assert_eq!(locks.nodes(), ["tls 127.0.0.1:6380", "tls 127.0.0.1:6381"]);
 }
 
 #[test]

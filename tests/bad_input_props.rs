@@ -231,6 +231,9 @@ fn url() -> impl Strategy<Value = String> {
         Just("redis"),
         Just("rediss"),
         Just("redis+unix"),
+        Just("valkey"),
+        Just("valkeys"),
+        Just("valkey+unix"),
         Just("unix"),
         Just("http"),
         Just("REDIS"),
@@ -273,17 +276,30 @@ fn url() -> impl Strategy<Value = String> {
             }
         ),
         "/[a-z/]{0,20}(\\?db=[0-9a-z]{0,3})?".prop_map(|path| format!("redis+unix://{path}")),
+        "/[a-z/]{1,20}".prop_map(|path| format!("valkey+unix://{path}?db=1&pass={SECRET}")),
         any::<String>(),
         "[ -~]{0,40}",
     ]
 }
 
 #[test]
-fn building_a_client_from_any_node_url_is_ok_or_a_config_error_that_hides_the_password() {
+fn building_a_client_from_any_node_url_is_ok_or_a_config_error_and_neither_shows_the_password() {
     check(prop::collection::vec(url(), 0..4), |urls| {
+        let builder = format!("{:?}", Redlock::builder(&urls));
+        prop_assert!(
+            !builder.contains(SECRET),
+            "the builder's Debug shows the password: {}",
+            builder
+        );
         // Build only: no connection is opened, so nothing reaches any host.
         match Redlock::new(&urls) {
             Ok(locks) => {
+                let shown = format!("{locks:?}");
+                prop_assert!(
+                    !shown.contains(SECRET),
+                    "Debug shows the password: {}",
+                    shown
+                );
                 prop_assert!(!urls.is_empty());
                 prop_assert_eq!(locks.nodes().len(), urls.len());
                 for name in locks.nodes() {

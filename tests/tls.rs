@@ -142,7 +142,7 @@ fn start_node(dir: &Path) -> TlsNode {
 }
 
 #[test]
-fn locks_work_over_rediss_with_a_verified_certificate() {
+fn locks_work_over_rediss_and_valkeys_with_a_verified_certificate() {
     let dir = std::env::temp_dir().join(format!("redlock-sync-tls-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let _cleanup = TempDir(dir.clone());
@@ -174,6 +174,21 @@ fn locks_work_over_rediss_with_a_verified_certificate() {
         "a held lock is refused over TLS too"
     );
     locks.release(lock).expect("release over TLS");
+
+    // valkeys:// is the same as rediss://.
+    let valkeys: Vec<String> = urls
+        .iter()
+        .map(|u| u.replace("rediss://", "valkeys://"))
+        .collect();
+    let over_valkeys = Redlock::builder(&valkeys)
+        .io_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .expect("valkeys:// URLs are accepted with the tls feature");
+    let lock = over_valkeys
+        .try_acquire("over-tls", Duration::from_secs(10))
+        .expect("acquire over valkeys://");
+    over_valkeys.release(lock).expect("release over valkeys://");
 
     // A plain-TCP client cannot talk to these nodes: TLS is really in use.
     let plain: Vec<String> = urls

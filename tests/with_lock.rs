@@ -8,22 +8,10 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{builder, client, cluster, values, wait_until};
+use common::{
+    builder, client, cluster, holds_throughout, slow_retrying_client, values, wait_until,
+};
 use redlock_sync::{LockError, Redlock};
-
-/// Polls `cond` every few milliseconds for `window`, and fails with `what`
-/// the first time it does not hold.
-fn holds_throughout(window: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while start.elapsed() < window {
-        assert!(
-            cond(),
-            "expected {what} throughout {window:?}, but not after {:?}",
-            start.elapsed()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
 
 #[test]
 fn a_closure_running_three_ttls_keeps_exclusive_ownership_and_the_lock_is_gone_right_after() {
@@ -422,4 +410,87 @@ fn a_hold_cap_shorter_than_the_ttl_means_is_ending_from_the_start() {
             Ok::<_, LockError>(())
         })
         .unwrap();
+}
+
+#[test]
+fn try_with_lock_takes_one_round_and_does_not_run_the_closure_when_the_lock_is_held() {
+    let nodes = cluster(3);
+    let holder = client(&nodes);
+    let patient = slow_retrying_client(&nodes);
+    let ran = AtomicBool::new(false);
+
+    let held = holder.acquire("one-shot", Duration::from_secs(10)).unwrap();
+    let result = patient.try_with_lock("one-shot", Duration::from_secs(10), |_| {
+        ran.store(true, Ordering::SeqCst);
+        Ok::<_, LockError>(())
+    });
+    match result {
+        Err(LockError::Contended { attempts, .. }) => assert_eq!(attempts, 1),
+        other => panic!("expected the contended error, got {other:?}"),
+    }
+    let result = patient.try_with_lock_many(["spare", "one-shot"], Duration::from_secs(10), |_| {
+        ran.store(true, Ordering::SeqCst);
+        Ok::<_, LockError>(())
+    });
+    match result {
+        Err(LockError::Contended { attempts, .. }) => assert_eq!(attempts, 1),
+        other => panic!("expected the contended error, got {other:?}"),
+    }
+    assert!(!ran.load(Ordering::SeqCst), "the closure never ran");
+    assert_eq!(values(&nodes, "spare"), vec![None; 3], "all or nothing");
+    holder.release(held).unwrap();
+
+    let value = patient
+        .try_with_lock("one-shot", Duration::from_secs(10), |guard| {
+            guard.check()?;
+            Ok::<_, LockError>(7)
+        })
+        .expect("free now");
+    assert_eq!(value, 7);
+    assert_eq!(values(&nodes, "one-shot"), vec![None; 3]);
+}
+
+#[test]
+fn with_lock_fenced_gives_a_growing_fencing_token_that_extensions_keep() {
+    let nodes = cluster(3);
+    let locks = client(&nodes);
+    let ttl = Duration::from_millis(300);
+
+    let mut tokens = Vec::new();
+    for round in 0..3 {
+        let token = locks
+            .with_lock_fenced("fenced-job", ttl, |guard| {
+                let token = guard.fencing_token().expect("a fenced guard has a token");
+                if round == 1 {
+                    // Run past an extension: the token stays.
+                    let valid_until = Instant::now() + guard.validity();
+                    wait_until(3 * ttl, "the watchdog extended the lock", || {
+                        Instant::now() + guard.validity() > valid_until + ttl / 3
+                    });
+                    guard.check()?;
+                    assert_eq!(guard.fencing_token(), Some(token));
+                }
+                Ok::<_, LockError>(token)
+            })
+            .expect("granted and held");
+        tokens.push(token);
+    }
+    let last = locks
+        .try_with_lock_fenced("fenced-job", ttl, |guard| {
+            Ok::<_, LockError>(guard.fencing_token())
+        })
+        .expect("granted")
+        .expect("a fenced guard has a token");
+    tokens.push(last);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens grow: {tokens:?}"
+    );
+    // A plain with_lock has none.
+    let plain = locks
+        .with_lock("plain-job", ttl, |guard| {
+            Ok::<_, LockError>(guard.fencing_token())
+        })
+        .unwrap();
+    assert_eq!(plain, None);
 }

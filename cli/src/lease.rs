@@ -27,7 +27,7 @@ pub trait Lease {
     fn lost_reason(&self) -> String;
 }
 
-impl Lease for LockGuard<'_> {
+impl Lease for LockGuard {
     fn is_held(&self) -> bool {
         LockGuard::is_held(self)
     }

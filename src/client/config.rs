@@ -4,9 +4,11 @@
 //! The builder checks the settings; turning them into nodes and a client is
 //! `build`'s job, next to the client it builds.
 
+use std::fmt;
 use std::time::Duration;
 
 use crate::error::ConfigError;
+use crate::node::Endpoint;
 
 /// The largest TTL accepted: Redis rejects expiry times that overflow a
 /// signed 64-bit count of milliseconds since the epoch; half of that range
@@ -78,6 +80,33 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Adds every setting to a `Debug` output, by its builder name.
+    pub(crate) fn debug_fields(&self, out: &mut fmt::DebugStruct<'_, '_>) {
+        // Destructured, so that a new setting cannot be left out.
+        let Config {
+            retry_count,
+            retry_delay,
+            retry_jitter,
+            drift_factor,
+            io_timeout,
+            connect_timeout,
+            extend_when_left,
+            max_hold,
+            max_wait,
+            restart_grace,
+        } = self;
+        out.field("retry_count", retry_count)
+            .field("retry_delay", retry_delay)
+            .field("retry_jitter", retry_jitter)
+            .field("drift_factor", drift_factor)
+            .field("io_timeout", io_timeout)
+            .field("connect_timeout", connect_timeout)
+            .field("max_wait", max_wait)
+            .field("extend_when_left", extend_when_left)
+            .field("max_hold", max_hold)
+            .field("restart_grace", restart_grace);
+    }
+
     /// How long a node waits to connect again after a connect timed out: ten
     /// round deadlines, within [100 ms, 2 s]. A node that accepts connections
     /// but never answers then costs one round in ten a deadline, not every one.
@@ -107,11 +136,24 @@ impl Config {
 ///     .build()?;
 /// # Ok::<(), redlock_sync::LockError>(())
 /// ```
-#[derive(Debug, Clone)]
+///
+/// Its `Debug` output shows the node URLs with their passwords replaced by
+/// `***`, and every setting.
+#[derive(Clone)]
 #[must_use = "a builder does nothing until .build()"]
 pub struct RedlockBuilder {
     urls: Vec<String>,
     config: Config,
+}
+
+impl fmt::Debug for RedlockBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let urls: Vec<String> = self.urls.iter().map(|u| Endpoint::redact(u)).collect();
+        let mut out = f.debug_struct("RedlockBuilder");
+        out.field("nodes", &urls);
+        self.config.debug_fields(&mut out);
+        out.finish()
+    }
 }
 
 impl RedlockBuilder {

@@ -182,7 +182,7 @@ impl Redlock {
 
     /// [`acquire_fenced`](Self::acquire_fenced) with up to `retries`
     /// retries.
-    fn acquire_fenced_retrying(
+    pub(crate) fn acquire_fenced_retrying(
         &self,
         resource: &str,
         ttl: Duration,
@@ -262,17 +262,19 @@ impl Redlock {
                 _ => one,
             })
             .collect();
+        let validity = self.validity(ttl, elapsed);
         Tally {
             report: Report {
                 nodes,
                 quorum: first.report.quorum,
                 elapsed,
             },
-            validity: ttl
-                .checked_sub(elapsed)
-                .and_then(|v| v.checked_sub(self.drift(ttl)))
-                .filter(|v| !v.is_zero()),
+            validity,
             start: first.start,
+            // Round one won: a node that refused round two no longer held
+            // our key, and with no validity left, that key had expired. The
+            // attempt ran out of time; no other client made it fail.
+            too_slow: validity.is_none(),
         }
     }
 }
@@ -287,5 +289,87 @@ fn claim_vote(highest: &Cell<u64>) -> impl Fn(&Value) -> Result<bool, &Value> + 
         }
         Value::Int(0) => Ok(false),
         other => Err(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use super::*;
+
+    /// A report of three nodes that all answered `outcome` after `elapsed`.
+    fn report(outcome: NodeOutcome, elapsed: Duration) -> Report {
+        let node = |i: usize| NodeReport {
+            node: Arc::from(format!("127.0.0.1:{i}")),
+            outcome: outcome.clone(),
+            elapsed,
+        };
+        Report {
+            nodes: (1..=3).map(node).collect(),
+            quorum: 2,
+            elapsed,
+        }
+    }
+
+    /// Round one granted everywhere in 1 ms; round two, `gap` later, found
+    /// the keys gone everywhere (refused) in 1 ms.
+    fn won_then_refused(locks: &Redlock, ttl: Duration, gap: Duration) -> Tally {
+        let start = Instant::now();
+        let one_ms = Duration::from_millis(1);
+        let first = Tally {
+            report: report(NodeOutcome::Granted, one_ms),
+            validity: locks.validity(ttl, one_ms),
+            start,
+            too_slow: false,
+        };
+        assert!(first.granted(), "round one won");
+        let second = Tally {
+            report: report(NodeOutcome::Refused, one_ms),
+            validity: None,
+            start: start + one_ms + gap,
+            too_slow: false,
+        };
+        locks.both_rounds(first, second, ttl)
+    }
+
+    fn offline() -> Redlock {
+        Redlock::new([
+            "redis://127.0.0.1:1",
+            "redis://127.0.0.1:2",
+            "redis://127.0.0.1:3",
+        ])
+        .expect("valid URLs")
+    }
+
+    #[test]
+    fn keys_that_expired_between_the_two_fenced_rounds_make_the_attempt_too_slow_not_contended() {
+        let locks = offline();
+        // A 4 ms TTL, as in the property test that found it: round one left
+        // validity, round two came 4 ms later, after the keys expired.
+        let ttl = Duration::from_millis(4);
+        let both = won_then_refused(&locks, ttl, ttl);
+        assert!(!both.granted());
+        match both.error("r", 1, ttl) {
+            LockError::TooSlow {
+                resource, ttl: t, ..
+            } => assert_eq!((&*resource, t), ("r", ttl)),
+            other => panic!("expected TooSlow, got {other}"),
+        }
+    }
+
+    #[test]
+    fn keys_gone_before_round_two_with_validity_left_are_not_called_too_slow() {
+        // Validity was left: the keys did not expire, so time is not why
+        // the attempt failed.
+        let locks = offline();
+        let ttl = Duration::from_secs(10);
+        let both = won_then_refused(&locks, ttl, Duration::from_millis(1));
+        assert!(!both.granted());
+        assert!(!matches!(
+            both.error("r", 1, ttl),
+            LockError::TooSlow { .. }
+        ));
     }
 }

@@ -114,12 +114,12 @@ impl Connector {
         let mut scripts = script::ALL_SCRIPTS;
         for i in 0..self.endpoint.checked_replies + self.endpoint.script_replies {
             if let Value::ServerError(e) = recv(&mut writer)? {
+                let refused_auth = i == 0 && self.endpoint.sends_auth;
+                if refused_auth || is_auth_error(&e) {
+                    return Err(self.auth_failure(&e));
+                }
                 if i < self.endpoint.checked_replies {
-                    return Err(Failure::Error(NodeError::Connect(format!(
-                        "{} {}",
-                        e.code(),
-                        e.details().unwrap_or("")
-                    ))));
+                    return Err(Failure::Error(NodeError::Connect(server_error_text(&e))));
                 }
                 // SCRIPT LOAD refused (an ACL, say): scripts go as EVAL.
                 scripts = 0;
@@ -128,6 +128,12 @@ impl Connector {
         // The last handshake reply is INFO server: the restarted-node guard,
         // then one vote per server process.
         let info = recv(&mut writer)?;
+        if let Value::ServerError(e) = &info {
+            // Not authenticated: the owed clean-ups did not run either.
+            if is_auth_error(e) {
+                return Err(self.auth_failure(e));
+            }
+        }
         // The owed clean-ups' replies: whatever they say, they ran.
         for _ in &owed.ids {
             recv(&mut writer)?;
@@ -143,6 +149,16 @@ impl Connector {
             writer,
             reader,
             scripts,
+        })
+    }
+
+    /// The node's failure when the server refused our credentials or
+    /// wants some.
+    fn auth_failure(&self, e: &redis::ServerError) -> Failure {
+        Failure::Error(NodeError::Auth {
+            node: self.endpoint.name.to_string(),
+            reply: server_error_text(e),
+            hint: self.endpoint.auth_hint,
         })
     }
 
@@ -187,6 +203,20 @@ impl Connector {
             }
         }
         Err(last)
+    }
+}
+
+/// Whether an error reply says the connection is not authenticated, or
+/// the credentials were wrong (whatever command it answers).
+fn is_auth_error(e: &redis::ServerError) -> bool {
+    matches!(e.code(), "NOAUTH" | "WRONGPASS")
+}
+
+/// An error reply as the server wrote it: its code, then its details.
+fn server_error_text(e: &redis::ServerError) -> String {
+    match e.details() {
+        Some(details) => format!("{} {details}", e.code()),
+        None => e.code().to_string(),
     }
 }
 

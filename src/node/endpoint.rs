@@ -34,32 +34,53 @@ pub(crate) struct Endpoint {
     /// How many `SCRIPT LOAD` replies follow (an error there only means the
     /// scripts go as `EVAL`).
     pub(super) script_replies: usize,
+    /// The handshake begins with `AUTH`.
+    pub(super) sends_auth: bool,
+    /// What to check in the URL when the node refuses to authenticate us.
+    pub(super) auth_hint: &'static str,
 }
 
 impl Endpoint {
-    /// Parses a node URL: `redis://`, `redis+unix://`, or (with the `tls`
-    /// feature) `rediss://`; user, password and db as the redis crate reads
-    /// them.
+    /// Parses a node URL: `redis://` or `valkey://`, `redis+unix://` or
+    /// `valkey+unix://`, or (with the `tls` feature) `rediss://` or
+    /// `valkeys://`; user, password and db as the redis crate reads them.
     pub(crate) fn parse(url: &str) -> Result<Endpoint, ConfigError> {
         let bad = |reason: String| ConfigError::NodeUrl {
             url: redact(url),
             reason,
         };
         let scheme = url.split("://").next().unwrap_or("");
-        if !matches!(scheme, "redis" | "rediss" | "redis+unix" | "unix") || !url.contains("://") {
+        let known = matches!(
+            scheme,
+            "redis" | "rediss" | "valkey" | "valkeys" | "redis+unix" | "valkey+unix" | "unix"
+        );
+        if !known || !url.contains("://") {
             return Err(bad(
-                "expected redis://host:port[/db], redis+unix:///path, or rediss://host:port"
+                "expected redis://host:port[/db], redis+unix:///path, or rediss://host:port \
+                 (or the same with valkey in place of redis)"
                     .to_string(),
             ));
         }
-        if scheme == "rediss" && !cfg!(feature = "tls") {
-            return Err(bad(
-                "rediss:// needs the crate's `tls` feature: redlock-sync = { features = [\"tls\"] }"
-                    .to_string(),
-            ));
+        if matches!(scheme, "rediss" | "valkeys") && !cfg!(feature = "tls") {
+            return Err(bad(format!(
+                "{scheme}:// needs the crate's `tls` feature: redlock-sync = {{ features = [\"tls\"] }}"
+            )));
         }
-        let info: ConnectionInfo = url.into_connection_info().map_err(|e| bad(e.to_string()))?;
+        let info: ConnectionInfo = url
+            .into_connection_info()
+            .map_err(|e| bad(diagnose(url).unwrap_or_else(|| e.to_string())))?;
         let redis = info.redis_settings();
+        if redis.db() < 0 {
+            return Err(bad(format!(
+                "the database number {} is negative; databases are numbered from 0",
+                redis.db()
+            )));
+        }
+        if let ConnectionAddr::Tcp(_, 0) | ConnectionAddr::TcpTls { port: 0, .. } = info.addr() {
+            return Err(bad(
+                "the port `0` is not a number from 1 to 65535".to_string()
+            ));
+        }
         let route;
         let (name, identity) = match info.addr() {
             ConnectionAddr::Tcp(host, port) => {
@@ -111,6 +132,7 @@ impl Endpoint {
             .set_redis_settings(RedisConnectionInfo::default().set_skip_set_lib_name())
             .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
         let client = redis::Client::open(bare).map_err(|e| bad(e.to_string()))?;
+        let unix = matches!(info.addr(), ConnectionAddr::Unix(_));
         Ok(Endpoint {
             name: name.into(),
             identity,
@@ -119,8 +141,130 @@ impl Endpoint {
             handshake,
             checked_replies,
             script_replies,
+            sends_auth: redis.password().is_some(),
+            auth_hint: auth_hint(redis.username().is_some(), redis.password().is_some(), unix),
         })
     }
+
+    /// The URL with any password replaced by `***`, for people to see.
+    pub(crate) fn redact(url: &str) -> String {
+        redact(url)
+    }
+}
+
+/// What to check in the URL when the node refuses to authenticate us,
+/// given what the URL holds. Never quotes the URL: a password given in the
+/// wrong place (`redis://secret@host`) would show.
+fn auth_hint(user: bool, password: bool, unix: bool) -> &'static str {
+    match (user, password, unix) {
+        (_, true, false) => {
+            "check the password (and the user name, if any) in the URL; \
+             a password alone goes after a colon: redis://:password@host:port"
+        }
+        (_, true, true) => {
+            "check the password (and the user name, if any) in the URL's ?pass= (and ?user=)"
+        }
+        (true, false, false) => {
+            "the URL names a user but gives no password (redis://name@host is the user `name`); \
+             a password alone goes after a colon: redis://:password@host:port"
+        }
+        (false, false, false) => {
+            "the server asks for a password and the URL gives none: \
+             redis://:password@host:port (or redis://user:password@host:port for an ACL user)"
+        }
+        (_, false, true) => {
+            "the server asks for a password and the URL gives none: \
+             redis+unix:///path/to/socket?pass=password (and &user=name for an ACL user)"
+        }
+    }
+}
+
+/// Which part of a URL the redis crate refused, and why, in words: the
+/// scheme is known to be one we take. `None` when no part looks wrong (the
+/// redis crate's own message then stands). Quotes only what the redacted
+/// URL shows too: nothing before the last `@` of the address.
+fn diagnose(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    if scheme.ends_with("unix") {
+        return diagnose_unix(rest);
+    }
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    if tail.contains('@') {
+        return Some(
+            "the user name or password holds a '/', '?' or '#', which ends the host part: \
+             percent-encode it ('/' as %2F, '?' as %3F, '#' as %23)"
+                .to_string(),
+        );
+    }
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+    let (host, port) = if let Some(bracketed) = host_port.strip_prefix('[') {
+        let Some((inside, after)) = bracketed.split_once(']') else {
+            return Some("the IPv6 address has no closing ']'".to_string());
+        };
+        if inside.parse::<std::net::Ipv6Addr>().is_err() {
+            return Some(format!("the host [{inside}] is not an IPv6 address"));
+        }
+        match after {
+            "" => (inside, None),
+            _ => match after.strip_prefix(':') {
+                Some(port) => (inside, Some(port)),
+                None => return Some(format!("`{after}` after the IPv6 address: expected :port")),
+            },
+        }
+    } else if host_port.matches(':').count() > 1 {
+        return Some(
+            "more than one ':' after the host: an IPv6 address goes in brackets \
+             (redis://[::1]:6379), a password before an '@' (redis://:password@host:port)"
+                .to_string(),
+        );
+    } else {
+        match host_port.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (host_port, None),
+        }
+    };
+    if host.is_empty() {
+        return Some("the host is missing: expected redis://host:port".to_string());
+    }
+    if let Some(port) = port.filter(|p| !p.is_empty()) {
+        if !matches!(port.parse::<u16>(), Ok(1..)) {
+            return Some(format!("the port `{port}` is not a number from 1 to 65535"));
+        }
+    }
+    if let Some(c) = host
+        .chars()
+        .find(|c| c.is_whitespace() || c.is_control() || "<>\\^|%[]".contains(*c))
+    {
+        return Some(format!(
+            "the host `{host}` holds {c:?}, which no host name may hold"
+        ));
+    }
+    let path = tail.split(['?', '#']).next().unwrap_or("");
+    let db = path.trim_matches('/');
+    if !db.is_empty() && db.parse::<i64>().is_err() {
+        return Some(format!(
+            "the database `{db}` (after the host's '/') is not a number"
+        ));
+    }
+    None
+}
+
+/// [`diagnose`] for a Unix socket URL (after the `://`).
+fn diagnose_unix(rest: &str) -> Option<String> {
+    let path = rest.split(['?', '#']).next().unwrap_or("");
+    if !path.starts_with('/') || path == "/" {
+        return Some(
+            "the socket path is missing or not absolute: expected redis+unix:///path/to/socket (three slashes)"
+                .to_string(),
+        );
+    }
+    let query = rest.split_once('?').map_or("", |(_, q)| q);
+    let db = query.split('&').find_map(|pair| pair.strip_prefix("db="));
+    if let Some(db) = db.filter(|db| db.parse::<i64>().is_err()) {
+        return Some(format!("the database `{db}` (?db=) is not a number"));
+    }
+    None
 }
 
 /// How a node is reached.
@@ -149,7 +293,8 @@ fn unix_route(_: &Path) -> Route {
     Route::Unsplit
 }
 
-/// The URL with any password replaced by `***`, for error messages.
+/// The URL with any password replaced by `***`, for error messages: the
+/// one before the `@`, and a Unix socket URL's `pass=`.
 pub(crate) fn redact(url: &str) -> String {
     let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
         return url.to_string();
@@ -158,12 +303,30 @@ pub(crate) fn redact(url: &str) -> String {
     // The last '@' anywhere, not only in the authority: a password may hold
     // a raw '/', '?' or '#', and the error for that malformed URL must
     // still hide it.
-    let Some(at) = rest.rfind('@') else {
-        return url.to_string();
+    let shown = match rest.rfind('@') {
+        Some(at) => {
+            let user = rest[..at].split(':').next().unwrap_or("");
+            format!("{}{user}:***{}", &url[..scheme_end], &rest[at..])
+        }
+        // An address that starts with ':' is a password whose '@' was
+        // left out: hide the whole address.
+        None if rest.starts_with(':') => {
+            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            format!("{}:***{}", &url[..scheme_end], &rest[end..])
+        }
+        None => url.to_string(),
     };
-    let userinfo = &rest[..at];
-    let user = userinfo.split(':').next().unwrap_or("");
-    format!("{}{user}:***{}", &url[..scheme_end], &rest[at..])
+    let Some((head, query)) = shown.split_once('?') else {
+        return shown;
+    };
+    let query: Vec<&str> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some(("pass", _)) => "pass=***",
+            _ => pair,
+        })
+        .collect();
+    format!("{head}?{}", query.join("&"))
 }
 
 #[cfg(test)]
@@ -181,6 +344,11 @@ mod tests {
         assert_eq!(redact("no scheme"), "no scheme");
         assert_eq!(redact("redis://:pa/ss@h:1"), "redis://:***@h:1");
         assert_eq!(redact("redis://u:p?a#s@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(redact("redis://:s3cret127.0.0.1:1/2"), "redis://:***/2");
+        assert_eq!(
+            redact("redis+unix:///tmp/x.sock?db=1&pass=s3cret&user=u"),
+            "redis+unix:///tmp/x.sock?db=1&pass=***&user=u"
+        );
     }
 
     #[test]

@@ -46,6 +46,16 @@ pub fn contending_client(cluster: &Cluster) -> Redlock {
         .expect("valid test configuration")
 }
 
+/// A client whose retries would take minutes (ten-second pauses): a call
+/// that returns at once ran a single round.
+pub fn slow_retrying_client(cluster: &Cluster) -> Redlock {
+    builder(cluster)
+        .retry_count(100)
+        .retry_delay(Duration::from_secs(10))
+        .build()
+        .expect("valid test configuration")
+}
+
 /// Runs `locks.acquire(resource, ttl)`, expecting the quorum error after
 /// `attempts` rounds and within `bound`; returns the last round's report.
 pub fn no_quorum_within(
@@ -109,6 +119,20 @@ pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
             "gave up after {limit:?} waiting until {what}"
         );
         std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Polls `cond` every few milliseconds for `window`, and fails with `what`
+/// the first time it does not hold.
+pub fn holds_throughout(window: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while start.elapsed() < window {
+        assert!(
+            cond(),
+            "expected {what} throughout {window:?}, but not after {:?}",
+            start.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
