@@ -33,7 +33,10 @@ pub(crate) const RELEASED_CHANNEL_PREFIX: &str = "redlock-sync:released:";
 /// `PUBLISH` of the token on the key's channel
 /// ([`RELEASED_CHANNEL_PREFIX`]): waiting clients wake at once instead of
 /// sleeping out their retry pause. A `PUBLISH` that nobody listens to costs
-/// the server a hash lookup; a key that was not ours publishes nothing.
+/// the server a hash lookup; a key that was not ours publishes nothing. The
+/// `PUBLISH` goes by `pcall`: where the user may not publish (an ACL user
+/// without channel permissions, the default for new users since Redis 7)
+/// the release still happens, and waiters sleep out their pause.
 pub(crate) const RELEASE: Script = Script {
     bit: 1,
     body: "local n = 0\n\
@@ -41,13 +44,13 @@ pub(crate) const RELEASE: Script = Script {
              if redis.call('get', key) == ARGV[1] then\n    \
                local d = redis.call('del', key)\n    \
                if d == 1 then\n      \
-                 redis.call('publish', 'redlock-sync:released:' .. key, ARGV[1])\n    \
+                 redis.pcall('publish', 'redlock-sync:released:' .. key, ARGV[1])\n    \
                end\n    \
                n = n + d\n  \
              end\n\
            end\n\
            return n",
-    sha: "12e27086d4b6a6548f2f63f05ae0fcb5142cdfce",
+    sha: "7ae99642ffb37437f81bb92fe354c24592109e38",
 };
 
 /// Sets a new TTL (ARGV[2], milliseconds) on every key if, and only if, every
@@ -269,7 +272,8 @@ mod tests {
 
     #[test]
     fn the_release_script_publishes_on_the_channels_waiters_listen_on() {
-        let publish = format!("redis.call('publish', '{RELEASED_CHANNEL_PREFIX}' .. key, ARGV[1])");
+        let publish =
+            format!("redis.pcall('publish', '{RELEASED_CHANNEL_PREFIX}' .. key, ARGV[1])");
         assert!(RELEASE.body.contains(&publish), "{}", RELEASE.body);
     }
 
