@@ -57,6 +57,13 @@
 //!   if none is held); `extend` and `release` then act on all of them.
 //! - [`max_wait`](RedlockBuilder::max_wait) bounds the total time `acquire`
 //!   waits, besides the retry count.
+//! - A waiting `acquire` does not sleep out its pause blindly: the release
+//!   script also `PUBLISH`es on the resource's channel (no extra round
+//!   trip), a client's waiting threads share one subscription connection to
+//!   one node, and a waiter retries as soon as it hears of a release, or
+//!   when its pause ends. A release through the same client wakes its own
+//!   waiter without the network. These are hints: safety never depends on
+//!   them, and there is no fairness or FIFO order.
 //!
 //! # Scoped locking: `with_lock` and `lock`
 //!
