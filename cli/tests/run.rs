@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use redlock_sync::testing::Cluster;
 
-/// The two ways `run` keeps the lock alive: the library's `with_lock`
-/// watchdog (plain) and the tool's keeper (`--fenced`).
+/// The two kinds of lock `run` holds, both kept alive by the library's
+/// `LockGuard`: plain (`try_lock`) and `--fenced` (`try_lock_fenced`).
 const MODES: [&[&str]; 2] = [&[], &["--fenced"]];
 
 /// A `redlock run` whose command holds `resource` until [`finish`](Self::finish).
