@@ -1,5 +1,5 @@
 //! Worker threads share one list of jobs; each job is guarded by its own
-//! lock through `with_lock`, so it runs on exactly one worker, even when it
+//! lock through `try_with_lock`, so it runs on exactly one worker, even when it
 //! runs longer than the lock's TTL (the watchdog extends the lock).
 //!
 //! Run it with `cargo run --example batch_jobs`. It starts five throwaway
@@ -11,12 +11,12 @@
 //!     cargo run --example batch_jobs
 //! ```
 //!
-//! The pattern: try each job's lock once (no retry: if another worker holds
-//! it, move on to the next job), check under the lock whether the job is
+//! The pattern: try each job's lock once (`try_with_lock`, one round: if
+//! another worker holds it, move on to the next job), check under the lock whether the job is
 //! already done (another worker may have finished it between our look and
 //! our lock), do the work in steps with `guard.check()?` before each, and
 //! record the job as done *under the lock*, after a last `guard.check()?`.
-//! Recorded after `with_lock` returns, it would come after the release,
+//! Recorded after `try_with_lock` returns, it would come after the release,
 //! and another worker could take the lock in between and run the job again.
 
 mod common;
@@ -48,11 +48,11 @@ fn run() -> Result<(), Box<dyn Error>> {
     let (_cluster, urls) = common::nodes(5)?;
     println!("nodes: {}", urls.join(", "));
 
-    // One client for all workers. No retry: a job whose lock is held is
-    // someone else's for now. A cap of 5 s: a hung job cannot block the
-    // others for longer.
+    // One client for all workers, with the default retries for any lock
+    // that should wait; the jobs' locks are tried once (`try_with_lock`):
+    // a job whose lock is held is someone else's for now. A cap of 5 s: a
+    // hung job cannot block the others for longer.
     let locks = Redlock::builder(&urls)
-        .retry_count(0)
         .max_hold(Duration::from_secs(5))
         .build()?;
     // Stands in for the results table: the jobs done.
@@ -73,7 +73,7 @@ fn run() -> Result<(), Box<dyn Error>> {
                             continue;
                         }
                         let resource = format!("batch_jobs:job-{job}");
-                        let result = locks.with_lock(&resource, TTL, |guard| {
+                        let result = locks.try_with_lock(&resource, TTL, |guard| {
                             if lock(done).contains(&job) {
                                 return Ok(Outcome::AlreadyDone);
                             }

@@ -9,7 +9,7 @@ use crate::args::{AcquireArgs, ExtendArgs, LockRef, NodeArgs, ReleaseArgs};
 use crate::events::Events;
 use crate::exit::{millis, nodes_json, Failure};
 use crate::nodes;
-use crate::wait::{keep_trying, Patience, Tried};
+use crate::wait::{keep_trying, Patience};
 
 /// Runs `redlock acquire`: prints the token; returns the exit code.
 pub fn acquire(args: &AcquireArgs) -> Result<u8, Failure> {
@@ -18,15 +18,12 @@ pub fn acquire(args: &AcquireArgs) -> Result<u8, Failure> {
     let events = Events::listen()?;
     let resource = args.resource.as_str();
     let lock = keep_trying(&Patience::new(take), &events, resource, || {
-        let attempt = if take.fenced {
+        if take.fenced {
             locks.try_acquire_fenced(resource, take.ttl)
         } else {
             locks.try_acquire(resource, take.ttl)
-        };
-        match attempt {
-            Ok(lock) => Tried::Had(lock),
-            Err(e) => Tried::NotHad(e),
         }
+        .into()
     })?;
     if let Some(signal) = events.pending_stop() {
         // Asked to stop while the last attempt ran: nobody will see the token.

@@ -11,10 +11,11 @@
 //! ```
 //!
 //! An example of embedding the library in a command-line tool, built on
-//! its public API only: `with_lock` and its watchdog keep a plain lock
-//! alive while the command runs ([`run`]), `try_acquire` in a loop whose
-//! pauses a signal cuts short waits for it ([`wait`]), and explicit tokens
-//! carry a lock across invocations ([`explicit`]). The exit codes are in
+//! its public API only: one-round attempts (`try_lock`, `try_acquire` and
+//! their fenced forms) in a loop whose pauses a signal cuts short wait for
+//! the lock ([`wait`]), the `LockGuard` and its watchdog keep it alive
+//! while the command runs and say when it is lost ([`run`]), and explicit
+//! tokens carry a lock across invocations ([`explicit`]). The exit codes are in
 //! [`exit`] and in each subcommand's `--help`.
 
 #![forbid(unsafe_code)]
@@ -23,8 +24,6 @@ mod args;
 mod events;
 mod exit;
 mod explicit;
-#[cfg(unix)]
-mod lease;
 mod nodes;
 #[cfg(unix)]
 mod run;

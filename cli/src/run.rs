@@ -1,7 +1,6 @@
 //! `redlock run`: take the lock, run the command under it, keep the lock
 //! alive meanwhile, stop the command if the lock is lost, release it after.
 
-use std::cell::Cell;
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::process::{Child, ExitStatus};
@@ -9,41 +8,21 @@ use std::time::{Duration, Instant, SystemTime};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use redlock_sync::{LockError, Token};
+use redlock_sync::{LockError, LockGuard};
 
 use crate::args::RunArgs;
 use crate::events::{Event, Events};
 use crate::exit::{self, Failure};
-use crate::lease::{self, Lease};
 use crate::nodes;
-use crate::wait::{keep_trying, round_ms, Patience, Tried};
-
-/// Why a run under `with_lock` stopped short: the library's error (while
-/// acquiring, or a loss it found), or the tool's own failure.
-enum RunError {
-    Lock(LockError),
-    Failed(Failure),
-}
-
-impl From<LockError> for RunError {
-    fn from(e: LockError) -> RunError {
-        RunError::Lock(e)
-    }
-}
-
-impl From<Failure> for RunError {
-    fn from(f: Failure) -> RunError {
-        RunError::Failed(f)
-    }
-}
+use crate::wait::{keep_trying, round_ms, Patience};
 
 /// Runs `redlock run`; returns the exit code.
 pub fn run(args: &RunArgs) -> Result<u8, Failure> {
     let take = &args.acquisition;
     let locks = nodes::client(&args.nodes, |builder| {
-        // One round per attempt: the tool waits between attempts itself.
+        // The watchdog retries a failed extension after a pause like the
+        // tool's between attempts.
         let builder = builder
-            .retry_count(0)
             .retry_delay(take.retry_delay)
             .retry_jitter(take.retry_delay / 2);
         match args.max_hold {
@@ -64,56 +43,28 @@ pub fn run(args: &RunArgs) -> Result<u8, Failure> {
     };
     let resource = args.resource.as_str();
 
-    if take.fenced {
-        let lock = keep_trying(&patience, &events, resource, || {
-            match locks.try_acquire_fenced(resource, take.ttl) {
-                Ok(lock) => Tried::Had(lock),
-                Err(e) => Tried::NotHad(e),
-            }
-        })?;
-        let token = *lock.token();
-        let fencing = lock.fencing_token();
-        let held = lease::hold(
-            &locks,
-            lock,
-            take.ttl,
-            args.max_hold,
-            take.retry_delay,
-            |lease| command.supervise(lease, &token, fencing, &events),
-        )
-        .map_err(|e| patience.failure(e))?;
-        let status = held.value?;
-        if !held.held {
-            return Err(lost_at_the_end(resource, &held.lost_reason));
+    // One round per attempt (`try_`): the tool waits between attempts
+    // itself, where a signal can cut the wait short.
+    let guard = keep_trying(&patience, &events, resource, || {
+        if take.fenced {
+            locks.try_lock_fenced(resource, take.ttl)
+        } else {
+            locks.try_lock(resource, take.ttl)
         }
-        if let Err(e @ LockError::Lost { .. }) = held.released {
-            return Err(lost_at_the_end(resource, &e.to_string()));
-        }
-        return Ok(exit::status_code(status));
-    }
-
-    let started = Cell::new(false);
-    let outcome = keep_trying(&patience, &events, resource, || {
-        let outcome = locks.with_lock(resource, take.ttl, |guard| {
-            started.set(true);
-            command
-                .supervise(guard, guard.token(), None, &events)
-                .map_err(RunError::Failed)
-        });
-        match outcome {
-            Err(RunError::Lock(e)) if !started.get() => Tried::NotHad(e),
-            other => Tried::Had(other),
-        }
+        .into()
     })?;
-    match outcome {
-        Ok(status) => Ok(exit::status_code(status)),
-        Err(RunError::Failed(failure)) => Err(failure),
+    let status = command.supervise(&guard, &events);
+    // Released before any message is printed: whatever happened, the lock
+    // is not kept a moment longer than the command.
+    let released = guard.unlock();
+    let status = status?;
+    match released {
         // The command ended by itself, but the lock was lost at some
         // moment while it ran, or was gone at the release.
-        Err(RunError::Lock(e @ LockError::Lost { .. })) => {
-            Err(lost_at_the_end(resource, &e.to_string()))
-        }
-        Err(RunError::Lock(e)) => Err(patience.failure(e)),
+        Err(e @ LockError::Lost { .. }) => Err(lost_at_the_end(resource, &e.to_string())),
+        // A release that reached too few nodes leaves keys that expire
+        // within the TTL: the command's run was still covered.
+        _ => Ok(exit::status_code(status)),
     }
 }
 
@@ -152,16 +103,11 @@ struct Loss {
 
 impl Command<'_> {
     /// Starts the command with the lock's token in its environment, passes
-    /// stop signals on to it, and waits for it to end. If `lease` is lost
-    /// meanwhile, the command gets SIGTERM, and SIGKILL `kill_after`
-    /// later; that is a [`Failure`] with the lock-lost code.
-    fn supervise(
-        &self,
-        lease: &dyn Lease,
-        token: &Token,
-        fencing: Option<u64>,
-        events: &Events,
-    ) -> Result<ExitStatus, Failure> {
+    /// stop signals on to it, and waits for it to end. If `guard`'s lock is
+    /// lost meanwhile (the watchdog keeps it alive until then), the command
+    /// gets SIGTERM, and SIGKILL `kill_after` later; that is a [`Failure`]
+    /// with the lock-lost code.
+    fn supervise(&self, guard: &LockGuard, events: &Events) -> Result<ExitStatus, Failure> {
         if let Some(signal) = events.pending_stop() {
             return Err(Failure::interrupted(signal, "before the command started"));
         }
@@ -170,8 +116,8 @@ impl Command<'_> {
         command
             .args(&self.argv[1..])
             .env("REDLOCK_RESOURCE", self.resource)
-            .env("REDLOCK_TOKEN", token.to_string());
-        match fencing {
+            .env("REDLOCK_TOKEN", guard.token().to_string());
+        match guard.fencing_token() {
             Some(fencing) => command.env("REDLOCK_FENCING_TOKEN", fencing.to_string()),
             // An outer run's token must not pass for this lock's.
             None => command.env_remove("REDLOCK_FENCING_TOKEN"),
@@ -206,7 +152,7 @@ impl Command<'_> {
             }
             let now = Instant::now();
             match &mut loss {
-                None if lease.is_held() => capped = capped || lease.is_ending(),
+                None if guard.is_held() => capped = capped || guard.is_ending(),
                 None => {
                     send(&child, Signal::SIGTERM);
                     loss = Some(Loss {
@@ -215,7 +161,12 @@ impl Command<'_> {
                         reason: if capped {
                             "it was held for --max-hold and not extended further".to_string()
                         } else {
-                            lease.lost_reason()
+                            // Not held: `check` says why.
+                            guard
+                                .check()
+                                .err()
+                                .map(|e| e.to_string())
+                                .unwrap_or_default()
                         },
                         kill_at: now.checked_add(self.kill_after).unwrap_or(now),
                         killed: false,

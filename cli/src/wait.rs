@@ -1,10 +1,10 @@
 //! Waiting for a lock: one attempt at a time, with pauses that a signal
 //! cuts short.
 //!
-//! The library's `acquire` sleeps between its retries where no signal can
-//! reach it, so the tool runs one-round attempts (`try_acquire`, or
-//! `with_lock` on a client without retries) in this loop instead, and
-//! pauses by waiting for a signal with a timeout.
+//! The library's `acquire` and `lock` sleep between their retries where no
+//! signal can reach them, so the tool runs one-round attempts
+//! (`try_acquire`, `try_lock` and their fenced forms) in this loop
+//! instead, and pauses by waiting for a signal with a timeout.
 
 use std::time::{Duration, Instant};
 
@@ -54,6 +54,16 @@ pub enum Tried<T> {
     Had(T),
     /// The lock was not had, for this reason.
     NotHad(LockError),
+}
+
+impl<T> From<Result<T, LockError>> for Tried<T> {
+    /// A one-round attempt's result: had, or not had for its error.
+    fn from(attempt: Result<T, LockError>) -> Tried<T> {
+        match attempt {
+            Ok(value) => Tried::Had(value),
+            Err(e) => Tried::NotHad(e),
+        }
+    }
 }
 
 /// Runs `attempt` until it has the lock, fails for a reason that waiting

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use redlock_sync::testing::Cluster;
 
-/// The two ways `run` keeps the lock alive: the library's `with_lock`
-/// watchdog (plain) and the tool's keeper (`--fenced`).
+/// The two kinds of lock `run` holds, both kept alive by the library's
+/// `LockGuard`: plain (`try_lock`) and `--fenced` (`try_lock_fenced`).
 const MODES: [&[&str]; 2] = [&[], &["--fenced"]];
 
 /// A `redlock run` whose command holds `resource` until [`finish`](Self::finish).
@@ -400,4 +400,34 @@ fn sigterm_while_the_command_runs_is_passed_on_and_the_lock_released() {
     );
     assert_eq!(read(&got), "TERM\n", "the command got the signal");
     assert_eq!(keys_on(&cluster, "job"), 0, "the lock is released");
+}
+
+#[test]
+fn fenced_runs_in_turn_see_growing_fencing_tokens_and_leave_no_key() {
+    let cluster = cluster(3);
+    let seen = scratch(&cluster, "fencing");
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
+        let out = output(
+            redlock("run", &cluster)
+                .args(["--fenced", "--no-wait", "ledger", "--"])
+                .args(sh(&format!(
+                    "echo \"$REDLOCK_FENCING_TOKEN\" > '{}'",
+                    seen.display()
+                ))),
+        );
+        assert_eq!(code(&out), 0, "stderr: {}", text(&out.stderr));
+        let token: u64 = read(&seen)
+            .trim()
+            .parse()
+            .expect("REDLOCK_FENCING_TOKEN is a number");
+        tokens.push(token);
+        // `--no-wait` would have failed had the last run left its key:
+        // each run releases before it exits.
+        assert_eq!(keys_on(&cluster, "ledger"), 0, "released at the end");
+    }
+    assert!(
+        tokens.windows(2).all(|pair| pair[0] < pair[1]),
+        "each fenced run gets a larger fencing token: {tokens:?}"
+    );
 }
