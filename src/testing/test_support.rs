@@ -22,7 +22,13 @@ pub(super) fn read_line<S: Read>(stream: &mut S) -> io::Result<String> {
     let mut line = Vec::new();
     let mut byte = [0u8; 1];
     while !line.ends_with(b"\r\n") {
-        match stream.read(&mut byte)? {
+        // A read with a timeout can end early with EINTR after the process
+        // was stopped and continued (no handler needed on Linux): read on.
+        let read = match stream.read(&mut byte) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            read => read?,
+        };
+        match read {
             0 => {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
