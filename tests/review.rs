@@ -70,3 +70,25 @@ fn two_threads_failed_attempts_leave_no_keys_behind_once_slow_nodes_answer_again
         },
     );
 }
+
+#[test]
+fn a_bad_node_url_never_shows_a_password_given_in_the_wrong_place() {
+    // A password without its colon (which the crate's own hints call a
+    // misplaced password), and a Unix socket's `pass` with its name
+    // percent-encoded (the redis crate decodes query names).
+    for url in [
+        "redis://s3cret@127.0.0.1:0",
+        "redis+unix:///tmp/x.sock?pa%73s=s3cret&db=x",
+    ] {
+        let err = Redlock::new([url]).expect_err("a bad URL is refused");
+        let (shown, debug) = (err.to_string(), format!("{err:?}"));
+        assert!(
+            !shown.contains("s3cret"),
+            "{url}: the password shows: {shown}"
+        );
+        assert!(
+            !debug.contains("s3cret"),
+            "{url}: the password shows: {debug}"
+        );
+    }
+}
