@@ -92,3 +92,75 @@ fn a_bad_node_url_never_shows_a_password_given_in_the_wrong_place() {
         );
     }
 }
+
+#[test]
+#[ignore = "bug in node/connect.rs + transport.rs: Stream::unix connects with no time bound; \
+            std's UnixStream has no connect_timeout, so the fix is not small"]
+fn a_unix_socket_node_whose_listen_backlog_is_full_costs_a_round_no_more_than_its_deadline() {
+    use std::os::unix::net::UnixStream;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    let nodes = redlock_sync::testing::Cluster::start_unix(3).expect("3 unix-socket nodes");
+    let locks = Redlock::builder(nodes.urls())
+        .retry_count(0)
+        .io_timeout(IO_TIMEOUT)
+        .connect_timeout(IO_TIMEOUT)
+        .build()
+        .unwrap();
+    // A stopped server accepts nothing: once its listen backlog is full, a
+    // blocking connect to its socket waits until the server runs again.
+    let stopped = nodes.node(0);
+    let path = stopped.url().replace("redis+unix://", "");
+    stopped.pause().unwrap();
+    let queued = Arc::new(AtomicUsize::new(0));
+    let filler = {
+        let (queued, path) = (Arc::clone(&queued), path.clone());
+        thread::spawn(move || {
+            let mut held = Vec::new();
+            while held.len() < 4096 {
+                match UnixStream::connect(&path) {
+                    Ok(s) => held.push(s),
+                    Err(_) => break,
+                }
+                queued.fetch_add(1, Ordering::SeqCst);
+            }
+            held
+        })
+    };
+    // The backlog is full once the filler's connects stop going through.
+    let mut last = (0, Instant::now());
+    wait_until(
+        Duration::from_secs(10),
+        "the stopped node's backlog is full",
+        || {
+            let now = queued.load(Ordering::SeqCst);
+            if now != last.0 {
+                last = (now, Instant::now());
+            }
+            now > 0 && last.1.elapsed() > Duration::from_millis(500)
+        },
+    );
+    let round = {
+        let locks = locks.clone();
+        thread::spawn(move || locks.try_acquire("backlog", TTL))
+    };
+    // One round: io_timeout, plus a generous allowance for a busy machine.
+    let bound = Instant::now() + Duration::from_secs(3);
+    while !round.is_finished() && Instant::now() < bound {
+        thread::sleep(Duration::from_millis(10));
+    }
+    let finished = round.is_finished();
+    stopped.resume().unwrap();
+    drop(filler.join().unwrap());
+    let result = round.join().unwrap();
+    assert!(
+        finished,
+        "try_acquire was still blocked 3 s into a round whose deadline is {IO_TIMEOUT:?} \
+         (it returned {result:?} only once the node ran again)"
+    );
+    if let Ok(lock) = result {
+        locks.release(lock).unwrap();
+    }
+}
