@@ -532,6 +532,7 @@ impl Redlock {
         retries: u32,
     ) -> Result<(), LockError> {
         let ttl_ms = self.check_ttl(ttl)?;
+        self.inner.waiters.close_if_idle();
         // Redis is given whole milliseconds: measure validity on the same.
         let ttl = Duration::from_millis(ttl_ms);
         let cmd = Command::script(
@@ -605,6 +606,7 @@ impl Redlock {
         resources: &[String],
         token: &Token,
     ) -> Result<Report, LockError> {
+        self.inner.waiters.close_if_idle();
         let tally = self.release_round(resources, token);
         if tally.report.granted() > 0 {
             // This client's own waiters need not hear it from a node.

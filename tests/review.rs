@@ -5,7 +5,7 @@ mod common;
 use std::thread;
 use std::time::Duration;
 
-use common::{cluster, values, wait_until};
+use common::{cluster, listeners, values, wait_until};
 use redlock_sync::testing::{Fault, Proxy};
 use redlock_sync::{LockError, Redlock};
 
@@ -163,4 +163,39 @@ fn a_unix_socket_node_whose_listen_backlog_is_full_costs_a_round_no_more_than_it
     if let Ok(lock) = result {
         locks.release(lock).unwrap();
     }
+}
+
+#[test]
+fn the_subscription_line_closes_at_the_next_operation_once_no_thread_waited_for_a_while() {
+    let nodes = cluster(3);
+    let holder = Redlock::new(nodes.urls()).unwrap();
+    let locks = Redlock::builder(nodes.urls())
+        .retry_count(20)
+        .retry_delay(Duration::from_secs(4))
+        .retry_jitter(Duration::ZERO)
+        .io_timeout(Duration::from_millis(300))
+        .connect_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let held = holder.acquire("idle-line", TTL).unwrap();
+    let waiting = {
+        let locks = locks.clone();
+        thread::spawn(move || locks.acquire("idle-line", TTL).unwrap())
+    };
+    wait_until(Duration::from_secs(5), "the waiter listens", || {
+        (0..3).any(|i| listeners(&nodes, i, "idle-line") > 0)
+    });
+    holder.release(held).unwrap();
+    // The waiter now holds the lock and keeps it, extending it: the
+    // client's operations go on, but no thread waits any more.
+    let mut lock = waiting.join().unwrap();
+    wait_until(
+        Duration::from_secs(5),
+        "the idle subscription line was closed",
+        || {
+            locks.extend(&mut lock, TTL).unwrap();
+            (0..3).all(|i| listeners(&nodes, i, "idle-line") == 0)
+        },
+    );
+    locks.release(lock).unwrap();
 }
