@@ -79,6 +79,8 @@ fn a_bad_node_url_never_shows_a_password_given_in_the_wrong_place() {
     for url in [
         "redis://s3cret@127.0.0.1:0",
         "redis+unix:///tmp/x.sock?pa%73s=s3cret&db=x",
+        // A scheme mistyped (one slash): no "://" at all.
+        "redis:/:s3cret@127.0.0.1:6379",
     ] {
         let err = Redlock::new([url]).expect_err("a bad URL is refused");
         let (shown, debug) = (err.to_string(), format!("{err:?}"));

@@ -296,9 +296,9 @@ fn unix_route(_: &Path) -> Route {
 /// The URL with any password replaced by `***`, for error messages: the
 /// one before the `@`, and a Unix socket URL's `pass=`.
 pub(crate) fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_string();
-    };
+    // Without a "://" (a mistyped scheme, say) the text may still hold a
+    // password before an '@': read it all as the address.
+    let scheme_end = url.find("://").map_or(0, |i| i + 3);
     let rest = &url[scheme_end..];
     // The last '@' anywhere, not only in the authority: a password may hold
     // a raw '/', '?' or '#', and the error for that malformed URL must
