@@ -201,3 +201,38 @@ fn the_subscription_line_closes_at_the_next_operation_once_no_thread_waited_for_
     );
     locks.release(lock).unwrap();
 }
+
+#[test]
+#[ignore = "bug in node/connect.rs (+ shared.rs's backoff): a connect cut short by the round's \
+            deadline starts the node's reconnect backoff; the fix weighs the stopped-node \
+            protection, so it is left to the owners"]
+fn a_connect_cut_short_by_the_rounds_deadline_does_not_bar_the_node_from_the_next_round() {
+    let nodes = cluster(3);
+    let proxies = nodes.proxies().expect("a proxy per node");
+    // Node 0's handshake replies (SCRIPT LOAD, INFO server: kilobytes) come
+    // a byte a millisecond: far past the round's 100 ms, well within the
+    // 5 s connect timeout.
+    proxies[0].set_fault(Fault::TrickleReplies(Duration::from_millis(1)));
+    let locks = Redlock::builder(proxies.iter().map(Proxy::url))
+        .retry_count(0)
+        .io_timeout(IO_TIMEOUT)
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let first = locks
+        .try_acquire("cut-short", TTL)
+        .expect("nodes 1 and 2 grant");
+    locks.release(first).unwrap();
+    proxies[0].set_fault(Fault::None);
+    // The node is healthy now, and no connect of it ever used up the
+    // connect timeout: the next round connects it.
+    let lock = locks.try_acquire("cut-short-2", TTL).expect("granted");
+    let node0 = &lock.report().nodes[0];
+    assert!(
+        node0.outcome == redlock_sync::NodeOutcome::Granted,
+        "{}: {} (its first connect was cut short by the round, not by the connect timeout)",
+        node0.node,
+        node0.outcome
+    );
+    locks.release(lock).unwrap();
+}
