@@ -203,6 +203,46 @@ fn the_subscription_line_closes_at_the_next_operation_once_no_thread_waited_for_
 }
 
 #[test]
+fn a_full_server_with_a_password_is_not_reported_as_refusing_the_password() {
+    use redlock_sync::{NodeError, NodeOutcome};
+    use std::net::TcpStream;
+
+    let nodes = cluster(3);
+    for node in nodes.nodes() {
+        node.query(&["CONFIG", "SET", "requirepass", "pw", "maxclients", "1"])
+            .expect("CONFIG SET");
+    }
+    // One connection each fills the servers: the next one is told
+    // "-ERR max number of clients reached" before it sends anything.
+    let fillers: Vec<TcpStream> = nodes
+        .nodes()
+        .iter()
+        .map(|n| TcpStream::connect(("127.0.0.1", n.port().unwrap())).unwrap())
+        .collect();
+    let urls = nodes
+        .urls()
+        .into_iter()
+        .map(|u| u.replace("redis://", "redis://:pw@"));
+    let locks = Redlock::builder(urls)
+        .retry_count(0)
+        .io_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let err = locks.try_acquire("full", TTL).unwrap_err();
+    let report = err.report().expect("a report");
+    for node in &report.nodes {
+        assert!(
+            !matches!(node.outcome, NodeOutcome::Failed(NodeError::Auth { .. })),
+            "{}: a full server is blamed on the password: {}",
+            node.node,
+            node.outcome
+        );
+    }
+    drop(fillers);
+}
+
+#[test]
 #[ignore = "bug in node/connect.rs (+ shared.rs's backoff): a connect cut short by the round's \
             deadline starts the node's reconnect backoff; the fix weighs the stopped-node \
             protection, so it is left to the owners"]
