@@ -532,6 +532,7 @@ impl Redlock {
         retries: u32,
     ) -> Result<(), LockError> {
         let ttl_ms = self.check_ttl(ttl)?;
+        self.inner.waiters.close_if_idle();
         // Redis is given whole milliseconds: measure validity on the same.
         let ttl = Duration::from_millis(ttl_ms);
         let cmd = Command::script(
@@ -605,6 +606,7 @@ impl Redlock {
         resources: &[String],
         token: &Token,
     ) -> Result<Report, LockError> {
+        self.inner.waiters.close_if_idle();
         let tally = self.release_round(resources, token);
         if tally.report.granted() > 0 {
             // This client's own waiters need not hear it from a node.
@@ -869,4 +871,57 @@ fn outcome(
 fn later(t: Instant, d: Duration) -> Instant {
     t.checked_add(d)
         .unwrap_or_else(|| t + Duration::from_secs(365 * 86_400))
+}
+
+#[cfg(all(test, feature = "testing"))]
+mod tests {
+    use super::*;
+    use crate::testing::Cluster;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Whether no thread of `locks` is counted awake on its pace: true
+    /// whenever no operation is under way.
+    fn pace_idle(locks: &Redlock) -> bool {
+        let pace = locks.inner.nodes[0].pace();
+        pace.hold();
+        pace.release()
+    }
+
+    #[test]
+    fn the_pace_counts_no_thread_awake_once_rounds_that_met_noscript_are_over() {
+        let cluster = Cluster::start(3).expect("3 redis-server nodes");
+        let locks = Redlock::builder(cluster.urls())
+            .io_timeout(Duration::from_secs(1))
+            .connect_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for t in 0..16 {
+                let (locks, stop) = (&locks, &stop);
+                s.spawn(move || {
+                    let resource = format!("pace-{t}");
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Ok(lock) = locks.try_acquire(&resource, Duration::from_secs(10)) {
+                            let _ = locks.release(lock);
+                        }
+                    }
+                });
+            }
+            // Every flush makes the releases in flight answer NOSCRIPT, and
+            // their threads send them again as EVAL within the round.
+            for _ in 0..200 {
+                for node in cluster.nodes() {
+                    let _ = node.query(&["SCRIPT", "FLUSH"]);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        assert!(
+            pace_idle(&locks),
+            "a thread is still counted awake with no round under way: \
+             queued commands now wait out FLUSH_GRACE in every round"
+        );
+    }
 }

@@ -234,7 +234,14 @@ impl Node {
             return reply;
         }
         let ticket = self.submit_eval(cmd, deadline, connect_timeout)?;
-        let reply = self.wait_raw(ticket, deadline, connect_timeout, held);
+        // A thread holds the pace once, however many of its replies woke
+        // it: a second hold would never be let go, and every later round's
+        // queued commands would wait out their grace.
+        let mut woken = false;
+        let reply = self.wait_raw(ticket, deadline, connect_timeout, &mut woken);
+        if woken && std::mem::replace(held, true) {
+            self.pace().release();
+        }
         self.note_script(ticket, script.bit, &reply);
         reply
     }

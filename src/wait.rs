@@ -404,6 +404,17 @@ impl Waiters {
         self.lock()
     }
 
+    /// Closes the line if no thread has waited for [`LINGER`]: for the
+    /// client's operations that do not [`watch`](Self::watch) (extensions
+    /// and releases), so that a client that stopped waiting and goes on
+    /// only holding its locks does not keep the line open. Costs nothing
+    /// while the client has no line.
+    pub(crate) fn close_if_idle(&self) {
+        if self.active.load(Ordering::Acquire) {
+            self.tidy(&mut self.lock(), Instant::now());
+        }
+    }
+
     /// Closes the line once no thread has waited for [`LINGER`].
     fn tidy(&self, st: &mut State, now: Instant) {
         let idle = st

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{cluster, holders, wait_until};
+use common::{cluster, holders, listeners, wait_until};
 use redlock_sync::testing::{Cluster, Fault, Proxy};
 use redlock_sync::{Lock, Redlock, RedlockBuilder};
 
@@ -31,18 +31,6 @@ fn patient(urls: Vec<String>) -> RedlockBuilder {
         .retry_jitter(Duration::ZERO)
         .io_timeout(Duration::from_millis(300))
         .connect_timeout(Duration::from_millis(300))
-}
-
-/// How many connections listen for releases of `resource` on node `i`.
-fn listeners(cluster: &Cluster, i: usize, resource: &str) -> i64 {
-    let channel = format!("redlock-sync:released:{resource}");
-    match cluster.node(i).query(&["PUBSUB", "NUMSUB", &channel]) {
-        Ok(redis::Value::Array(parts)) => match parts.get(1) {
-            Some(redis::Value::Int(n)) => *n,
-            _ => 0,
-        },
-        _ => 0,
-    }
 }
 
 /// Waits until some node among `among` has a listener for `resource`.

@@ -114,7 +114,9 @@ impl Connector {
         let mut scripts = script::ALL_SCRIPTS;
         for i in 0..self.endpoint.checked_replies + self.endpoint.script_replies {
             if let Value::ServerError(e) = recv(&mut writer)? {
-                let refused_auth = i == 0 && self.endpoint.sends_auth;
+                // A full server turns the connection away before it reads
+                // anything: that error is not an answer to our AUTH.
+                let refused_auth = i == 0 && self.endpoint.sends_auth && !is_server_full(&e);
                 if refused_auth || is_auth_error(&e) {
                     return Err(self.auth_failure(&e));
                 }
@@ -210,6 +212,13 @@ impl Connector {
 /// the credentials were wrong (whatever command it answers).
 fn is_auth_error(e: &redis::ServerError) -> bool {
     matches!(e.code(), "NOAUTH" | "WRONGPASS")
+}
+
+/// Whether an error reply is the server turning a new connection away
+/// because it has `maxclients` connections already.
+fn is_server_full(e: &redis::ServerError) -> bool {
+    e.details()
+        .is_some_and(|details| details.starts_with("max number of clients reached"))
 }
 
 /// An error reply as the server wrote it: its code, then its details.

@@ -296,18 +296,20 @@ fn unix_route(_: &Path) -> Route {
 /// The URL with any password replaced by `***`, for error messages: the
 /// one before the `@`, and a Unix socket URL's `pass=`.
 pub(crate) fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_string();
-    };
+    // Without a "://" (a mistyped scheme, say) the text may still hold a
+    // password before an '@': read it all as the address.
+    let scheme_end = url.find("://").map_or(0, |i| i + 3);
     let rest = &url[scheme_end..];
     // The last '@' anywhere, not only in the authority: a password may hold
     // a raw '/', '?' or '#', and the error for that malformed URL must
     // still hide it.
     let shown = match rest.rfind('@') {
-        Some(at) => {
-            let user = rest[..at].split(':').next().unwrap_or("");
-            format!("{}{user}:***{}", &url[..scheme_end], &rest[at..])
-        }
+        // Without a ':' the one name there may be a password whose colon
+        // was left out (`redis://secret@host`): hide it too.
+        Some(at) => match rest[..at].split_once(':') {
+            Some((user, _)) => format!("{}{user}:***{}", &url[..scheme_end], &rest[at..]),
+            None => format!("{}***{}", &url[..scheme_end], &rest[at..]),
+        },
         // An address that starts with ':' is a password whose '@' was
         // left out: hide the whole address.
         None if rest.starts_with(':') => {
@@ -322,11 +324,37 @@ pub(crate) fn redact(url: &str) -> String {
     let query: Vec<&str> = query
         .split('&')
         .map(|pair| match pair.split_once('=') {
-            Some(("pass", _)) => "pass=***",
+            // The redis crate decodes the name: `pa%73s` is `pass` too.
+            Some((name, _)) if percent_decoded(name) == b"pass" => "pass=***",
             _ => pair,
         })
         .collect();
     format!("{head}?{}", query.join("&"))
+}
+
+/// `text` with its `%XX` escapes decoded.
+fn percent_decoded(text: &str) -> Vec<u8> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = bytes
+            .get(i + 1..i + 3)
+            .and_then(|hex| std::str::from_utf8(hex).ok())
+            .filter(|_| bytes[i] == b'%')
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(byte) => {
+                out.push(byte);
+                i += 3;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -109,6 +109,18 @@ pub fn holders(cluster: &Cluster, lock: &Lock) -> usize {
         .count()
 }
 
+/// How many connections listen for releases of `resource` on node `i`.
+pub fn listeners(cluster: &Cluster, i: usize, resource: &str) -> i64 {
+    let channel = format!("redlock-sync:released:{resource}");
+    match cluster.node(i).query(&["PUBSUB", "NUMSUB", &channel]) {
+        Ok(redis::Value::Array(parts)) => match parts.get(1) {
+            Some(redis::Value::Int(n)) => *n,
+            _ => 0,
+        },
+        _ => 0,
+    }
+}
+
 /// Waits until `cond` holds, polling every few milliseconds; panics with
 /// `what` after `limit`.
 pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
