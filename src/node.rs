@@ -294,6 +294,12 @@ impl Node {
         self.shared.backlogged(ticket)
     }
 
+    /// Whether the request `ticket` is on the wire (not still queued, nor
+    /// lost with its connection before it was written).
+    pub(crate) fn written(&self, ticket: Ticket) -> bool {
+        self.shared.written(ticket)
+    }
+
     /// Sends `cmd` (a release after a failed attempt) first thing on the
     /// node's next connection, unless `until` passed by then: for a
     /// clean-up that could not be sent now.

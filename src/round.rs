@@ -309,7 +309,15 @@ pub(crate) fn send_only(
     // by side, so that the clean-up costs one connect timeout at most.
     let (connecting, connected) = by_connect(nodes, &ask);
     let send = |i: usize| match nodes[i].submit_eval(cmd, deadline, connect_timeout) {
-        Ok(ticket) => nodes[i].abandon(ticket),
+        Ok(ticket) => {
+            // Queued behind another thread's write or connect, it may yet
+            // be lost with that connection: owe it too (a release sent
+            // twice is harmless, its token guards it).
+            if !nodes[i].written(ticket) {
+                nodes[i].owe(cmd, owed_until);
+            }
+            nodes[i].abandon(ticket);
+        }
         Err(_) => nodes[i].owe(cmd, owed_until),
     };
     connected.into_iter().for_each(send);

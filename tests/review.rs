@@ -13,8 +13,6 @@ const TTL: Duration = Duration::from_secs(30);
 const IO_TIMEOUT: Duration = Duration::from_millis(100);
 
 #[test]
-#[ignore = "bug in round::send_only / shared::submit (under rework): a clean-up queued behind \
-            another thread's connect is lost when that connect times out, and is not owed"]
 fn two_threads_failed_attempts_leave_no_keys_behind_once_slow_nodes_answer_again() {
     let nodes = cluster(5);
     let proxies = nodes.proxies().expect("a proxy per node");

@@ -261,6 +261,14 @@ impl Shared {
         Ok(ticket)
     }
 
+    /// Whether the request `ticket` is on the wire: false while it waits in
+    /// the outbox (another thread writing, or connecting), and for good once
+    /// its connection ended before it was written.
+    pub(super) fn written(&self, ticket: Ticket) -> bool {
+        let link = self.lock();
+        link.epoch == ticket.epoch && ticket.seq < link.conn.written
+    }
+
     /// Writes what is queued, unless another thread is writing (which
     /// writes it before it lets go).
     pub(super) fn flush(
