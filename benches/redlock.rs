@@ -48,7 +48,7 @@ for _, key in ipairs(KEYS) do\n  \
 if redis.call('get', key) == ARGV[1] then\n    \
 local d = redis.call('del', key)\n    \
 if d == 1 then\n      \
-redis.pcall('publish', 'redlock-sync:released:' .. key, ARGV[1])\n    \
+redis.pcall('publish', 'redlock-sync:released:' .. key, (ARGV[2] or '') .. ARGV[1])\n    \
 end\n    \
 n = n + d\n  \
 end\n\

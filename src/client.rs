@@ -433,11 +433,15 @@ impl Redlock {
         // The pause under way, if a wake-up cut it short: its end, and
         // whether the wait budget ends it.
         let mut pause: Option<(Instant, bool)> = None;
+        // A clean-up's message woke this pause once already, in vain: the
+        // rest of the pause waits for a holder's release only.
+        let mut deaf_to_clean_ups = false;
         loop {
             // An attempt that starts once the pause is over is the retry
             // the policy counts, however it was woken.
             if pause.is_none_or(|(end, _)| Instant::now() >= end) {
                 pause = None;
+                deaf_to_clean_ups = false;
                 attempts += 1;
             }
             // A fresh token each attempt: no attempt can be mistaken for an
@@ -460,7 +464,8 @@ impl Redlock {
             // awaited: release there before trying again or giving up.
             self.clean_up(&resources, &token, ttl, &tally.report);
             let nodes = &tally.report.nodes;
-            (self.inner.waiters).cleaned_up(&resources, &token.hex(), |i| {
+            let echo = [script::CLEAN_UP_MARK, &token.hex()].concat();
+            (self.inner.waiters).cleaned_up(&resources, &echo, |i| {
                 nodes[i].outcome != NodeOutcome::Refused
             });
             // Wait out the pause, or less if a release is heard of first;
@@ -485,7 +490,15 @@ impl Redlock {
                 }
             };
             let inner = &*self.inner;
-            let wake = (inner.waiters).wait(&inner.nodes, &inner.config, &resources, watch, until);
+            let wake = (inner.waiters).wait(
+                &inner.nodes,
+                &inner.config,
+                &resources,
+                watch,
+                until,
+                deaf_to_clean_ups,
+            );
+            deaf_to_clean_ups |= wake == Wake::CleanedUp;
             pause = (wake != Wake::TimedOut).then_some((until, last));
             if last && wake == Wake::TimedOut {
                 return Err(tally.error(&resources[0], attempts, ttl));
@@ -644,7 +657,12 @@ impl Redlock {
     /// while a key set with `ttl` could still be there.
     fn clean_up(&self, resources: &[String], token: &Token, ttl: Duration, report: &Report) {
         let inner = &*self.inner;
-        let cmd = Command::script(&script::RELEASE, resources, &[&token.hex()]);
+        // Marked, so that waiters tell it from a holder's release.
+        let cmd = Command::script(
+            &script::RELEASE,
+            resources,
+            &[&token.hex(), script::CLEAN_UP_MARK],
+        );
         let now = Instant::now();
         round::send_only(
             &inner.nodes,

@@ -25,6 +25,11 @@ pub(crate) struct Script {
 /// no application channel is mistaken for one.
 pub(crate) const RELEASED_CHANNEL_PREFIX: &str = "redlock-sync:released:";
 
+/// What a clean-up after a failed attempt passes as the release script's
+/// second argument: its message is the token behind this mark, so waiters
+/// can tell it from a holder's release.
+pub(crate) const CLEAN_UP_MARK: &[u8] = b"c:";
+
 /// Deletes each key whose value is our token; returns how many it deleted.
 /// The node still held the lock when that equals the number of keys.
 /// For one key this is the classic `if get == token then del` script.
@@ -44,13 +49,13 @@ pub(crate) const RELEASE: Script = Script {
              if redis.call('get', key) == ARGV[1] then\n    \
                local d = redis.call('del', key)\n    \
                if d == 1 then\n      \
-                 redis.pcall('publish', 'redlock-sync:released:' .. key, ARGV[1])\n    \
+                 redis.pcall('publish', 'redlock-sync:released:' .. key, (ARGV[2] or '') .. ARGV[1])\n    \
                end\n    \
                n = n + d\n  \
              end\n\
            end\n\
            return n",
-    sha: "7ae99642ffb37437f81bb92fe354c24592109e38",
+    sha: "9895f8903adbb72fc3f72435368560c826599328",
 };
 
 /// Sets a new TTL (ARGV[2], milliseconds) on every key if, and only if, every
@@ -272,8 +277,9 @@ mod tests {
 
     #[test]
     fn the_release_script_publishes_on_the_channels_waiters_listen_on() {
-        let publish =
-            format!("redis.pcall('publish', '{RELEASED_CHANNEL_PREFIX}' .. key, ARGV[1])");
+        let publish = format!(
+            "redis.pcall('publish', '{RELEASED_CHANNEL_PREFIX}' .. key, (ARGV[2] or '') .. ARGV[1])"
+        );
         assert!(RELEASE.body.contains(&publish), "{}", RELEASE.body);
     }
 

@@ -61,7 +61,7 @@ use std::time::{Duration, Instant};
 use crate::client::config::Config;
 use crate::error::Failure;
 use crate::node::{Event, Listener, Node, Sender};
-use crate::script::RELEASED_CHANNEL_PREFIX;
+use crate::script::{CLEAN_UP_MARK, RELEASED_CHANNEL_PREFIX};
 
 /// How long a channel stays subscribed, and the line open, after the last
 /// thread that waited on it left: back-to-back waits (the usual case under
@@ -101,6 +101,10 @@ pub(crate) struct Waiters {
 pub(crate) enum Wake {
     /// A node said a resource was released.
     Released,
+    /// A node said another client's failed attempt gave a resource's key
+    /// back (its clean-up): a weaker hint, as that attempt may have lost to
+    /// a holder that still holds the lock.
+    CleanedUp,
     /// This client released a resource.
     ReleasedHere,
     /// The subscription became ready after the attempt started: a release
@@ -155,6 +159,11 @@ struct Waiter {
     /// The `PING` whose answer is still to come before messages count for
     /// this waiter.
     marker: Option<u64>,
+    /// Clean-up messages do not wake it: one already did in this pause,
+    /// and the attempt it brought failed. (Two waiting clients whose
+    /// clean-ups wake each other would otherwise try again and again while
+    /// the lock stays held.)
+    deaf_to_clean_ups: bool,
 }
 
 /// The subscription connection.
@@ -307,6 +316,7 @@ impl Waiters {
         resources: &[String],
         watch: Watch,
         until: Instant,
+        deaf_to_clean_ups: bool,
     ) -> Wake {
         let mut st = self.lock();
         if st.unsupported {
@@ -317,6 +327,9 @@ impl Waiters {
         self.active.store(true, Ordering::Release);
         st.idle_since = None;
         let id = st.register(resources, watch, Instant::now(), config.io_timeout);
+        if let Some(waiter) = st.waiters.iter_mut().find(|w| w.id == id) {
+            waiter.deaf_to_clean_ups = deaf_to_clean_ups;
+        }
         let wake = loop {
             if let Some(wake) = st.woken(id) {
                 break wake;
@@ -355,7 +368,7 @@ impl Waiters {
         drop(st);
         // The reader role may be free now, and others may be woken.
         self.changed.notify_all();
-        if wake == Wake::Released {
+        if matches!(wake, Wake::Released | Wake::CleanedUp) {
             let spread = random_below(WAKE_SPREAD);
             let left = until.saturating_duration_since(Instant::now());
             std::thread::sleep(spread.min(left));
@@ -466,6 +479,7 @@ impl State {
             woken: None,
             needs_confirm: false,
             marker: None,
+            deaf_to_clean_ups: false,
         };
         let here = resources
             .iter()
@@ -689,6 +703,15 @@ impl State {
                 let Some(resource) = resource_of(&channel) else {
                     return false;
                 };
+                if payload.starts_with(CLEAN_UP_MARK) {
+                    // A weaker hint: it moves no stamp (a waiter that
+                    // registers after it does not wake for it), and wakes
+                    // only a waiter that no clean-up woke in vain yet.
+                    return self.channels.contains_key(&resource)
+                        && self.wake_one(&resource, Wake::CleanedUp, |w| {
+                            !w.needs_confirm && w.marker.is_none() && !w.deaf_to_clean_ups
+                        });
+                }
                 let stamp = self.next_stamp();
                 let Some(channel) = self.channels.get_mut(&resource) else {
                     return false;

@@ -336,8 +336,6 @@ fn sets_run(nodes: &redlock_sync::testing::Cluster, i: usize) -> u64 {
 }
 
 #[test]
-#[ignore = "bug in wait.rs: waiters of two clients wake each other with their own clean-ups' \
-            messages, attempt after attempt, while the lock stays held"]
 fn waiters_of_two_clients_do_not_wake_each_other_in_a_loop_while_the_lock_is_held() {
     let nodes = cluster(3);
     let holder = Redlock::new(nodes.urls()).unwrap();

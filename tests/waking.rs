@@ -138,7 +138,7 @@ fn a_waiter_still_acquires_after_the_holder_dies_without_releasing() {
         .acquire("orphan", TTL)
         .expect("acquired once it expired");
     assert!(Instant::now() >= expires, "acquired before the key expired");
-    assert_eq!(holders(&nodes, &lock), 3);
+    assert!(holders(&nodes, &lock) >= 2, "a quorum holds the token");
     locks.release(lock).unwrap();
 }
 
