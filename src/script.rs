@@ -38,7 +38,10 @@ pub(crate) const CLEAN_UP_MARK: &[u8] = b"c:";
 /// `PUBLISH` of the token on the key's channel
 /// ([`RELEASED_CHANNEL_PREFIX`]): waiting clients wake at once instead of
 /// sleeping out their retry pause. A `PUBLISH` that nobody listens to costs
-/// the server a hash lookup; a key that was not ours publishes nothing. The
+/// the server a hash lookup; a key held by another publishes nothing. A
+/// holder's release (no second argument) publishes where the key is absent
+/// too: the holder may never have reached that node, and it may be the one
+/// a waiter listens on; a clean-up ([`CLEAN_UP_MARK`]) does not. The
 /// `PUBLISH` goes by `pcall`: where the user may not publish (an ACL user
 /// without channel permissions, the default for new users since Redis 7)
 /// the release still happens, and waiters sleep out their pause.
@@ -46,16 +49,19 @@ pub(crate) const RELEASE: Script = Script {
     bit: 1,
     body: "local n = 0\n\
            for _, key in ipairs(KEYS) do\n  \
-             if redis.call('get', key) == ARGV[1] then\n    \
-               local d = redis.call('del', key)\n    \
-               if d == 1 then\n      \
-                 redis.pcall('publish', 'redlock-sync:released:' .. key, (ARGV[2] or '') .. ARGV[1])\n    \
-               end\n    \
-               n = n + d\n  \
-             end\n\
+           local v = redis.call('get', key)\n  \
+           if v == ARGV[1] then\n    \
+           local d = redis.call('del', key)\n    \
+           if d == 1 then\n      \
+           redis.pcall('publish', 'redlock-sync:released:' .. key, (ARGV[2] or '') .. ARGV[1])\n    \
+           end\n    \
+           n = n + d\n  \
+           elseif v == false and ARGV[2] == nil then\n    \
+           redis.pcall('publish', 'redlock-sync:released:' .. key, ARGV[1])\n  \
+           end\n\
            end\n\
            return n",
-    sha: "9895f8903adbb72fc3f72435368560c826599328",
+    sha: "d34cd12d1ddf103a3ddba43ce375a5c341e6c4d0",
 };
 
 /// Sets a new TTL (ARGV[2], milliseconds) on every key if, and only if, every

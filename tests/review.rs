@@ -276,8 +276,6 @@ fn a_connect_cut_short_by_the_rounds_deadline_does_not_bar_the_node_from_the_nex
 }
 
 #[test]
-#[ignore = "design gap in wait.rs + the release script: the line listens on one node, and a \
-            release publishes only where it deleted the key"]
 fn a_waiter_listening_on_a_node_the_holder_never_reached_still_wakes_on_release() {
     use std::time::Instant;
 
