@@ -166,8 +166,12 @@ fn the_guard_reads_the_uptime_with_the_handshake_also_behind_a_password_and_a_db
     }
     // A short grace: the nodes vote once their uptime shows it has passed,
     // and AUTH and SELECT still apply.
+    // (Roomy timeouts: a node whose handshake a busy machine delays past
+    // the default 50 ms would get no command at all.)
     let guarded = Redlock::builder(&urls)
         .restart_grace(Duration::from_millis(1))
+        .io_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
         .build()
         .unwrap();
     wait_until(Duration::from_secs(5), "the nodes vote", || {
