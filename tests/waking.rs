@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{cluster, holders, listeners, wait_until};
+use common::{cluster, holders, listeners, wait_until, wait_until_held_by};
 use redlock_sync::testing::{Cluster, Fault, Proxy};
 use redlock_sync::{Lock, Redlock, RedlockBuilder};
 
@@ -86,7 +86,7 @@ fn a_waiter_acquires_soon_after_another_clients_release_not_after_its_pause() {
     let held = holder.acquire("report", TTL).unwrap();
     let waiting = waiter(&locks, "report");
     let lock = release_and_expect_woken(&nodes, &[0, 1, 2], &holder, held, waiting);
-    assert_eq!(holders(&nodes, &lock), 3);
+    wait_until_held_by(&nodes, &lock, 3);
     locks.release(lock).unwrap();
 }
 

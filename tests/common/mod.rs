@@ -163,3 +163,11 @@ pub fn keys(cluster: &Cluster) -> Vec<Vec<String>> {
         .map(|node| node.keys().expect("KEYS on a live node"))
         .collect()
 }
+
+/// Waits until `n` nodes hold `lock`'s token: a round is decided once a
+/// quorum granted, and the other nodes' `SET`s land just after.
+pub fn wait_until_held_by(cluster: &Cluster, lock: &Lock, n: usize) {
+    wait_until(SETTLE, &format!("{n} nodes hold the lock"), || {
+        holders(cluster, lock) == n
+    });
+}
