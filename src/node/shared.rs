@@ -10,8 +10,12 @@
 //! reader writes what was queued once its read returns). Replies come back
 //! in order: each is matched to its request by sequence number and handed
 //! to the thread that asked (or discarded, if that thread stopped waiting).
-//! A reader hands out every reply one read brought, and wakes exactly the
-//! threads whose replies it stored (`thread::park` / `unpark`).
+//! A reader hands out every reply one read brought. A round sleeps once,
+//! on all its nodes at a time (a [`Waiter`]): readers count its replies,
+//! and the one that stores as many as could decide the round wakes it
+//! (`thread::park` / `unpark`). A reader that lets the reading role go with
+//! replies due wakes a sleeper to read on only when no thread is awake to
+//! poll the node (see [`hand_off`]).
 //!
 //! Any error or timeout on the connection ends its *epoch*: the connection is
 //! dropped for every thread that shared it, and every request still on it
@@ -50,14 +54,6 @@ pub(crate) const FLUSH_GRACE: Duration = Duration::from_millis(2);
 /// anyone while a thread is awake (see [`hand_off`]), and this bounds what
 /// that may cost, should that thread go elsewhere.
 pub(crate) const RECHECK: Duration = Duration::from_millis(2);
-
-/// How many more reads a reader makes for the threads asleep on its node,
-/// once it has its own reply, before it lets the reading role go.
-const READ_ON: u32 = 3;
-
-/// A reader reads on for others only with this much time left, and eight
-/// times the node's average read wait.
-const READ_ON_MARGIN: Duration = Duration::from_millis(5);
 
 /// The pace of one client's threads: how many are running round code that
 /// will queue commands soon. Commands queued meanwhile wait, and the last
@@ -427,21 +423,6 @@ impl Shared {
             delist(&mut link, ticket);
             *held |= waiter.holds_pace();
         };
-        // Holding the reading role, read on for the threads asleep here a
-        // few times, rather than wake one of them to read (a context
-        // switch each), while time is ample: never near our deadline, and
-        // never on a node whose reads keep us waiting.
-        let mut extra = 0;
-        while extra < READ_ON
-            && link.conn.next_read < link.conn.written
-            && can_read(&link.conn)
-            && link.sleepers.iter().any(|s| !s.stored)
-            && deadline.saturating_duration_since(Instant::now())
-                > READ_ON_MARGIN.max(Duration::from_micros(link.wait_us.saturating_mul(8)))
-        {
-            extra += 1;
-            link = self.read_one(link, connector, deadline, connect_timeout);
-        }
         hand_off(&mut link, pace);
         taken
     }
