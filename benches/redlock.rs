@@ -17,8 +17,9 @@
 //! socket writes and reads (counted by the crate under the `testing`
 //! feature), and the load average before and after: compare ratios within
 //! one run, and run again when the load says other work shared the cores.
-//! Set `BENCH_THREADS` (say 16) to measure one thread count alone. Set `BENCH_SECONDS` to change how long each throughput phase runs
-//! (default 1; 6 thread counts x 3 alternating runs of 3 phases).
+//! Set `BENCH_SECONDS` to change how long each throughput phase runs
+//! (default 1; 6 thread counts x 3 alternating runs of 3 phases), and
+//! `BENCH_THREADS` (say 16) to measure one thread count alone.
 
 // The examples' error report (message and causes), shared rather than
 // copied; the benchmark does not use their node list.
