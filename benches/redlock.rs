@@ -18,7 +18,8 @@
 //! feature), and the load average before and after: compare ratios within
 //! one run, and run again when the load says other work shared the cores.
 //! Set `BENCH_SECONDS` to change how long each throughput phase runs
-//! (default 1; 6 thread counts x 3 alternating runs of 3 phases).
+//! (default 1; 6 thread counts x 3 alternating runs of 3 phases), and
+//! `BENCH_THREADS` (say 16) to measure one thread count alone.
 
 // The examples' error report (message and causes), shared rather than
 // copied; the benchmark does not use their node list.
@@ -119,8 +120,12 @@ fn run() -> Result<(), Box<dyn Error>> {
     // client run in turn, three times each, and the medians are reported,
     // so that a passing disturbance of the machine hits both alike.
     let servers: Vec<u32> = cluster.nodes().iter().filter_map(|n| n.pid()).collect();
+    // BENCH_THREADS=16 (say) measures that count alone: for profiling.
+    let only: Option<usize> = std::env::var("BENCH_THREADS")
+        .ok()
+        .and_then(|s| s.parse().ok());
     let mut rows = Vec::new();
-    for threads in THREADS {
+    for threads in THREADS.into_iter().filter(|t| only.is_none_or(|o| o == *t)) {
         let mut floor_runs = Vec::new();
         let mut our_runs = Vec::new();
         let mut batched_runs = Vec::new();

@@ -732,13 +732,21 @@ impl Redlock {
             deadline,
             inner.config.connect_timeout,
             ask,
-            |result| {
-                match result {
-                    Ok(value) if vote(value) == Ok(true) => yes += 1,
-                    _ => no += 1,
-                }
-                reading == Reading::UntilDecided && (yes >= quorum || no > n - quorum)
-            },
+            (
+                // The fewest replies that can decide: a quorum of grants,
+                // or enough refusals that no quorum is left.
+                match reading {
+                    Reading::UntilDecided => quorum.min(n - quorum + 1),
+                    Reading::EveryReply => n,
+                },
+                |result| {
+                    match result {
+                        Ok(value) if vote(value) == Ok(true) => yes += 1,
+                        _ => no += 1,
+                    }
+                    reading == Reading::UntilDecided && (yes >= quorum || no > n - quorum)
+                },
+            ),
         );
         let elapsed = start.elapsed();
         let nodes = inner

@@ -32,9 +32,9 @@ use redis::Value;
 use connect::Connector;
 pub(crate) use endpoint::Endpoint;
 pub(crate) use servers::Servers;
-pub(crate) use shared::Pace;
 pub(crate) use shared::Ticket;
 use shared::{Dispatch, Shared};
+pub(crate) use shared::{Enlisted, Pace, Waiter, FLUSH_GRACE, RECHECK};
 pub(crate) use subscription::{Event, Listener, Sender};
 #[cfg(feature = "testing")]
 pub use transport::counts::{io_counts, IoCounts};
@@ -191,6 +191,19 @@ impl Node {
             held,
         )?;
         Some(self.script_reply(cmd, ticket, reply, deadline, connect_timeout, held))
+    }
+
+    /// Enlists `waiter` for the reply to `ticket`, so that it sleeps on
+    /// several nodes at once: the reader that stores the reply counts it.
+    /// [`Enlisted::Ready`] means: do not sleep, poll. An enlisted ticket
+    /// must be [`delist`](Self::delist)ed once the waiter wakes.
+    pub(crate) fn enlist(&self, ticket: Ticket, waiter: &Arc<Waiter>) -> Enlisted {
+        self.shared.enlist(ticket, waiter)
+    }
+
+    /// Removes the waiter enlisted for `ticket`.
+    pub(crate) fn delist(&self, ticket: Ticket) {
+        self.shared.delist(ticket);
     }
 
     /// The reply to `ticket` as it came, with no script bookkeeping.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::error::Failure;
-use crate::node::{Node, Pace, Ticket};
+use crate::node::{Enlisted, Node, Pace, Ticket, Waiter, FLUSH_GRACE, RECHECK};
 use crate::script::Command;
 
 /// Where the next round starts reading.
@@ -28,9 +28,12 @@ pub(crate) struct Reply {
 /// Runs `cmd` on the nodes for which `ask` is true. Returns one reply a node,
 /// in node order.
 ///
-/// After each reply (or failure) `decided` is called; once it returns true,
-/// the replies still outstanding are not waited for: they are read and
-/// discarded later, before anything else on their connections. Nothing in
+/// `decided` is the tally: the fewest results that can decide the round,
+/// and a callback called after each reply (or failure). A round asleep is
+/// woken once as many replies are in as could decide it (one wake-up, not
+/// one per node). Once the callback returns true, the replies still
+/// outstanding are not waited for: they are read and discarded later,
+/// before anything else on their connections. Nothing in
 /// here blocks past `deadline`, except that a reply already received is
 /// still collected just after it.
 pub(crate) fn run(
@@ -40,7 +43,7 @@ pub(crate) fn run(
     deadline: Instant,
     connect_timeout: Duration,
     ask: impl Fn(usize) -> bool,
-    decided: impl FnMut(&Result<Value, Failure>) -> bool,
+    (to_decide, decided): (usize, impl FnMut(&Result<Value, Failure>) -> bool),
 ) -> Vec<Reply> {
     let mut round = Round {
         nodes,
@@ -58,6 +61,9 @@ pub(crate) fn run(
             .collect(),
         decided,
         done: false,
+        to_decide,
+        counted: 0,
+        flush_by: None,
         pace: nodes.first().map(Node::pace),
         held: false,
     };
@@ -83,6 +89,12 @@ struct Round<'a, D> {
     decided: D,
     /// `decided` returned true: stop waiting for replies.
     done: bool,
+    /// The fewest results that can decide the round, and how many
+    /// `decided` has counted.
+    to_decide: usize,
+    counted: usize,
+    /// When a thread awake is overdue writing our queued commands.
+    flush_by: Option<Instant>,
     /// The client's pace (the same on every node), and whether this round
     /// holds it: from its start until its commands are queued, and again
     /// once woken with a reply, until it blocks or ends.
@@ -149,6 +161,7 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
         // as not awaited.
         let result = sent.and(Err(Failure::NotAwaited));
         if result != Err(Failure::NotAwaited) && !self.done {
+            self.counted += 1;
             self.done = (self.decided)(&result);
         }
         self.replies[i] = Reply {
@@ -200,10 +213,10 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
                 }
             }
             // Every connection still awaited is being read by another
-            // thread: sleep until the first of them hands over our reply.
+            // thread (or its write is owed by one): sleep until enough of
+            // our replies are handed over to decide, on any of them.
             if !progressed && !self.done {
-                let i = pending.remove(0);
-                self.wait_for(i);
+                self.sleep_on(&pending);
             }
         }
         pending
@@ -221,6 +234,62 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
                 self.wait_for(i);
             } else {
                 self.nodes[i].abandon(ticket);
+            }
+        }
+    }
+
+    /// Sleeps until as many of `pending`'s replies are stored as could
+    /// decide the round, or a reading role among them is free, or a
+    /// connection ends, or the deadline (or, while a command is queued, the
+    /// grace of the thread owing its write) passes. The caller polls after.
+    fn sleep_on(&mut self, pending: &[usize]) {
+        self.release();
+        let need = self
+            .to_decide
+            .saturating_sub(self.counted)
+            .clamp(1, pending.len().max(1));
+        let waiter = Waiter::new(need);
+        let mut enlisted = Vec::with_capacity(pending.len());
+        let mut ready = false;
+        let mut queued = false;
+        for &i in pending {
+            let Some(ticket) = self.replies[i].ticket else {
+                continue;
+            };
+            match self.nodes[i].enlist(ticket, &waiter) {
+                Enlisted::Ready => {
+                    ready = true;
+                    break;
+                }
+                Enlisted::Asleep { queued: q } => {
+                    queued |= q;
+                    enlisted.push((i, ticket));
+                }
+            }
+        }
+        let mut until = self.deadline.min(Instant::now() + RECHECK);
+        if queued {
+            until = until.min(
+                *self
+                    .flush_by
+                    .get_or_insert_with(|| Instant::now() + FLUSH_GRACE),
+            );
+        }
+        while !ready && !waiter.woken() {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            std::thread::park_timeout(left);
+        }
+        for &(i, ticket) in &enlisted {
+            self.nodes[i].delist(ticket);
+        }
+        self.held |= waiter.holds_pace();
+        if queued && !waiter.woken() && self.flush_by.is_some_and(|by| Instant::now() >= by) {
+            // The thread owing the write is overdue: write it ourselves.
+            for &(i, _) in &enlisted {
+                self.nodes[i].flush(self.deadline, self.connect_timeout);
             }
         }
     }
@@ -247,6 +316,7 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
     fn received(&mut self, i: usize, result: Result<Value, Failure>) {
         self.replies[i].elapsed = self.start.elapsed();
         if !self.done {
+            self.counted += 1;
             self.done = (self.decided)(&result);
         }
         self.replies[i].result = result;

@@ -10,8 +10,12 @@
 //! reader writes what was queued once its read returns). Replies come back
 //! in order: each is matched to its request by sequence number and handed
 //! to the thread that asked (or discarded, if that thread stopped waiting).
-//! A reader hands out every reply one read brought, and wakes exactly the
-//! threads whose replies it stored (`thread::park` / `unpark`).
+//! A reader hands out every reply one read brought. A round sleeps once,
+//! on all its nodes at a time (a [`Waiter`]): readers count its replies,
+//! and the one that stores as many as could decide the round wakes it
+//! (`thread::park` / `unpark`). A reader that lets the reading role go with
+//! replies due wakes a sleeper to read on only when no thread is awake to
+//! poll the node (see [`hand_off`]).
 //!
 //! Any error or timeout on the connection ends its *epoch*: the connection is
 //! dropped for every thread that shared it, and every request still on it
@@ -19,8 +23,8 @@
 //! be taken for the answer to another command.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
@@ -43,7 +47,13 @@ const MAX_BACKLOG: u64 = 32;
 /// How long a thread whose command is queued waits for the thread owing
 /// the write before it writes the command itself: a bound on what
 /// batching may cost, should the client's threads never all fall asleep.
-const FLUSH_GRACE: Duration = Duration::from_millis(2);
+pub(crate) const FLUSH_GRACE: Duration = Duration::from_millis(2);
+
+/// How long a thread sleeps at most before it looks again whether a
+/// reading role it waits on is free: a reader lets go without waking
+/// anyone while a thread is awake (see [`hand_off`]), and this bounds what
+/// that may cost, should that thread go elsewhere.
+pub(crate) const RECHECK: Duration = Duration::from_millis(2);
 
 /// The pace of one client's threads: how many are running round code that
 /// will queue commands soon. Commands queued meanwhile wait, and the last
@@ -102,22 +112,81 @@ pub(crate) enum Dispatch {
     Queued,
 }
 
-/// A thread asleep until its reply comes (or the reading role is free).
-struct Sleeper {
-    ticket: Ticket,
+/// A thread asleep until enough of its replies come, on any of the nodes
+/// it waits on (a round waits on all its nodes at once), or until the
+/// reading role of one of them is free: one wake-up per round, not one per
+/// node. Readers count its replies; the one that stores the `need`th
+/// wakes it.
+pub(crate) struct Waiter {
     thread: Thread,
-    woken: Woken,
+    need: usize,
+    stored: AtomicUsize,
+    /// `AWAKE_NO`, `AWAKE_REPLY` or `AWAKE_OTHER`: set once, by the thread
+    /// that wakes it, with the lock of the node where it did held.
+    woken: AtomicU8,
 }
 
-/// Why a sleeper was woken. Each sleeper is woken at most once: the thread
-/// that wakes it marks it, and the sleeper removes its entry when it runs.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Woken {
-    No,
-    /// Its reply is stored; it holds the pace (see [`Pace`]).
-    Reply,
-    /// To take the reading role over, or because the epoch ended.
-    Other,
+/// Not woken yet.
+const AWAKE_NO: u8 = 0;
+/// Woken with its replies stored: it holds the pace (see [`Pace`]).
+const AWAKE_REPLY: u8 = 1;
+/// Woken to take a reading role over, or because an epoch ended.
+const AWAKE_OTHER: u8 = 2;
+
+impl Waiter {
+    /// A waiter for this thread, woken once `need` of its replies are
+    /// stored (at least one).
+    pub(crate) fn new(need: usize) -> Arc<Waiter> {
+        Arc::new(Waiter {
+            thread: thread::current(),
+            need: need.max(1),
+            stored: AtomicUsize::new(0),
+            woken: AtomicU8::new(AWAKE_NO),
+        })
+    }
+
+    /// Whether it was woken.
+    pub(crate) fn woken(&self) -> bool {
+        self.woken.load(Ordering::Acquire) != AWAKE_NO
+    }
+
+    /// Whether it was woken with its replies stored: it holds the pace
+    /// then. Read it once the waiter is delisted from every node.
+    pub(crate) fn holds_pace(&self) -> bool {
+        self.woken.load(Ordering::Acquire) == AWAKE_REPLY
+    }
+
+    /// Wakes it, unless it was woken already. Returns whether this call
+    /// woke it.
+    fn wake(&self, why: u8) -> bool {
+        let woke = self
+            .woken
+            .compare_exchange(AWAKE_NO, why, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if woke {
+            self.thread.unpark();
+        }
+        woke
+    }
+}
+
+/// A request whose thread sleeps until its reply comes.
+struct Sleeper {
+    ticket: Ticket,
+    waiter: Arc<Waiter>,
+    /// Its reply was stored (and counted for its waiter).
+    stored: bool,
+}
+
+/// What [`Shared::enlist`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Enlisted {
+    /// Do not sleep: the reply is stored, the reading role is free with
+    /// replies due, or the epoch ended.
+    Ready,
+    /// Enlisted; `queued` if the command is not written yet (a thread
+    /// awake owes its write).
+    Asleep { queued: bool },
 }
 
 /// Everything behind a node's mutex: the connection of the current epoch,
@@ -277,8 +346,12 @@ impl Shared {
         deadline: Instant,
         connect_timeout: Duration,
     ) {
-        let link = self.lock();
-        if !link.conn.outbox.is_empty() {
+        let mut link = self.lock();
+        if link.conn.outbox.is_empty() {
+            // Nothing to write, but replies may be due with nobody to read
+            // them, now that the last thread awake lets go.
+            hand_off(&mut link, &connector.servers.pace);
+        } else {
             drop(self.write_out(link, connector, deadline, connect_timeout));
         }
     }
@@ -345,26 +418,48 @@ impl Shared {
             if !block {
                 break None;
             }
+            sleep = sleep.min(RECHECK);
+            let waiter = Waiter::new(1);
             link.sleepers.push(Sleeper {
                 ticket,
-                thread: thread::current(),
-                woken: Woken::No,
+                waiter: Arc::clone(&waiter),
+                stored: false,
             });
             drop(link);
             thread::park_timeout(sleep);
             link = self.lock();
-            if let Some(i) = link.sleepers.iter().position(|s| s.ticket == ticket) {
-                if link.sleepers.swap_remove(i).woken == Woken::Reply {
-                    *held = true;
-                }
-            }
+            delist(&mut link, ticket);
+            *held |= waiter.holds_pace();
         };
-        // Leaving: if replies are due and nobody reads them, wake a
-        // sleeper to take the reading role over.
-        if link.conn.next_read < link.conn.written && can_read(&link.conn) {
-            wake_one(&mut link);
-        }
+        hand_off(&mut link, pace);
         taken
+    }
+
+    /// Enlists `waiter` for the reply to `ticket`: the reader that stores
+    /// it counts it, and wakes the waiter once it has its `need`. Unless
+    /// the waiter need not sleep: see [`Enlisted`]. Every enlisted ticket
+    /// must be [`delist`](Self::delist)ed once the waiter wakes.
+    pub(super) fn enlist(&self, ticket: Ticket, waiter: &Arc<Waiter>) -> Enlisted {
+        let mut link = self.lock();
+        let conn = &link.conn;
+        if link.epoch != ticket.epoch
+            || conn.replies.iter().any(|(seq, _)| *seq == ticket.seq)
+            || (conn.next_read < conn.written && can_read(conn))
+        {
+            return Enlisted::Ready;
+        }
+        let queued = ticket.seq >= conn.written && !conn.writing;
+        link.sleepers.push(Sleeper {
+            ticket,
+            waiter: Arc::clone(waiter),
+            stored: false,
+        });
+        Enlisted::Asleep { queued }
+    }
+
+    /// Removes the waiter enlisted for `ticket`.
+    pub(super) fn delist(&self, ticket: Ticket) {
+        delist(&mut self.lock(), ticket);
     }
 
     /// Whether writing to the node now means connecting first (it has no
@@ -535,11 +630,10 @@ impl Shared {
                 link.conn.reading = false;
             }
         }
-        // Sleepers want replies: a thread that is reading hands them over
-        // (or wakes one to read on when it lets go). Otherwise what was
-        // written may be theirs to read now: one of them reads.
-        if link.epoch == epoch && link.conn.next_read < link.conn.written && can_read(&link.conn) {
-            wake_one(&mut link);
+        // Sleepers want replies: a thread that is reading hands them over.
+        // Otherwise what was written may be theirs to read now.
+        if link.epoch == epoch {
+            hand_off(&mut link, &connector.servers.pace);
         }
         link
     }
@@ -636,20 +730,45 @@ fn store(link: &mut Link, value: Value, pace: &Pace) {
     if let Some(sleeper) = link
         .sleepers
         .iter_mut()
-        .find(|s| s.ticket == ticket && s.woken == Woken::No)
+        .find(|s| s.ticket == ticket && !s.stored)
     {
-        sleeper.woken = Woken::Reply;
-        pace.hold();
-        sleeper.thread.unpark();
+        sleeper.stored = true;
+        let waiter = &sleeper.waiter;
+        // The pace is held on its behalf under this node's lock, which the
+        // waiter takes to delist before it looks whether it holds it.
+        if waiter.stored.fetch_add(1, Ordering::AcqRel) + 1 >= waiter.need
+            && waiter.wake(AWAKE_REPLY)
+        {
+            pace.hold();
+        }
+    }
+}
+
+/// Replies are due and nobody reads them: unless a thread is awake (it
+/// will read them when it polls, or, as the last to let go of the pace,
+/// call this again), wakes a sleeper to take the reading role over. So a
+/// reader lets go without waking anyone while others run, as an event
+/// loop's poll serves whoever is ready.
+fn hand_off(link: &mut Link, pace: &Pace) {
+    if link.conn.next_read < link.conn.written && can_read(&link.conn) && !pace.others_awake() {
+        wake_one(link);
     }
 }
 
 /// Wakes one sleeper that waits for a reply not read yet: it takes the
 /// reading role over.
 fn wake_one(link: &mut Link) {
-    if let Some(sleeper) = link.sleepers.iter_mut().find(|s| s.woken == Woken::No) {
-        sleeper.woken = Woken::Other;
-        sleeper.thread.unpark();
+    for sleeper in &link.sleepers {
+        if !sleeper.stored && sleeper.waiter.wake(AWAKE_OTHER) {
+            return;
+        }
+    }
+}
+
+/// Removes the sleeper of `ticket`.
+fn delist(link: &mut Link, ticket: Ticket) {
+    if let Some(i) = link.sleepers.iter().position(|s| s.ticket == ticket) {
+        link.sleepers.swap_remove(i);
     }
 }
 
@@ -701,11 +820,8 @@ fn end_epoch(link: &mut Link, failure: Failure) {
     link.slow = failure == Failure::TimedOut;
     link.ended = Some((link.epoch, failure));
     link.epoch += 1;
-    for sleeper in &mut link.sleepers {
-        if sleeper.woken == Woken::No {
-            sleeper.woken = Woken::Other;
-            sleeper.thread.unpark();
-        }
+    for sleeper in &link.sleepers {
+        sleeper.waiter.wake(AWAKE_OTHER);
     }
 }
 
