@@ -1,4 +1,4 @@
-//! Faults found in review, each shown against real nodes.
+//! Regression tests for faults found in review, each shown against real nodes.
 
 mod common;
 
