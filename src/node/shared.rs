@@ -24,6 +24,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
@@ -156,15 +157,16 @@ impl Waiter {
         self.woken.load(Ordering::Acquire) == AWAKE_REPLY
     }
 
-    /// Wakes it, unless it was woken already. Returns whether this call
-    /// woke it.
-    fn wake(&self, why: u8) -> bool {
+    /// Wakes it, unless it was woken already: marks it woken now, and
+    /// leaves its thread in `wakes` to unpark once the node's lock is let
+    /// go (see [`Locked`]). Returns whether this call woke it.
+    fn wake(&self, why: u8, wakes: &mut Vec<Thread>) -> bool {
         let woke = self
             .woken
             .compare_exchange(AWAKE_NO, why, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if woke {
-            self.thread.unpark();
+            wakes.push(self.thread.clone());
         }
         woke
     }
@@ -212,6 +214,48 @@ struct Link {
     /// A moving average of how long a read of this node blocked, in
     /// microseconds: rounds read the nodes that keep them waiting last.
     wait_us: u64,
+    /// Threads woken under the lock, to unpark once it is let go: an
+    /// unpark is a syscall, and the other threads need the lock meanwhile.
+    wakes: Vec<Thread>,
+}
+
+/// A node's lock, held: unparks the threads woken under it once it is let
+/// go, so that no thread waits for the lock while the holder makes those
+/// syscalls (nor wakes only to wait for the lock its waker still holds).
+struct Locked<'a> {
+    guard: Option<MutexGuard<'a, Link>>,
+}
+
+impl Deref for Locked<'_> {
+    type Target = Link;
+
+    fn deref(&self) -> &Link {
+        self.guard.as_deref().expect("a Locked holds its guard until dropped")
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Link {
+        self.guard
+            .as_deref_mut()
+            .expect("a Locked holds its guard until dropped")
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let Some(mut guard) = self.guard.take() else {
+            return;
+        };
+        if guard.wakes.is_empty() {
+            return;
+        }
+        let wakes = std::mem::take(&mut guard.wakes);
+        drop(guard);
+        for thread in wakes {
+            thread.unpark();
+        }
+    }
 }
 
 /// One connection, from its connect to the end of its epoch: its halves,
@@ -286,12 +330,15 @@ impl Shared {
                 slow: false,
                 connect_after: None,
                 wait_us: 0,
+                wakes: Vec::new(),
             }),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Link> {
-        self.link.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> Locked<'_> {
+        Locked {
+            guard: Some(self.link.lock().unwrap_or_else(|e| e.into_inner())),
+        }
     }
 
     /// Queues `cmd` on the connection and, as `dispatch` says, gets it written
@@ -532,11 +579,11 @@ impl Shared {
     /// during I/O.
     fn write_out<'a>(
         &'a self,
-        mut link: MutexGuard<'a, Link>,
+        mut link: Locked<'a>,
         connector: &Connector,
         deadline: Instant,
         connect_timeout: Duration,
-    ) -> MutexGuard<'a, Link> {
+    ) -> Locked<'a> {
         if link.conn.writing || link.conn.outbox.is_empty() {
             return link;
         }
@@ -644,11 +691,11 @@ impl Shared {
     /// meanwhile. The lock is not held during I/O.
     fn read_one<'a>(
         &'a self,
-        mut link: MutexGuard<'a, Link>,
+        mut link: Locked<'a>,
         connector: &Connector,
         deadline: Instant,
         connect_timeout: Duration,
-    ) -> MutexGuard<'a, Link> {
+    ) -> Locked<'a> {
         let epoch = link.epoch;
         let unsplit = link.conn.unsplit;
         link.conn.reading = true;
@@ -671,20 +718,32 @@ impl Shared {
             ))),
         };
         let waited = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
+        // Every other reply already buffered whole, parsed before the lock
+        // is taken: the other threads need it meanwhile.
+        let ok = received.is_ok();
+        let mut received = vec![received];
+        while ok {
+            match reader.as_mut().and_then(Reader::recv_buffered) {
+                Some(next) => {
+                    let failed = next.is_err();
+                    received.push(next);
+                    if failed {
+                        break;
+                    }
+                }
+                None => break,
+            }
+        }
         link = self.lock();
         if link.epoch == epoch {
             let pace = &connector.servers.pace;
-            let mut received = Some(received);
-            if received.as_ref().is_some_and(Result::is_ok) {
+            if ok {
                 link.slow = false;
                 link.wait_us = link.wait_us - link.wait_us / 8 + waited / 8;
             }
-            while let Some(next) = received.take() {
+            for next in received {
                 match next {
-                    Ok(value) => {
-                        store(&mut link, value, pace);
-                        received = reader.as_mut().and_then(|r| r.recv_buffered());
-                    }
+                    Ok(value) => store(&mut link, value, pace),
                     Err(failure) => {
                         // The cause is recorded first: ending the socket
                         // makes a writer fail too, for no reason of its own.
@@ -737,7 +796,7 @@ fn store(link: &mut Link, value: Value, pace: &Pace) {
         // The pace is held on its behalf under this node's lock, which the
         // waiter takes to delist before it looks whether it holds it.
         if waiter.stored.fetch_add(1, Ordering::AcqRel) + 1 >= waiter.need
-            && waiter.wake(AWAKE_REPLY)
+            && waiter.wake(AWAKE_REPLY, &mut link.wakes)
         {
             pace.hold();
         }
@@ -759,7 +818,7 @@ fn hand_off(link: &mut Link, pace: &Pace) {
 /// reading role over.
 fn wake_one(link: &mut Link) {
     for sleeper in &link.sleepers {
-        if !sleeper.stored && sleeper.waiter.wake(AWAKE_OTHER) {
+        if !sleeper.stored && sleeper.waiter.wake(AWAKE_OTHER, &mut link.wakes) {
             return;
         }
     }
@@ -821,7 +880,7 @@ fn end_epoch(link: &mut Link, failure: Failure) {
     link.ended = Some((link.epoch, failure));
     link.epoch += 1;
     for sleeper in &link.sleepers {
-        sleeper.waiter.wake(AWAKE_OTHER);
+        sleeper.waiter.wake(AWAKE_OTHER, &mut link.wakes);
     }
 }
 
