@@ -23,8 +23,8 @@
 //! be taken for the answer to another command.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
@@ -230,7 +230,9 @@ impl Deref for Locked<'_> {
     type Target = Link;
 
     fn deref(&self) -> &Link {
-        self.guard.as_deref().expect("a Locked holds its guard until dropped")
+        self.guard
+            .as_deref()
+            .expect("a Locked holds its guard until dropped")
     }
 }
 
@@ -887,4 +889,32 @@ fn end_epoch(link: &mut Link, failure: Failure) {
 /// Whether a thread may take the reading role now.
 fn can_read(conn: &Connection) -> bool {
     !conn.reading && (!conn.unsplit || !conn.writing)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A thread woken under a node's lock is unparked once the lock is let
+    /// go, by the thread that woke it: not later (a sleeper would wait for
+    /// its recheck), and not while the lock is held.
+    #[test]
+    fn a_thread_woken_under_the_lock_is_unparked_when_the_lock_is_let_go() {
+        let shared = Shared::new();
+        let waiter = Waiter::new(1);
+        let mut link = shared.lock();
+        assert!(waiter.wake(AWAKE_REPLY, &mut link.wakes));
+        assert!(!waiter.wake(AWAKE_OTHER, &mut link.wakes), "woken once");
+        assert_eq!(link.wakes.len(), 1, "its unpark waits for the lock");
+        drop(link);
+        assert!(shared.lock().wakes.is_empty(), "unparked on the way out");
+        assert!(waiter.holds_pace(), "woken with its reply");
+        // The unpark left this thread's token: a park returns at once.
+        let parked = Instant::now();
+        thread::park_timeout(Duration::from_secs(30));
+        assert!(
+            parked.elapsed() < Duration::from_secs(20),
+            "the woken thread was never unparked"
+        );
+    }
 }
