@@ -724,16 +724,13 @@ impl Shared {
         // is taken: the other threads need it meanwhile.
         let ok = received.is_ok();
         let mut received = vec![received];
-        while ok {
-            match reader.as_mut().and_then(Reader::recv_buffered) {
-                Some(next) => {
-                    let failed = next.is_err();
-                    received.push(next);
-                    if failed {
-                        break;
-                    }
+        if ok {
+            while let Some(next) = reader.as_mut().and_then(Reader::recv_buffered) {
+                let failed = next.is_err();
+                received.push(next);
+                if failed {
+                    break;
                 }
-                None => break,
             }
         }
         link = self.lock();
