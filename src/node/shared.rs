@@ -722,12 +722,13 @@ impl Shared {
         let waited = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
         // Every other reply already buffered whole, parsed before the lock
         // is taken: the other threads need it meanwhile.
+        // (No allocation unless a read brought several.)
         let ok = received.is_ok();
-        let mut received = vec![received];
+        let mut more = Vec::new();
         if ok {
             while let Some(next) = reader.as_mut().and_then(Reader::recv_buffered) {
                 let failed = next.is_err();
-                received.push(next);
+                more.push(next);
                 if failed {
                     break;
                 }
@@ -740,7 +741,7 @@ impl Shared {
                 link.slow = false;
                 link.wait_us = link.wait_us - link.wait_us / 8 + waited / 8;
             }
-            for next in received {
+            for next in std::iter::once(received).chain(more) {
                 match next {
                     Ok(value) => store(&mut link, value, pace),
                     Err(failure) => {
