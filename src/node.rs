@@ -123,10 +123,20 @@ impl Node {
     }
 
     /// Writes what is queued on the connection (unless another thread is
-    /// writing, which writes it before it lets go).
-    pub(crate) fn flush(&self, deadline: Instant, connect_timeout: Duration) {
+    /// writing, which writes it before it lets go). With `wake_reader`,
+    /// then wakes a sleeping thread to read the node if replies are due
+    /// and nobody is awake to read them: false for a thread that reads the
+    /// node next itself.
+    pub(crate) fn flush(&self, deadline: Instant, connect_timeout: Duration, wake_reader: bool) {
         self.shared
-            .flush(&self.connector, deadline, connect_timeout);
+            .flush(&self.connector, deadline, connect_timeout, wake_reader);
+    }
+
+    /// How many requests on the wire to this node have threads awaiting
+    /// their replies (at least): those threads will be woken, and write
+    /// what is queued by then.
+    pub(crate) fn awaited_on_wire(&self) -> u64 {
+        self.shared.awaited_on_wire()
     }
 
     /// The pace of the client's threads: the same for all its nodes.
@@ -173,13 +183,16 @@ impl Node {
 
     /// Like [`wait`](Self::wait), but returns `None` instead of sleeping
     /// when another thread is doing I/O on the connection (or owes the
-    /// write of the command).
+    /// write of the command). With `batch_until`, a command still queued
+    /// waits until then for other threads to write it, even while none is
+    /// awake (see [`crate::round`]).
     pub(crate) fn poll(
         &self,
         cmd: &Command,
         ticket: Ticket,
         deadline: Instant,
         connect_timeout: Duration,
+        batch_until: Option<Instant>,
         held: &mut bool,
     ) -> Option<Result<Value, Failure>> {
         let reply = self.shared.take(
@@ -188,6 +201,7 @@ impl Node {
             deadline,
             connect_timeout,
             false,
+            batch_until,
             held,
         )?;
         Some(self.script_reply(cmd, ticket, reply, deadline, connect_timeout, held))
@@ -221,6 +235,7 @@ impl Node {
                 deadline,
                 connect_timeout,
                 true,
+                None,
                 held,
             )
             .unwrap_or(Err(Failure::TimedOut))

@@ -14,6 +14,14 @@ use crate::error::Failure;
 use crate::node::{Enlisted, Node, Pace, Ticket, Waiter, FLUSH_GRACE, RECHECK};
 use crate::script::Command;
 
+/// From how many rounds awaiting replies on the wire a round that starts
+/// alone (no other thread awake) leaves its command queued for the batch
+/// that those replies will set off, rather than write it alone: below
+/// this, the wait for the batch costs more than the write it saves (at 2
+/// and 4 threads, a fifth of the pairs per second; see the README's
+/// Performance section).
+const BATCH_FROM: u64 = 6;
+
 /// Where the next round starts reading.
 static ROTATION: AtomicUsize = AtomicUsize::new(0);
 
@@ -64,6 +72,7 @@ pub(crate) fn run(
         to_decide,
         counted: 0,
         flush_by: None,
+        batch_until: None,
         pace: nodes.first().map(Node::pace),
         held: false,
     };
@@ -73,7 +82,7 @@ pub(crate) fn run(
     let order = round.order_for_reading(connected, connecting);
     let left = round.read_until_decided(order);
     round.leave_the_rest(left);
-    round.release();
+    round.leave();
     std::mem::take(&mut round.replies)
 }
 
@@ -95,6 +104,9 @@ struct Round<'a, D> {
     counted: usize,
     /// When a thread awake is overdue writing our queued commands.
     flush_by: Option<Instant>,
+    /// Our commands wait for the next batch (see [`BATCH_FROM`]) until
+    /// then, even while no thread is awake.
+    batch_until: Option<Instant>,
     /// The client's pace (the same on every node), and whether this round
     /// holds it: from its start until its commands are queued, and again
     /// once woken with a reply, until it blocks or ends.
@@ -103,23 +115,47 @@ struct Round<'a, D> {
 }
 
 impl<D> Round<'_, D> {
-    /// Lets go of the pace, if held, before blocking or leaving; the last
-    /// thread to let go writes what every node has queued.
+    /// Lets go of the pace, if held, before blocking on the nodes still
+    /// awaited: see [`let_go`](Self::let_go).
     fn release(&mut self) {
-        if !std::mem::take(&mut self.held) {
+        self.let_go(false, false);
+    }
+
+    /// Lets go of the pace, if held, before leaving the round.
+    fn leave(&mut self) {
+        self.let_go(true, false);
+    }
+
+    /// Lets go of the pace, if held. The last thread to let go writes what
+    /// every node has queued, and wakes a sleeper to read a node whose
+    /// replies are due and unread; unless it goes on to read that node
+    /// itself (it awaits a reply there and is not `leaving`): like an event
+    /// loop, it then reads its nodes in turn, and the replies it reads wake
+    /// the other threads. With `batch`, it leaves the queues of its own
+    /// nodes for the next batch (see [`BATCH_FROM`]).
+    fn let_go(&mut self, leaving: bool, batch: bool) {
+        if !std::mem::take(&mut self.held) || !self.pace.is_some_and(Pace::release) {
             return;
         }
-        if self.pace.is_some_and(Pace::release) {
-            for node in self.nodes {
-                node.flush(self.deadline, self.connect_timeout);
+        for (i, node) in self.nodes.iter().enumerate() {
+            let reads_next = !leaving && self.awaits(i);
+            if !(reads_next && batch) {
+                node.flush(self.deadline, self.connect_timeout, !reads_next);
             }
         }
+    }
+
+    /// Whether the round was sent a command to node `i` and has no reply
+    /// from it yet.
+    fn awaits(&self, i: usize) -> bool {
+        let reply = &self.replies[i];
+        reply.ticket.is_some() && reply.result == Err(Failure::NotAwaited)
     }
 }
 
 impl<D> Drop for Round<'_, D> {
     fn drop(&mut self) {
-        self.release();
+        self.leave();
     }
 }
 
@@ -129,16 +165,34 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
     /// with the commands of the client's other threads, in one write per
     /// node, by the last of them to let go of the pace: this thread, unless
     /// others are queuing too.
+    ///
+    /// A round that starts alone (no other thread awake) writes its
+    /// command at once, unless at least [`BATCH_FROM`] other rounds await
+    /// replies on the wire: the threads those replies wake write it then,
+    /// with their own next commands, as an event loop would; or this
+    /// thread does after [`FLUSH_GRACE`]. Otherwise the thread that left a
+    /// round last, having written every other thread's next command,
+    /// would write its own next command alone.
     fn queue_on_connected(&mut self, connected: &[usize]) {
+        let mut alone = false;
         if let Some(pace) = self.pace.filter(|_| !self.held) {
-            pace.hold();
+            alone = pace.hold();
             self.held = true;
         }
         for &i in connected {
             let sent = self.nodes[i].queue(self.cmd, self.deadline, self.connect_timeout);
             self.sent(i, sent);
         }
-        self.release();
+        let batch = alone
+            && connected
+                .first()
+                .is_some_and(|&i| self.nodes[i].awaited_on_wire() >= BATCH_FROM);
+        if batch {
+            let by = Instant::now() + FLUSH_GRACE;
+            self.batch_until = Some(by);
+            self.flush_by = Some(by);
+        }
+        self.let_go(false, batch);
     }
 
     /// Connects to the other nodes side by side, so that one node whose
@@ -200,7 +254,14 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
                 self.release();
                 let mut held = false;
                 let polled = self.replies[i].ticket.and_then(|t| {
-                    self.nodes[i].poll(self.cmd, t, self.deadline, self.connect_timeout, &mut held)
+                    self.nodes[i].poll(
+                        self.cmd,
+                        t,
+                        self.deadline,
+                        self.connect_timeout,
+                        self.batch_until,
+                        &mut held,
+                    )
                 });
                 self.held |= held;
                 match polled {
@@ -289,7 +350,7 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
         if queued && !waiter.woken() && self.flush_by.is_some_and(|by| Instant::now() >= by) {
             // The thread owing the write is overdue: write it ourselves.
             for &(i, _) in &enlisted {
-                self.nodes[i].flush(self.deadline, self.connect_timeout);
+                self.nodes[i].flush(self.deadline, self.connect_timeout, false);
             }
         }
     }
@@ -297,7 +358,7 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
     /// Waits for node `i`'s reply, and records it.
     fn wait_for(&mut self, i: usize) {
         if let Some(ticket) = self.replies[i].ticket {
-            self.release();
+            self.leave();
             let mut held = false;
             let result = self.nodes[i].wait(
                 self.cmd,

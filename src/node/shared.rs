@@ -73,9 +73,10 @@ pub(crate) struct Pace {
 }
 
 impl Pace {
-    /// One more thread will queue commands soon.
-    pub(crate) fn hold(&self) {
-        self.awake.fetch_add(1, Ordering::AcqRel);
+    /// One more thread will queue commands soon. Returns true if no other
+    /// thread was awake.
+    pub(crate) fn hold(&self) -> bool {
+        self.awake.fetch_add(1, Ordering::AcqRel) == 0
     }
 
     /// A thread that held the pace falls asleep or leaves. Returns true if
@@ -374,7 +375,7 @@ impl Shared {
         if dispatch == Dispatch::Queued && link.conn.open {
             return Ok(ticket);
         }
-        link = self.write_out(link, connector, deadline, connect_timeout);
+        link = self.write_out(link, connector, deadline, connect_timeout, true);
         check(&link, ticket)?;
         Ok(ticket)
     }
@@ -387,21 +388,35 @@ impl Shared {
         link.epoch == ticket.epoch && ticket.seq < link.conn.written
     }
 
+    /// How many requests whose threads await their replies are on the
+    /// wire (at least): each of those threads will be woken once its
+    /// replies are read, and write what is queued by then.
+    pub(super) fn awaited_on_wire(&self) -> u64 {
+        let link = self.lock();
+        let queued = link.conn.next_seq - link.conn.written;
+        link.conn.live.saturating_sub(queued)
+    }
+
     /// Writes what is queued, unless another thread is writing (which
-    /// writes it before it lets go).
+    /// writes it before it lets go). With `wake_reader`, then wakes a
+    /// sleeper to read if replies are due, nobody reads them and no thread
+    /// is awake (see [`hand_off`]); a thread that goes on to read the node
+    /// itself passes false, so that nobody is woken to find the reading
+    /// role taken.
     pub(super) fn flush(
         &self,
         connector: &Connector,
         deadline: Instant,
         connect_timeout: Duration,
+        wake_reader: bool,
     ) {
         let mut link = self.lock();
-        if link.conn.outbox.is_empty() {
+        if !link.conn.outbox.is_empty() {
+            drop(self.write_out(link, connector, deadline, connect_timeout, wake_reader));
+        } else if wake_reader {
             // Nothing to write, but replies may be due with nobody to read
             // them, now that the last thread awake lets go.
             hand_off(&mut link, &connector.servers.pace);
-        } else {
-            drop(self.write_out(link, connector, deadline, connect_timeout));
         }
     }
 
@@ -410,6 +425,13 @@ impl Shared {
     /// instead of sleeping while another thread does the I/O. Sets `held`
     /// if the thread was woken with its reply: it holds the client's
     /// [`Pace`] then, and must let go of it before it blocks again.
+    ///
+    /// A command still queued is written by this thread when no other
+    /// thread is awake to write it, or after [`FLUSH_GRACE`]; with
+    /// `batch_until`, it waits until then for the next batch even while
+    /// nobody is awake (the threads that replies on the wire will wake
+    /// write it).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn take(
         &self,
         connector: &Connector,
@@ -417,12 +439,13 @@ impl Shared {
         deadline: Instant,
         connect_timeout: Duration,
         block: bool,
+        batch_until: Option<Instant>,
         held: &mut bool,
     ) -> Option<Result<Value, Failure>> {
         let pace = &connector.servers.pace;
         let mut link = self.lock();
-        // When to stop waiting for the awake threads to write our command.
-        let mut flush_by = None;
+        // When to stop waiting for other threads to write our command.
+        let mut flush_by = batch_until;
         let taken = loop {
             if let Err(failure) = check(&link, ticket) {
                 break Some(Err(failure));
@@ -454,8 +477,9 @@ impl Shared {
                 // Our command is queued. A thread awake owes its write,
                 // unless none is, or it is overdue.
                 let by = *flush_by.get_or_insert(now + FLUSH_GRACE);
-                if !pace.others_awake() || now >= by {
-                    link = self.write_out(link, connector, deadline, connect_timeout);
+                if (!pace.others_awake() && batch_until.is_none()) || now >= by {
+                    // This thread reads next: nobody need be woken to.
+                    link = self.write_out(link, connector, deadline, connect_timeout, false);
                     continue;
                 }
                 sleep = sleep.min(by - now);
@@ -578,13 +602,15 @@ impl Shared {
     /// The writing role: writes the outbox until it is empty (connecting
     /// first if there is no connection), then lets go. If another thread is
     /// writing, it writes the outbox before it lets go. The lock is not held
-    /// during I/O.
+    /// during I/O. With `wake_reader`, wakes a sleeper to read what was
+    /// written when nobody reads it (see [`hand_off`]).
     fn write_out<'a>(
         &'a self,
         mut link: Locked<'a>,
         connector: &Connector,
         deadline: Instant,
         connect_timeout: Duration,
+        wake_reader: bool,
     ) -> Locked<'a> {
         if link.conn.writing || link.conn.outbox.is_empty() {
             return link;
@@ -681,7 +707,7 @@ impl Shared {
         }
         // Sleepers want replies: a thread that is reading hands them over.
         // Otherwise what was written may be theirs to read now.
-        if link.epoch == epoch {
+        if link.epoch == epoch && wake_reader {
             hand_off(&mut link, &connector.servers.pace);
         }
         link
@@ -764,7 +790,7 @@ impl Shared {
             }
         }
         if unsplit {
-            link = self.write_out(link, connector, deadline, connect_timeout);
+            link = self.write_out(link, connector, deadline, connect_timeout, true);
         }
         link
     }
