@@ -337,6 +337,6 @@ impl Node {
 
     /// The reply to `ticket` is no longer wanted: discard it when it comes.
     pub(crate) fn abandon(&self, ticket: Ticket) {
-        self.shared.abandon(ticket);
+        self.shared.abandon(ticket, self.pace());
     }
 }

@@ -568,7 +568,9 @@ impl Shared {
     }
 
     /// The reply to `ticket` is no longer wanted: discard it when it comes.
-    pub(super) fn abandon(&self, ticket: Ticket) {
+    /// The thread will not read the node: if replies are due there and
+    /// nobody reads them, a sleeper is woken to (see [`hand_off`]).
+    pub(super) fn abandon(&self, ticket: Ticket, pace: &Pace) {
         let mut link = self.lock();
         if link.epoch != ticket.epoch {
             return;
@@ -585,6 +587,7 @@ impl Shared {
             }
             None => give_up(&mut link.conn, ticket.seq),
         }
+        hand_off(&mut link, pace);
     }
 
     /// Records whether the server of `ticket`'s connection has `script`.
@@ -841,8 +844,19 @@ fn hand_off(link: &mut Link, pace: &Pace) {
 }
 
 /// Wakes one sleeper that waits for a reply not read yet: it takes the
-/// reading role over.
+/// reading role over. Unless one that waits for a reply here is woken for
+/// that already (on this node or another it waits on): it polls every
+/// node it waits on, and reads this one, or, should its round be decided
+/// first, hands this node off when it abandons its reply here. So one wake-up serves every node whose
+/// replies one round awaits, not one per node.
 fn wake_one(link: &mut Link) {
+    if link
+        .sleepers
+        .iter()
+        .any(|s| !s.stored && s.waiter.woken.load(Ordering::Acquire) == AWAKE_OTHER)
+    {
+        return;
+    }
     for sleeper in &link.sleepers {
         if !sleeper.stored && sleeper.waiter.wake(AWAKE_OTHER, &mut link.wakes) {
             return;
