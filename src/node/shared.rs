@@ -390,9 +390,14 @@ impl Shared {
 
     /// How many requests whose threads await their replies are on the
     /// wire (at least): each of those threads will be woken once its
-    /// replies are read, and write what is queued by then.
+    /// replies are read, and write what is queued by then. None counted
+    /// unless the node [answers quickly](answers_quickly): a command
+    /// queued to wait for them would wait a whole round trip.
     pub(super) fn awaited_on_wire(&self) -> u64 {
         let link = self.lock();
+        if !answers_quickly(&link) {
+            return 0;
+        }
         let queued = link.conn.next_seq - link.conn.written;
         link.conn.live.saturating_sub(queued)
     }
@@ -467,6 +472,16 @@ impl Shared {
                     // for them too. Leave the reading to them.
                     give_up(&mut link.conn, ticket.seq);
                     break Some(Err(Failure::TimedOut));
+                }
+                if ticket.seq >= link.conn.written
+                    && !link.conn.writing
+                    && !answers_quickly(&link)
+                {
+                    // Our command is still queued, and this read may block
+                    // a round trip: write it first, so that it never
+                    // waits behind a read of a slow node.
+                    link = self.write_out(link, connector, deadline, connect_timeout, false);
+                    continue;
                 }
                 link = self.read_one(link, connector, deadline, connect_timeout);
                 continue;
@@ -922,6 +937,14 @@ fn end_epoch(link: &mut Link, failure: Failure) {
     for sleeper in &link.sleepers {
         sleeper.waiter.wake(AWAKE_OTHER, &mut link.wakes);
     }
+}
+
+/// Whether the node's replies tend to come within half the
+/// [`FLUSH_GRACE`]: a read of it blocks no longer than what batching may
+/// cost anyway.
+fn answers_quickly(link: &Link) -> bool {
+    const QUICK_US: u64 = FLUSH_GRACE.as_micros() as u64 / 2;
+    !link.slow && link.wait_us < QUICK_US
 }
 
 /// Whether a thread may take the reading role now.
