@@ -465,6 +465,20 @@ impl Shared {
             }
             let now = Instant::now();
             let left = deadline.saturating_duration_since(now);
+            // Our command is queued: a thread awake owes its write, or the
+            // next batch will carry it, until `by`; unless nobody is awake
+            // and no batch is awaited, or it is overdue.
+            let mut queued_until = None;
+            if ticket.seq >= link.conn.written && !link.conn.writing && !link.conn.outbox.is_empty()
+            {
+                let by = *flush_by.get_or_insert(now + FLUSH_GRACE);
+                if (!pace.others_awake() && batch_until.is_none()) || now >= by {
+                    // This thread reads next: nobody need be woken to.
+                    link = self.write_out(link, connector, deadline, connect_timeout, false);
+                    continue;
+                }
+                queued_until = Some(by);
+            }
             if link.conn.next_read < link.conn.written && can_read(&link.conn) {
                 if left.is_zero() && link.conn.live > 1 {
                     // Late, and other threads still want replies on this
@@ -473,30 +487,13 @@ impl Shared {
                     give_up(&mut link.conn, ticket.seq);
                     break Some(Err(Failure::TimedOut));
                 }
-                if ticket.seq >= link.conn.written
-                    && !link.conn.writing
-                    && !answers_quickly(&link)
-                {
-                    // Our command is still queued, and this read may block
-                    // a round trip: write it first, so that it never
-                    // waits behind a read of a slow node.
-                    link = self.write_out(link, connector, deadline, connect_timeout, false);
-                    continue;
-                }
-                link = self.read_one(link, connector, deadline, connect_timeout);
+                // While our command waits, a read pauses when its wait is
+                // over: it never waits behind a read of a slow node.
+                link = self.read_one(link, connector, deadline, connect_timeout, queued_until);
                 continue;
             }
             let mut sleep = left;
-            if ticket.seq >= link.conn.written && !link.conn.writing && !link.conn.outbox.is_empty()
-            {
-                // Our command is queued. A thread awake owes its write,
-                // unless none is, or it is overdue.
-                let by = *flush_by.get_or_insert(now + FLUSH_GRACE);
-                if (!pace.others_awake() && batch_until.is_none()) || now >= by {
-                    // This thread reads next: nobody need be woken to.
-                    link = self.write_out(link, connector, deadline, connect_timeout, false);
-                    continue;
-                }
+            if let Some(by) = queued_until {
                 sleep = sleep.min(by - now);
             }
             if left.is_zero() {
@@ -734,13 +731,16 @@ impl Shared {
     /// The reading role: reads one reply, and every other one already
     /// buffered whole, and hands each to its thread (or discards it), then
     /// lets go; over an unsplit connection, then writes what was queued
-    /// meanwhile. The lock is not held during I/O.
+    /// meanwhile. The lock is not held during I/O. With a `pause`, a read
+    /// of a split connection with no reply by then lets go with nothing
+    /// read (the connection stays up).
     fn read_one<'a>(
         &'a self,
         mut link: Locked<'a>,
         connector: &Connector,
         deadline: Instant,
         connect_timeout: Duration,
+        pause: Option<Instant>,
     ) -> Locked<'a> {
         let epoch = link.epoch;
         let unsplit = link.conn.unsplit;
@@ -757,17 +757,20 @@ impl Shared {
         drop(link);
         let began = Instant::now();
         let received = match (&mut reader, &mut writer) {
-            (Some(r), _) => r.recv(deadline),
-            (None, Some(w)) => w.recv(deadline),
-            (None, None) => Err(Failure::Error(NodeError::Io(
+            (Some(r), _) => r
+                .recv_until(deadline, pause.unwrap_or(deadline))
+                .transpose(),
+            (None, Some(w)) => Some(w.recv(deadline)),
+            (None, None) => Some(Err(Failure::Error(NodeError::Io(
                 "the connection has no reading half".to_string(),
-            ))),
+            )))),
         };
         let waited = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
         // Every other reply already buffered whole, parsed before the lock
         // is taken: the other threads need it meanwhile.
         // (No allocation unless a read brought several.)
-        let ok = received.is_ok();
+        // `None`: paused with nothing read (a wait of at least `waited`).
+        let ok = !matches!(received, Some(Err(_)));
         let mut more = Vec::new();
         if ok {
             while let Some(next) = reader.as_mut().and_then(Reader::recv_buffered) {
@@ -782,10 +785,10 @@ impl Shared {
         if link.epoch == epoch {
             let pace = &connector.servers.pace;
             if ok {
-                link.slow = false;
+                link.slow &= received.is_none();
                 link.wait_us = link.wait_us - link.wait_us / 8 + waited / 8;
             }
-            for next in std::iter::once(received).chain(more) {
+            for next in received.into_iter().chain(more) {
                 match next {
                     Ok(value) => store(&mut link, value, pace),
                     Err(failure) => {

@@ -279,9 +279,22 @@ impl Reader {
     /// Past the deadline a read still collects a reply that is already
     /// here: its timeout is the smallest the OS offers.
     pub(crate) fn recv(&mut self, deadline: Instant) -> Result<Value, Failure> {
+        self.recv_until(deadline, deadline)
+            .and_then(|reply| reply.ok_or(Failure::TimedOut))
+    }
+
+    /// Like [`recv`](Self::recv), but at `pause` (before `deadline`) with no
+    /// whole reply here yet, returns `None`: the connection stays as it
+    /// is, and what was read of a reply is kept for the next read.
+    pub(crate) fn recv_until(
+        &mut self,
+        deadline: Instant,
+        pause: Instant,
+    ) -> Result<Option<Value>, Failure> {
+        let paused = |now: Instant| now >= pause && now < deadline;
         loop {
             if let Some(reply) = self.recv_buffered() {
-                return reply;
+                return reply.map(Some);
             }
             let Reader {
                 stream,
@@ -294,7 +307,7 @@ impl Reader {
                 buf.drain(..*start);
                 *start = 0;
             }
-            let left = left_or_least(deadline);
+            let left = left_or_least(pause.min(deadline));
             if needs_reset(*timeout, left) {
                 let t = timeout_for(left);
                 stream.set_read_timeout(t).map_err(io_failure)?;
@@ -316,8 +329,15 @@ impl Reader {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => buf.truncate(have),
                 Err(e) => {
                     buf.truncate(have);
-                    return Err(io_failure(e));
+                    let failure = io_failure(e);
+                    if failure == Failure::TimedOut && paused(Instant::now()) {
+                        return Ok(None);
+                    }
+                    return Err(failure);
                 }
+            }
+            if paused(Instant::now()) && frame_len(&buf[*start..]) == Ok(None) {
+                return Ok(None);
             }
             // A reply trickled out in pieces must not hold the read past the
             // deadline: each piece waits only for the time left.
@@ -494,6 +514,38 @@ mod tests {
             frame_len(&deep).is_err(),
             "nesting is bounded, not a stack overflow"
         );
+    }
+
+    /// A read that pauses before a reply is whole returns nothing and
+    /// keeps the connection: what came of the reply so far is kept, and
+    /// the next read returns it whole (a thread whose own command waits
+    /// pauses its read of other threads' replies, then writes it).
+    #[cfg(feature = "testing")]
+    #[test]
+    fn a_paused_read_keeps_what_came_of_a_reply_for_the_next_read() {
+        use crate::testing::{Cluster, Fault, Proxy};
+
+        let cluster = Cluster::start(1).expect("a redis-server node");
+        let port = cluster.node(0).port().expect("a TCP node");
+        let proxy = Proxy::start(&format!("127.0.0.1:{port}")).expect("a proxy");
+        let addr: SocketAddr = proxy
+            .url()
+            .trim_start_matches("redis://")
+            .parse()
+            .expect("the proxy's address");
+        let stream = Stream::tcp(&addr, Duration::from_secs(5)).expect("connected");
+        let (mut writer, mut reader) = stream.split().expect("split");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // One byte every 20 ms: `+PONG\r\n` takes 140 ms to come whole.
+        proxy.set_fault(Fault::TrickleReplies(Duration::from_millis(20)));
+        writer.send(b"PING\r\n", deadline).expect("sent");
+        let pause = Instant::now() + Duration::from_millis(50);
+        let paused = reader.recv_until(deadline, pause).expect("no failure");
+        assert_eq!(paused, None, "no whole reply by the pause");
+        assert!(Instant::now() >= pause, "returned at the pause, not before");
+        assert!(!reader.buf[reader.start..].is_empty(), "part of the reply came");
+        let reply = reader.recv(deadline).expect("the rest of the reply");
+        assert_eq!(reply, Value::SimpleString("PONG".to_string()));
     }
 
     #[test]
