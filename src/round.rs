@@ -77,7 +77,7 @@ pub(crate) fn run(
         held: false,
     };
     let (connecting, connected) = by_connect(nodes, &ask);
-    round.queue_on_connected(&connected);
+    round.queue_on_connected(&connected, connecting.is_empty());
     round.connect_the_rest(&connecting);
     let order = round.order_for_reading(connected, connecting);
     let left = round.read_until_decided(order);
@@ -123,6 +123,15 @@ impl<D> Round<'_, D> {
 
     /// Lets go of the pace, if held, before leaving the round.
     fn leave(&mut self) {
+        if self.batch_until.take().is_some() {
+            // Leaving (or blocking) before the batch carried our commands:
+            // nobody owes their write any more.
+            for (node, reply) in self.nodes.iter().zip(&self.replies) {
+                if reply.ticket.is_some_and(|t| !node.written(t)) {
+                    node.flush(self.deadline, self.connect_timeout, true);
+                }
+            }
+        }
         self.let_go(true, false);
     }
 
@@ -168,12 +177,15 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
     ///
     /// A round that starts alone (no other thread awake) writes its
     /// command at once, unless at least [`BATCH_FROM`] other rounds await
-    /// replies on the wire: the threads those replies wake write it then,
-    /// with their own next commands, as an event loop would; or this
-    /// thread does after [`FLUSH_GRACE`]. Otherwise the thread that left a
+    /// replies on the wire and it connects to no node (`may_batch`): the
+    /// threads those replies wake write it then, with their own next
+    /// commands, as an event loop would. Otherwise the thread that left a
     /// round last, having written every other thread's next command,
-    /// would write its own next command alone.
-    fn queue_on_connected(&mut self, connected: &[usize]) {
+    /// would write its own next command alone. The wait is bounded: the
+    /// round writes its commands itself after [`FLUSH_GRACE`], a read it
+    /// makes meanwhile pauses then, and it writes them before it leaves or
+    /// blocks on one node ([`wait_for`](Self::wait_for)).
+    fn queue_on_connected(&mut self, connected: &[usize], may_batch: bool) {
         let mut alone = false;
         if let Some(pace) = self.pace.filter(|_| !self.held) {
             alone = pace.hold();
@@ -183,7 +195,8 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
             let sent = self.nodes[i].queue(self.cmd, self.deadline, self.connect_timeout);
             self.sent(i, sent);
         }
-        let batch = alone
+        let batch = may_batch
+            && alone
             && connected
                 .first()
                 .is_some_and(|&i| self.nodes[i].awaited_on_wire() >= BATCH_FROM);

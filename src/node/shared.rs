@@ -471,6 +471,11 @@ impl Shared {
             let mut queued_until = None;
             if ticket.seq >= link.conn.written && !link.conn.writing && !link.conn.outbox.is_empty()
             {
+                if left.is_zero() {
+                    // Too late for a reply: it stays queued, abandoned.
+                    give_up(&mut link.conn, ticket.seq);
+                    break Some(Err(Failure::TimedOut));
+                }
                 let by = *flush_by.get_or_insert(now + FLUSH_GRACE);
                 if (!pace.others_awake() && batch_until.is_none()) || now >= by {
                     // This thread reads next: nobody need be woken to.
