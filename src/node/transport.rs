@@ -543,7 +543,10 @@ mod tests {
         let paused = reader.recv_until(deadline, pause).expect("no failure");
         assert_eq!(paused, None, "no whole reply by the pause");
         assert!(Instant::now() >= pause, "returned at the pause, not before");
-        assert!(!reader.buf[reader.start..].is_empty(), "part of the reply came");
+        assert!(
+            !reader.buf[reader.start..].is_empty(),
+            "part of the reply came"
+        );
         let reply = reader.recv(deadline).expect("the rest of the reply");
         assert_eq!(reply, Value::SimpleString("PONG".to_string()));
     }
