@@ -4,18 +4,22 @@
 //! Threads batch their commands on the shared connection, as an event loop
 //! does: a round queues its command on every node's outbox, and the last of
 //! the client's threads to fall asleep (see [`Pace`]) writes every outbox in
-//! one write per node. A thread alone writes its own command at once.
-//! Writing and reading are separate roles: a command never waits for a read
-//! to return (except over TLS, whose connection cannot be split: there its
-//! reader writes what was queued once its read returns). Replies come back
-//! in order: each is matched to its request by sequence number and handed
+//! one write per node. A thread alone writes its own command at once
+//! (unless a batch is due soon: see [`crate::round`]). Writing and reading
+//! are separate roles: a command never waits for a read to return (except
+//! over TLS, whose connection cannot be split: there its reader writes
+//! what was queued once its read returns). A thread whose own command
+//! waits in the queue may read meanwhile, but its read pauses when the
+//! wait ([`FLUSH_GRACE`]) is over, and it writes the command. Replies come
+//! back in order: each is matched to its request by sequence number and handed
 //! to the thread that asked (or discarded, if that thread stopped waiting).
 //! A reader hands out every reply one read brought. A round sleeps once,
 //! on all its nodes at a time (a [`Waiter`]): readers count its replies,
 //! and the one that stores as many as could decide the round wakes it
 //! (`thread::park` / `unpark`). A reader that lets the reading role go with
 //! replies due wakes a sleeper to read on only when no thread is awake to
-//! poll the node (see [`hand_off`]).
+//! poll the node, and one sleeper woken to read serves every node it
+//! waits on (see [`hand_off`]).
 //!
 //! Any error or timeout on the connection ends its *epoch*: the connection is
 //! dropped for every thread that shared it, and every request still on it
