@@ -123,16 +123,23 @@ impl<D> Round<'_, D> {
 
     /// Lets go of the pace, if held, before leaving the round.
     fn leave(&mut self) {
-        if self.batch_until.take().is_some() {
-            // Leaving (or blocking) before the batch carried our commands:
-            // nobody owes their write any more.
-            for (node, reply) in self.nodes.iter().zip(&self.replies) {
-                if reply.ticket.is_some_and(|t| !node.written(t)) {
-                    node.flush(self.deadline, self.connect_timeout, true);
-                }
+        self.end_batch(true);
+        self.let_go(true, false);
+    }
+
+    /// Stops waiting for the next batch (see [`BATCH_FROM`]): writes the
+    /// round's commands still queued. For a round that leaves, blocks on
+    /// one node, or waited its [`FLUSH_GRACE`]; `wake_reader` as for
+    /// [`Node::flush`].
+    fn end_batch(&mut self, wake_reader: bool) {
+        if self.batch_until.take().is_none() {
+            return;
+        }
+        for (node, reply) in self.nodes.iter().zip(&self.replies) {
+            if reply.ticket.is_some_and(|t| !node.written(t)) {
+                node.flush(self.deadline, self.connect_timeout, wake_reader);
             }
         }
-        self.let_go(true, false);
     }
 
     /// Lets go of the pace, if held. The last thread to let go writes what
@@ -177,14 +184,15 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
     ///
     /// A round that starts alone (no other thread awake) writes its
     /// command at once, unless at least [`BATCH_FROM`] other rounds await
-    /// replies on the wire and it connects to no node (`may_batch`): the
+    /// replies on the wire from each of its nodes (all split connections,
+    /// that answer quickly) and it connects to no node (`may_batch`): the
     /// threads those replies wake write it then, with their own next
     /// commands, as an event loop would. Otherwise the thread that left a
     /// round last, having written every other thread's next command,
     /// would write its own next command alone. The wait is bounded: the
-    /// round writes its commands itself after [`FLUSH_GRACE`], a read it
-    /// makes meanwhile pauses then, and it writes them before it leaves or
-    /// blocks on one node ([`wait_for`](Self::wait_for)).
+    /// round writes its commands itself after [`FLUSH_GRACE`] (every read
+    /// it makes meanwhile pauses then), and before it leaves or blocks on
+    /// one node ([`wait_for`](Self::wait_for)).
     fn queue_on_connected(&mut self, connected: &[usize], may_batch: bool) {
         let mut alone = false;
         if let Some(pace) = self.pace.filter(|_| !self.held) {
@@ -197,9 +205,10 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
         }
         let batch = may_batch
             && alone
+            && !connected.is_empty()
             && connected
-                .first()
-                .is_some_and(|&i| self.nodes[i].awaited_on_wire() >= BATCH_FROM);
+                .iter()
+                .all(|&i| self.nodes[i].awaited_on_wire() >= BATCH_FROM);
         if batch {
             let by = Instant::now() + FLUSH_GRACE;
             self.batch_until = Some(by);
@@ -262,6 +271,10 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
             let mut progressed = false;
             let mut k = 0;
             while k < pending.len() && !self.done {
+                if self.batch_until.is_some_and(|by| Instant::now() >= by) {
+                    // No batch came in time: write our commands ourselves.
+                    self.end_batch(false);
+                }
                 let i = pending[k];
                 // A poll may block on a read.
                 self.release();
@@ -371,7 +384,8 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
     /// Waits for node `i`'s reply, and records it.
     fn wait_for(&mut self, i: usize) {
         if let Some(ticket) = self.replies[i].ticket {
-            self.leave();
+            self.end_batch(true);
+            self.release();
             let mut held = false;
             let result = self.nodes[i].wait(
                 self.cmd,

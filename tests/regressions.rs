@@ -280,7 +280,14 @@ fn a_waiter_listening_on_a_node_the_holder_never_reached_still_wakes_on_release(
     use std::time::Instant;
 
     let nodes = cluster(3);
-    let holder = Redlock::new(nodes.urls()).unwrap();
+    // Timeouts roomy enough that the holder's release surely reaches the
+    // restarted node 0 (a connect and handshake within the default 50 ms
+    // can fail on a loaded machine, and the waiter may listen there).
+    let holder = Redlock::builder(nodes.urls())
+        .io_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
     // The holder wins on nodes 1 and 2 while node 0 is down; node 0 comes
     // back (empty) before anyone waits.
     nodes.node(0).kill().unwrap();

@@ -399,7 +399,8 @@ impl Shared {
     /// queued to wait for them would wait a whole round trip.
     pub(super) fn awaited_on_wire(&self) -> u64 {
         let link = self.lock();
-        if !answers_quickly(&link) {
+        if !answers_quickly(&link) || link.conn.unsplit {
+            // An unsplit connection's read cannot pause for our command.
             return 0;
         }
         let queued = link.conn.next_seq - link.conn.written;
@@ -469,6 +470,11 @@ impl Shared {
             }
             let now = Instant::now();
             let left = deadline.saturating_duration_since(now);
+            if !block && batch_until.is_some_and(|by| now >= by) {
+                // No batch came in time: back to the round, which writes
+                // every command it left queued before a read may block.
+                break None;
+            }
             // Our command is queued: a thread awake owes its write, or the
             // next batch will carry it, until `by`; unless nobody is awake
             // and no batch is awaited, or it is overdue.
@@ -498,7 +504,10 @@ impl Shared {
                 }
                 // While our command waits, a read pauses when its wait is
                 // over: it never waits behind a read of a slow node.
-                link = self.read_one(link, connector, deadline, connect_timeout, queued_until);
+                // So does a read while the round's commands on other nodes
+                // wait for the batch.
+                let pause = queued_until.or(batch_until);
+                link = self.read_one(link, connector, deadline, connect_timeout, pause);
                 continue;
             }
             let mut sleep = left;
@@ -877,11 +886,11 @@ fn hand_off(link: &mut Link, pace: &Pace) {
 /// first, hands this node off when it abandons its reply here. So one wake-up serves every node whose
 /// replies one round awaits, not one per node.
 fn wake_one(link: &mut Link) {
-    if link
-        .sleepers
-        .iter()
-        .any(|s| !s.stored && s.waiter.woken.load(Ordering::Acquire) == AWAKE_OTHER)
-    {
+    if link.sleepers.iter().any(|s| {
+        s.ticket.epoch == link.epoch
+            && !s.stored
+            && s.waiter.woken.load(Ordering::Acquire) == AWAKE_OTHER
+    }) {
         return;
     }
     for sleeper in &link.sleepers {
