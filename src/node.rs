@@ -134,7 +134,9 @@ impl Node {
 
     /// How many requests on the wire to this node have threads awaiting
     /// their replies (at least): those threads will be woken, and write
-    /// what is queued by then.
+    /// what is queued by then. Zero for a node that does not answer
+    /// quickly, or whose connection cannot be split (TLS): a command should
+    /// not wait for a batch there.
     pub(crate) fn awaited_on_wire(&self) -> u64 {
         self.shared.awaited_on_wire()
     }

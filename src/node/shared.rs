@@ -439,8 +439,9 @@ impl Shared {
     /// A command still queued is written by this thread when no other
     /// thread is awake to write it, or after [`FLUSH_GRACE`]; with
     /// `batch_until`, it waits until then for the next batch even while
-    /// nobody is awake (the threads that replies on the wire will wake
-    /// write it).
+    /// nobody is awake (the threads woken by the replies on the wire write
+    /// it); a poll returns `None` once that time is past, so that the round
+    /// writes its queued commands before any read may block.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn take(
         &self,
@@ -784,11 +785,11 @@ impl Shared {
             )))),
         };
         let waited = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
+        // `None`: paused with nothing read (a wait of at least `waited`).
+        let ok = !matches!(received, Some(Err(_)));
         // Every other reply already buffered whole, parsed before the lock
         // is taken: the other threads need it meanwhile.
         // (No allocation unless a read brought several.)
-        // `None`: paused with nothing read (a wait of at least `waited`).
-        let ok = !matches!(received, Some(Err(_)));
         let mut more = Vec::new();
         if ok {
             while let Some(next) = reader.as_mut().and_then(Reader::recv_buffered) {
