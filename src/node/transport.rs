@@ -97,8 +97,9 @@ impl Stream {
             Reader {
                 stream: other,
                 timeout: None,
-                buf: Vec::with_capacity(512),
+                buf: vec![0; READ_SIZE],
                 start: 0,
+                end: 0,
                 parser: redis::Parser::new(),
             },
         ))
@@ -260,9 +261,12 @@ impl Writer {
 pub(crate) struct Reader {
     stream: Stream,
     timeout: Option<Duration>,
-    /// Bytes read and not yet parsed, from `start` on.
+    /// Bytes read and not yet parsed: `buf[start..end]`. The rest of `buf`
+    /// is room for the next read, zeroed once, when the buffer grew (not
+    /// for every read).
     buf: Vec<u8>,
     start: usize,
+    end: usize,
     /// Kept, with its buffer, for every reply: a parser made per reply
     /// allocates (and clears) several KiB each time.
     parser: redis::Parser,
@@ -301,11 +305,16 @@ impl Reader {
                 timeout,
                 buf,
                 start,
+                end,
                 ..
             } = self;
             if *start > 0 {
-                buf.drain(..*start);
+                buf.copy_within(*start..*end, 0);
+                *end -= *start;
                 *start = 0;
+            }
+            if buf.len() - *end < READ_SIZE / 4 {
+                buf.resize(*end + READ_SIZE, 0);
             }
             let left = left_or_least(pause.min(deadline));
             if needs_reset(*timeout, left) {
@@ -313,22 +322,17 @@ impl Reader {
                 stream.set_read_timeout(t).map_err(io_failure)?;
                 *timeout = Some(t);
             }
-            let have = buf.len();
-            buf.resize(have + 4096, 0);
-            let read = stream.read(&mut buf[have..]);
-            match read {
+            match stream.read(&mut buf[*end..]) {
                 Ok(0) => {
-                    buf.truncate(have);
                     return Err(Failure::Error(NodeError::Io(
                         "the server closed the connection".to_string(),
                     )));
                 }
-                Ok(n) => buf.truncate(have + n),
+                Ok(n) => *end += n,
                 // A signal: with a socket timeout set, the OS does not
                 // restart the read by itself.
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => buf.truncate(have),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    buf.truncate(have);
                     let failure = io_failure(e);
                     if failure == Failure::TimedOut && paused(Instant::now()) {
                         return Ok(None);
@@ -336,12 +340,13 @@ impl Reader {
                     return Err(failure);
                 }
             }
-            if paused(Instant::now()) && frame_len(&buf[*start..]) == Ok(None) {
+            let unparsed = &buf[*start..*end];
+            if paused(Instant::now()) && frame_len(unparsed) == Ok(None) {
                 return Ok(None);
             }
             // A reply trickled out in pieces must not hold the read past the
             // deadline: each piece waits only for the time left.
-            if Instant::now() >= deadline && frame_len(&buf[*start..]) == Ok(None) {
+            if Instant::now() >= deadline && frame_len(unparsed) == Ok(None) {
                 return Err(Failure::TimedOut);
             }
         }
@@ -350,19 +355,39 @@ impl Reader {
     /// The next reply if it is already here whole, without a syscall: a
     /// read often brings several threads' replies at once.
     pub(crate) fn recv_buffered(&mut self) -> Option<Result<Value, Failure>> {
-        let len = match frame_len(&self.buf[self.start..]) {
+        let len = match frame_len(&self.buf[self.start..self.end]) {
             Err(reason) => return Some(Err(Failure::Error(NodeError::Io(reason)))),
             Ok(None) => return None,
             Ok(Some(len)) => len,
         };
         let frame = &self.buf[self.start..self.start + len];
-        let value = self.parser.parse_value(frame).map_err(redis_failure);
+        let value = match common_reply(frame) {
+            Some(value) => Ok(value),
+            None => self.parser.parse_value(frame).map_err(redis_failure),
+        };
         self.start += len;
-        if self.start == self.buf.len() {
-            self.buf.clear();
+        if self.start == self.end {
             self.start = 0;
+            self.end = 0;
         }
         Some(value)
+    }
+}
+
+/// How much a read asks the socket for, at least.
+const READ_SIZE: usize = 4096;
+
+/// The replies nearly every round gets, parsed without the `redis`
+/// crate's general parser (which costs more than the rest of the work on
+/// a reply): `OK` and nil for `SET ... NX`, 0 and 1 for the scripts. The
+/// values are the ones that parser gives.
+fn common_reply(frame: &[u8]) -> Option<Value> {
+    match frame {
+        b"+OK\r\n" => Some(Value::Okay),
+        b"$-1\r\n" => Some(Value::Nil),
+        b":0\r\n" => Some(Value::Int(0)),
+        b":1\r\n" => Some(Value::Int(1)),
+        _ => None,
     }
 }
 
@@ -516,6 +541,52 @@ mod tests {
         );
     }
 
+    #[test]
+    fn the_common_replies_parse_as_the_redis_parser_parses_them() {
+        for frame in [&b"+OK\r\n"[..], b"$-1\r\n", b":0\r\n", b":1\r\n"] {
+            let general = redis::Parser::new().parse_value(frame).expect("a reply");
+            assert_eq!(common_reply(frame), Some(general), "{frame:?}");
+        }
+        for frame in [&b"+PONG\r\n"[..], b":2\r\n", b"$0\r\n\r\n", b"-ERR x\r\n"] {
+            assert_eq!(common_reply(frame), None, "{frame:?} goes to the parser");
+        }
+    }
+
+    /// Replies larger than the read buffer, and many replies in one read,
+    /// come back whole and in order: the buffer grows, and what is left
+    /// of one read moves to the front for the next.
+    #[cfg(feature = "testing")]
+    #[test]
+    fn replies_larger_than_one_read_and_many_in_one_read_come_whole_and_in_order() {
+        use crate::testing::Cluster;
+
+        let cluster = Cluster::start(1).expect("a redis-server node");
+        let port = cluster.node(0).port().expect("a TCP node");
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("an address");
+        let stream = Stream::tcp(&addr, Duration::from_secs(5)).expect("connected");
+        let (mut writer, mut reader) = stream.split().expect("split");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let big = "x".repeat(5 * READ_SIZE + 7);
+        let mut out = Vec::new();
+        crate::script::pack(&mut out, &[b"SET", b"big", big.as_bytes()]);
+        for _ in 0..3 {
+            crate::script::pack(&mut out, &[b"GET", b"big"]);
+            for i in 0..200 {
+                crate::script::pack(&mut out, &[b"ECHO", i.to_string().as_bytes()]);
+            }
+        }
+        writer.send(&out, deadline).expect("sent");
+        assert_eq!(reader.recv(deadline), Ok(Value::Okay));
+        for _ in 0..3 {
+            let value = Value::BulkString(big.clone().into_bytes());
+            assert_eq!(reader.recv(deadline), Ok(value), "the large reply, whole");
+            for i in 0..200 {
+                let value = Value::BulkString(i.to_string().into_bytes());
+                assert_eq!(reader.recv(deadline), Ok(value), "reply {i}, in order");
+            }
+        }
+    }
+
     /// A read that pauses before a reply is whole returns nothing and
     /// keeps the connection: what came of the reply so far is kept, and
     /// the next read returns it whole (a thread whose own command waits
@@ -543,10 +614,7 @@ mod tests {
         let paused = reader.recv_until(deadline, pause).expect("no failure");
         assert_eq!(paused, None, "no whole reply by the pause");
         assert!(Instant::now() >= pause, "returned at the pause, not before");
-        assert!(
-            !reader.buf[reader.start..].is_empty(),
-            "part of the reply came"
-        );
+        assert!(reader.end > reader.start, "part of the reply came");
         let reply = reader.recv(deadline).expect("the rest of the reply");
         assert_eq!(reply, Value::SimpleString("PONG".to_string()));
     }
