@@ -15,7 +15,9 @@
 //! Per pair it reports CPU (this process and the 5 servers), the working
 //! threads' context switches (from /proc/thread-self/status) and the crate's
 //! socket writes and reads (counted by the crate under the `testing`
-//! feature), and the load average before and after: compare ratios within
+//! feature), how often the servers' main threads fell asleep (each sleep
+//! costs a server a wake-up: their CPU follows it), and the load average
+//! before and after: compare ratios within
 //! one run, and run again when the load says other work shared the cores.
 //! Set `BENCH_SECONDS` to change how long each throughput phase runs
 //! (default 1; 6 thread counts x 3 alternating runs of 3 phases), and
@@ -167,13 +169,13 @@ fn run() -> Result<(), Box<dyn Error>> {
         );
     }
     println!();
-    println!("## cost per pair in the same runs: CPU (client + servers), the client's context switches (voluntary + involuntary), the crate's socket writes + reads");
+    println!("## cost per pair in the same runs: CPU (client + servers), the client's context switches (voluntary + involuntary), the crate's socket writes + reads, the servers' sleeps (floor / redlock-sync / reference)");
     println!();
-    println!("| threads | CPU floor | CPU redlock-sync | CPU reference | switches floor | switches redlock-sync | switches reference | redlock-sync writes + reads |");
-    println!("|--:|--:|--:|--:|--:|--:|--:|--:|");
+    println!("| threads | CPU floor | CPU redlock-sync | CPU reference | switches floor | switches redlock-sync | switches reference | redlock-sync writes + reads | server sleeps |");
+    println!("|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
     for (threads, floor, ours, batched) in &rows {
         println!(
-            "| {threads} | {} | {} | {} | {} | {} | {} | {:.2} + {:.2} |",
+            "| {threads} | {} | {} | {} | {} | {} | {} | {:.2} + {:.2} | {:.2} / {:.2} / {} |",
             floor.cpu(),
             ours.cpu(),
             batched.as_ref().map_or(String::new(), Throughput::cpu),
@@ -182,6 +184,11 @@ fn run() -> Result<(), Box<dyn Error>> {
             batched.as_ref().map_or(String::new(), Throughput::switches),
             ours.writes_per_op,
             ours.reads_per_op,
+            floor.server_sleeps_per_op,
+            ours.server_sleeps_per_op,
+            batched
+                .as_ref()
+                .map_or(String::new(), |b| format!("{:.2}", b.server_sleeps_per_op)),
         );
     }
     println!();
@@ -426,6 +433,9 @@ struct Throughput {
     cpu_per_op: Duration,
     /// The redis-server processes' CPU time per operation.
     server_cpu_per_op: Duration,
+    /// How often the servers' main threads fell asleep (to wait for a
+    /// command) per operation: each time, a write must wake one again.
+    server_sleeps_per_op: f64,
     /// Context switches of the working threads per operation.
     voluntary_per_op: f64,
     involuntary_per_op: f64,
@@ -589,6 +599,7 @@ struct Meter {
     cpu: Duration,
     servers: Vec<u32>,
     server_cpu: Duration,
+    server_sleeps: u64,
     io: IoCounts,
 }
 
@@ -599,6 +610,7 @@ impl Meter {
             cpu: cpu_time("self"),
             servers: servers.to_vec(),
             server_cpu: servers.iter().map(|p| cpu_time(&p.to_string())).sum(),
+            server_sleeps: servers.iter().map(|&p| server_sleeps(p)).sum(),
             io: io_counts(),
         }
     }
@@ -615,6 +627,13 @@ impl Meter {
             per_second: ops as f64 / elapsed.as_secs_f64(),
             cpu_per_op: cpu_time("self").saturating_sub(self.cpu) / ops as u32,
             server_cpu_per_op: server.saturating_sub(self.server_cpu) / ops as u32,
+            server_sleeps_per_op: per_op(
+                self.servers
+                    .iter()
+                    .map(|&p| server_sleeps(p))
+                    .sum::<u64>()
+                    .saturating_sub(self.server_sleeps),
+            ),
             voluntary_per_op: per_op(switches.voluntary.load(Ordering::Relaxed)),
             involuntary_per_op: per_op(switches.involuntary.load(Ordering::Relaxed)),
             writes_per_op: per_op(io.writes - self.io.writes),
@@ -671,6 +690,17 @@ fn load_average() -> String {
 }
 
 /// A process's user + system CPU time, from /proc/<pid>/stat.
+/// The voluntary context switches of a server's main thread (the one
+/// that serves commands): how often it fell asleep to wait for them.
+fn server_sleeps(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 fn cpu_time(pid: &str) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after_name = stat.rsplit(')').next().unwrap_or("");
