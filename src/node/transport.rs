@@ -374,7 +374,8 @@ impl Reader {
     }
 }
 
-/// How much a read asks the socket for, at least.
+/// How much the read buffer grows by, when less than a quarter of this is
+/// free: a read asks the socket for at least `READ_SIZE / 4` bytes.
 const READ_SIZE: usize = 4096;
 
 /// The replies nearly every round gets, parsed without the `redis`
@@ -547,7 +548,16 @@ mod tests {
             let general = redis::Parser::new().parse_value(frame).expect("a reply");
             assert_eq!(common_reply(frame), Some(general), "{frame:?}");
         }
-        for frame in [&b"+PONG\r\n"[..], b":2\r\n", b"$0\r\n\r\n", b"-ERR x\r\n"] {
+        for frame in [
+            &b"+PONG\r\n"[..],
+            b"+OKAY\r\n",
+            b":2\r\n",
+            b":10\r\n",
+            b":01\r\n",
+            b"$-10\r\n",
+            b"$0\r\n\r\n",
+            b"-ERR x\r\n",
+        ] {
             assert_eq!(common_reply(frame), None, "{frame:?} goes to the parser");
         }
     }
