@@ -664,7 +664,13 @@ impl Switches {
 /// This thread's voluntary and involuntary context switches so far, from
 /// /proc/thread-self/status.
 fn thread_switches() -> (u64, u64) {
-    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
+    switches("/proc/thread-self/status")
+}
+
+/// The voluntary and involuntary context switches in a /proc status file
+/// (of a thread, or of a process's main thread).
+fn switches(path: &str) -> (u64, u64) {
+    let status = std::fs::read_to_string(path).unwrap_or_default();
     let field = |name: &str| {
         status
             .lines()
@@ -689,18 +695,13 @@ fn load_average() -> String {
         .join(" ")
 }
 
-/// A process's user + system CPU time, from /proc/<pid>/stat.
 /// The voluntary context switches of a server's main thread (the one
 /// that serves commands): how often it fell asleep to wait for them.
 fn server_sleeps(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+    switches(&format!("/proc/{pid}/status")).0
 }
 
+/// A process's user + system CPU time, from /proc/<pid>/stat.
 fn cpu_time(pid: &str) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after_name = stat.rsplit(')').next().unwrap_or("");
