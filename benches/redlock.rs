@@ -17,8 +17,8 @@
 //! socket writes and reads (counted by the crate under the `testing`
 //! feature), how often the servers' main threads fell asleep (each sleep
 //! costs a server a wake-up: their CPU follows it), and the load average
-//! before and after: compare ratios within
-//! one run, and run again when the load says other work shared the cores.
+//! before and after: compare ratios within one run, and run again when the
+//! load says other work shared the cores.
 //! Set `BENCH_SECONDS` to change how long each throughput phase runs
 //! (default 1; 6 thread counts x 3 alternating runs of 3 phases), and
 //! `BENCH_THREADS` (say 16) to measure one thread count alone.

@@ -884,8 +884,9 @@ fn hand_off(link: &mut Link, pace: &Pace) {
 /// reading role over. Unless one that waits for a reply here is woken for
 /// that already (on this node or another it waits on): it polls every
 /// node it waits on, and reads this one, or, should its round be decided
-/// first, hands this node off when it abandons its reply here. So one wake-up serves every node whose
-/// replies one round awaits, not one per node.
+/// first, hands this node off when it abandons its reply here. So one
+/// wake-up serves every node whose replies one round awaits, not one per
+/// node.
 fn wake_one(link: &mut Link) {
     if link.sleepers.iter().any(|s| {
         s.ticket.epoch == link.epoch
