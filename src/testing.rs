@@ -7,7 +7,9 @@
 //!
 //! * [`Cluster::start`] / [`Cluster::start_unix`] start `n` independent
 //!   `redis-server` masters (no replication, no persistence) listening on
-//!   `127.0.0.1` or on Unix sockets, each in a private temporary directory.
+//!   `127.0.0.1` or on Unix sockets, each in a private temporary directory;
+//!   [`Cluster::start_tls`] starts masters that speak TLS, with a throwaway
+//!   certificate authority.
 //! * Every [`Node`] can be killed ([`Node::kill`], SIGKILL: the node forgets
 //!   everything), started again on the same address ([`Node::start`],
 //!   [`Node::restart`]), frozen ([`Node::pause`], SIGSTOP: connections hang)
@@ -49,7 +51,9 @@
 //! harness returns [`HarnessError::NotInstalled`], whose message says how to
 //! install Redis and how to set `REDIS_SERVER`; it never skips silently.
 //! Pausing and resuming use the `kill` program (for `kill -STOP` /
-//! `kill -CONT`), and the module builds on Unix-like systems only.
+//! `kill -CONT`), TLS clusters the `openssl` program (a missing one is a
+//! [`HarnessError::Io`] that says how to install it), and the module builds
+//! on Unix-like systems only.
 //!
 //! # Example
 //!
@@ -83,6 +87,7 @@ use std::time::Duration;
 // spawning one server, a node the tests drive, a cluster of nodes, and the
 // fault proxy.
 mod binary;
+mod certs;
 mod cluster;
 mod node;
 mod process;

@@ -38,6 +38,10 @@ use args::{Cli, Command};
 use exit::Failure;
 
 fn main() -> ExitCode {
+    // rustls needs a crypto provider for `rediss://` nodes; another one
+    // already installed would do as well.
+    #[cfg(feature = "tls")]
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return usage_error(&e),

@@ -204,6 +204,18 @@ fn bad_input_gets_a_clear_message_and_the_usage_exit_code() {
         );
     }
 
+    // TLS nodes need the tool's `tls` feature; without it, it says how to
+    // get it (with it, tests/tls.rs runs them).
+    if !cfg!(feature = "tls") {
+        for url in ["rediss://:s3cret@127.0.0.1:1", "VALKEYS://127.0.0.1:1"] {
+            let out = output(bare().args(["acquire", "--nodes", url, "r"]));
+            let stderr = text(&out.stderr);
+            assert_eq!(code(&out), 64, "{url}: {stderr}");
+            assert!(stderr.contains("--features tls"), "{url}: {stderr}");
+            assert!(!stderr.contains("s3cret"), "{url}: {stderr}");
+        }
+    }
+
     // With --json, the error is an object on stdout as well.
     let out = output(bare().args(["acquire", "--json", "--ttl", "soon", "r"]));
     assert_eq!(code(&out), 64);

@@ -8,10 +8,11 @@ use std::path::{Path, PathBuf};
 use std::thread;
 
 use super::binary::redis_server_binary;
+use super::certs;
 use super::node::Node;
 use super::proxy::Proxy;
 use super::record::{self, Record};
-use super::spawn::{make_cluster_dir, Spawner};
+use super::spawn::{make_cluster_dir, Listen, Spawner};
 use super::{io_error, HarnessError};
 
 /// `n` independent `redis-server` masters, each in the cluster's own
@@ -45,6 +46,8 @@ pub struct Cluster {
     dir: PathBuf,
     nodes: Vec<Node>,
     record: Option<Record>,
+    /// Started by [`Cluster::start_tls`].
+    tls: bool,
 }
 
 impl Cluster {
@@ -58,7 +61,7 @@ impl Cluster {
     /// its log), [`HarnessError::Io`] for I/O failures. Nodes already started
     /// are stopped again before the error is returned.
     pub fn start(n: usize) -> Result<Cluster, HarnessError> {
-        Self::launch(redis_server_binary()?, n, false)
+        Self::launch(redis_server_binary()?, n, Listen::Tcp)
     }
 
     /// Starts `n` masters that listen only on Unix sockets (TCP port 0) in
@@ -85,12 +88,45 @@ impl Cluster {
     ///
     /// As for [`Cluster::start`].
     pub fn start_unix(n: usize) -> Result<Cluster, HarnessError> {
-        Self::launch(redis_server_binary()?, n, true)
+        Self::launch(redis_server_binary()?, n, Listen::Unix)
     }
 
-    fn launch(binary: PathBuf, n: usize, unix_sockets: bool) -> Result<Cluster, HarnessError> {
+    /// Starts `n` masters that speak TLS to clients on `127.0.0.1`, with a
+    /// throwaway certificate authority made by the `openssl` program in the
+    /// cluster's directory. Their URLs are `rediss://127.0.0.1:PORT`; a
+    /// client trusts them through [`ca_file`](Self::ca_file) (rustls reads
+    /// the `SSL_CERT_FILE` environment variable, for instance). The
+    /// certificate is for `127.0.0.1` and `localhost`.
+    ///
+    /// Each node also listens on a plain TCP port that only the harness
+    /// uses (readiness, the inspection helpers such as [`Node::get`]), so
+    /// these work without the crate's `tls` feature. [`Cluster::proxies`]
+    /// is for plain TCP nodes only.
+    ///
+    /// ```
+    /// use redlock_sync::testing::Cluster;
+    ///
+    /// # fn main() -> Result<(), redlock_sync::testing::HarnessError> {
+    /// let cluster = Cluster::start_tls(1)?;
+    /// assert!(cluster.urls()[0].starts_with("rediss://127.0.0.1:"));
+    /// assert!(cluster.ca_file().is_some_and(|ca| ca.is_file()));
+    /// cluster.node(0).set("k", "v")?;
+    /// assert_eq!(cluster.node(0).get("k")?.as_deref(), Some("v"));
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As for [`Cluster::start`]; and [`HarnessError::Io`] if `openssl`
+    /// is missing or fails (the message says how to install it).
+    pub fn start_tls(n: usize) -> Result<Cluster, HarnessError> {
+        Self::launch(redis_server_binary()?, n, Listen::Tls)
+    }
+
+    fn launch(binary: PathBuf, n: usize, listen: Listen) -> Result<Cluster, HarnessError> {
         record::reap_orphans();
-        let dir = make_cluster_dir(unix_sockets, n)?;
+        let dir = make_cluster_dir(listen == Listen::Unix, n)?;
         let record = match Record::create(&dir, &binary) {
             Ok(record) => record,
             Err(e) => {
@@ -104,7 +140,11 @@ impl Cluster {
             dir,
             nodes: Vec::with_capacity(n),
             record,
+            tls: listen == Listen::Tls,
         };
+        if cluster.tls {
+            certs::make(&cluster.dir)?;
+        }
         let results: Vec<Result<Node, HarnessError>> = thread::scope(|scope| {
             let handles: Vec<_> = (0..n)
                 .map(|index| {
@@ -114,7 +154,7 @@ impl Cluster {
                         index,
                         record: record_path.clone(),
                     };
-                    scope.spawn(move || Node::launch(spawner, unix_sockets))
+                    scope.spawn(move || Node::launch(spawner, listen))
                 })
                 .collect();
             handles
@@ -153,8 +193,9 @@ impl Cluster {
         self.nodes.is_empty()
     }
 
-    /// The nodes' URLs in node order: `redis://127.0.0.1:PORT` or
-    /// `redis+unix:///path/to/node-<i>.sock`.
+    /// The nodes' URLs in node order: `redis://127.0.0.1:PORT`,
+    /// `redis+unix:///path/to/node-<i>.sock`, or `rediss://127.0.0.1:PORT`
+    /// ([`Cluster::start_tls`]).
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(Node::url).collect()
     }
@@ -179,6 +220,14 @@ impl Cluster {
         &self.dir
     }
 
+    /// The certificate of the authority that signed the nodes'
+    /// certificate, for clients to trust: `ca.pem` in the cluster's
+    /// directory. `None` unless the cluster was started by
+    /// [`Cluster::start_tls`].
+    pub fn ca_file(&self) -> Option<PathBuf> {
+        self.tls.then(|| self.dir.join(certs::CA_FILE))
+    }
+
     /// Starts a [`Proxy`] in front of every node; returns them in node order.
     ///
     /// ```
@@ -199,20 +248,21 @@ impl Cluster {
     ///
     /// # Errors
     ///
-    /// [`HarnessError::Io`] for a Unix-socket cluster (the proxy is TCP only)
-    /// or if a proxy cannot start.
+    /// [`HarnessError::Io`] for a Unix-socket or TLS cluster (the proxy
+    /// speaks plain TCP) or if a proxy cannot start.
     pub fn proxies(&self) -> Result<Vec<Proxy>, HarnessError> {
         self.nodes
             .iter()
             .enumerate()
             .map(|(index, node)| match node.port() {
-                Some(port) => Proxy::start(&format!("127.0.0.1:{port}")),
-                None => Err(io_error(
+                Some(port) if !node.is_tls() => Proxy::start(&format!("127.0.0.1:{port}")),
+                _ => Err(io_error(
                     format!(
-                        "Cluster::proxies: node {} listens on a Unix socket; proxies need TCP nodes (Cluster::start)",
-                        index
+                        "Cluster::proxies: node {} listens on {}; proxies need plain TCP nodes (Cluster::start)",
+                        index,
+                        if node.is_tls() { "TLS" } else { "a Unix socket" }
                     ),
-                    io::Error::new(io::ErrorKind::Unsupported, "not a TCP node"),
+                    io::Error::new(io::ErrorKind::Unsupported, "not a plain TCP node"),
                 )),
             })
             .collect()
@@ -261,6 +311,34 @@ mod tests {
         ports.sort();
         ports.dedup();
         assert_eq!(ports.len(), 3, "ports must be distinct");
+    }
+
+    #[test]
+    fn start_tls_serves_tls_to_clients_and_plain_tcp_to_the_harness() {
+        let cluster = Cluster::start_tls(2).unwrap();
+        let ca = cluster.ca_file().expect("a TLS cluster has a CA file");
+        assert!(ca.is_file() && ca.starts_with(cluster.dir()));
+        let node = cluster.node(1);
+        let url = node.url();
+        assert_eq!(url, format!("rediss://127.0.0.1:{}", node.port().unwrap()));
+        assert!(node.is_tls());
+        // The inspection helpers go over the plain port.
+        node.set("k", "v").unwrap();
+        assert_eq!(node.get("k").unwrap().as_deref(), Some("v"));
+        // The client's port speaks only TLS: a plain PING gets no PONG.
+        assert_ne!(
+            ping_tcp(node_addr(node), SHORT).ok().as_deref(),
+            Some("+PONG")
+        );
+        // A restart comes back on the same URL, with the same certificate.
+        node.restart().unwrap();
+        assert_eq!(node.url(), url);
+        assert_eq!(node.get("k").unwrap(), None);
+        assert!(
+            cluster.proxies().is_err(),
+            "proxies are for plain TCP nodes"
+        );
+        assert_eq!(Cluster::start(1).unwrap().ca_file(), None);
     }
 
     #[test]
@@ -354,7 +432,7 @@ mod tests {
         else {
             return;
         };
-        let err = Cluster::launch(false_bin, 2, false).unwrap_err();
+        let err = Cluster::launch(false_bin, 2, Listen::Tcp).unwrap_err();
         let HarnessError::NotReady {
             node,
             reason,

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::process;
-use super::spawn::{Address, Spawner, MAX_SOCKET_PATH};
+use super::spawn::{Address, Listen, Spawner, MAX_SOCKET_PATH};
 use super::{io_error, lock, HarnessError, CONNECT_TIMEOUT, IO_TIMEOUT};
 
 /// How long `pause`/`resume` wait for the process state to change (Linux).
@@ -59,8 +59,8 @@ struct NodeState {
 }
 
 impl Node {
-    pub(super) fn launch(spawner: Spawner, unix_sockets: bool) -> Result<Node, HarnessError> {
-        let (child, address) = if unix_sockets {
+    pub(super) fn launch(spawner: Spawner, listen: Listen) -> Result<Node, HarnessError> {
+        let (child, address) = if listen == Listen::Unix {
             let path = spawner.socket_path();
             if path.as_os_str().len() >= MAX_SOCKET_PATH {
                 return Err(io_error(
@@ -74,8 +74,7 @@ impl Node {
             let address = Address::Unix(path);
             (spawner.launch_on(&address)?, address)
         } else {
-            let (child, port) = spawner.launch_on_fresh_port()?;
-            (child, Address::Tcp(port))
+            spawner.launch_on_fresh_port(listen == Listen::Tls)?
         };
         Ok(Node {
             spawner,
@@ -87,18 +86,27 @@ impl Node {
         })
     }
 
-    /// The node's URL: `redis://127.0.0.1:PORT` or
-    /// `redis+unix:///path/to/node-<i>.sock`. Stable across restarts.
+    /// The node's URL: `redis://127.0.0.1:PORT`,
+    /// `redis+unix:///path/to/node-<i>.sock`, or for a node of
+    /// [`Cluster::start_tls`](super::Cluster::start_tls)
+    /// `rediss://127.0.0.1:PORT`. Stable across restarts.
     pub fn url(&self) -> String {
         self.address.url()
     }
 
-    /// The TCP port, or `None` for a Unix-socket node.
+    /// The TCP port of [`url`](Self::url) (of a TLS node, its TLS port),
+    /// or `None` for a Unix-socket node.
     pub fn port(&self) -> Option<u16> {
         match self.address {
-            Address::Tcp(port) => Some(port),
+            Address::Tcp(port) | Address::Tls { tls_port: port, .. } => Some(port),
             Address::Unix(_) => None,
         }
+    }
+
+    /// Whether the node speaks TLS to clients (see
+    /// [`Cluster::start_tls`](super::Cluster::start_tls)).
+    pub fn is_tls(&self) -> bool {
+        matches!(self.address, Address::Tls { .. })
     }
 
     /// The server's process id, or `None` while the node is killed.
@@ -250,7 +258,7 @@ impl Node {
     // -- inspection helpers --------------------------------------------------
 
     fn connection(&self) -> Result<redis::Connection, HarnessError> {
-        let url = self.url();
+        let url = self.address.plain_url();
         let fail = |source| HarnessError::Redis {
             context: format!("connecting to {url}"),
             source,

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::{io_error, record, HarnessError};
+use super::{certs, io_error, record, HarnessError};
 
 /// How long a freshly spawned node may take to answer `PING`.
 const READY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -91,17 +91,45 @@ fn free_port() -> Result<u16, HarnessError> {
     Ok(port)
 }
 
+/// How a cluster's nodes listen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Listen {
+    /// Plain TCP on a free port of 127.0.0.1.
+    Tcp,
+    /// A Unix socket in the cluster's directory (TCP port 0).
+    Unix,
+    /// TLS on a free port of 127.0.0.1, with the certificates that
+    /// [`certs`](super::certs) made in the cluster's directory, and plain
+    /// TCP on another port for the harness's own use.
+    Tls,
+}
+
 /// Where a node listens.
 #[derive(Debug, Clone)]
 pub(super) enum Address {
     Tcp(u16),
     Unix(PathBuf),
+    /// Clients use `tls_port`; the harness (readiness, inspection) uses
+    /// the plain `port`.
+    Tls {
+        port: u16,
+        tls_port: u16,
+    },
 }
 
 impl Address {
+    /// The URL clients use.
     pub(super) fn url(&self) -> String {
         match self {
-            Address::Tcp(port) => format!("redis://127.0.0.1:{port}"),
+            Address::Tls { tls_port, .. } => format!("rediss://127.0.0.1:{tls_port}"),
+            _ => self.plain_url(),
+        }
+    }
+
+    /// The URL of the harness's own connections: plain, without TLS.
+    pub(super) fn plain_url(&self) -> String {
+        match self {
+            Address::Tcp(port) | Address::Tls { port, .. } => format!("redis://127.0.0.1:{port}"),
             Address::Unix(path) => format!("redis+unix://{}", path.display()),
         }
     }
@@ -110,6 +138,9 @@ impl Address {
         match self {
             Address::Tcp(port) => format!("127.0.0.1:{port}"),
             Address::Unix(path) => path.display().to_string(),
+            Address::Tls { port, tls_port } => {
+                format!("127.0.0.1:{tls_port} (TLS; plain on {port})")
+            }
         }
     }
 }
@@ -164,6 +195,17 @@ impl Spawner {
                     .arg(path)
                     .args(["--unixsocketperm", "700"]);
             }
+            Address::Tls { port, tls_port } => {
+                command
+                    .arg("--port")
+                    .arg(port.to_string())
+                    .arg("--tls-port")
+                    .arg(tls_port.to_string())
+                    .args(["--tls-cert-file", certs::CERT_FILE])
+                    .args(["--tls-key-file", certs::KEY_FILE])
+                    .args(["--tls-ca-cert-file", certs::CA_FILE])
+                    .args(["--tls-auth-clients", "no"]);
+            }
         }
         command
             .stdin(Stdio::null())
@@ -205,7 +247,7 @@ impl Spawner {
     fn launch(&self, address: &Address) -> Result<Child, LaunchError> {
         let mut child = self.spawn(address).map_err(LaunchError::Fatal)?;
         let started = Instant::now();
-        let url = address.url();
+        let url = address.plain_url();
         loop {
             match child.try_wait() {
                 Ok(Some(status)) => {
@@ -239,14 +281,23 @@ impl Spawner {
         }
     }
 
-    /// Starts a TCP node on a fresh port, trying other ports when the picked
-    /// one turns out to be taken.
-    pub(super) fn launch_on_fresh_port(&self) -> Result<(Child, u16), HarnessError> {
+    /// Starts a TCP node (with `tls`, a TLS node) on fresh ports, trying
+    /// others when a picked one turns out to be taken.
+    pub(super) fn launch_on_fresh_port(&self, tls: bool) -> Result<(Child, Address), HarnessError> {
         let mut attempt = 1;
         loop {
             let port = free_port()?;
-            match self.launch(&Address::Tcp(port)) {
-                Ok(child) => return Ok((child, port)),
+            let address = if tls {
+                let mut tls_port = free_port()?;
+                while tls_port == port {
+                    tls_port = free_port()?;
+                }
+                Address::Tls { port, tls_port }
+            } else {
+                Address::Tcp(port)
+            };
+            match self.launch(&address) {
+                Ok(child) => return Ok((child, address)),
                 Err(LaunchError::Exited(_)) if attempt < PORT_ATTEMPTS => attempt += 1,
                 Err(LaunchError::Exited(e) | LaunchError::Fatal(e)) => return Err(e),
             }
