@@ -21,7 +21,11 @@ use std::time::Duration;
 /// | [`Thread`](Self::Thread) | no thread for the watchdog of `with_lock` or `lock` | retry; check the system's thread limits |
 ///
 /// Every variant that comes from talking to the nodes carries a [`Report`]
-/// of the last round: what each node answered and how long it took.
+/// of the last round: what each node answered and how long it took. These
+/// variants (and [`NodeError`]'s with fields) are `#[non_exhaustive]`, so
+/// that a later version may tell more: match them with `{ field, .. }`.
+/// The errors about input ([`ConfigError`], [`ArgumentError`]) compare
+/// with `==` and can be built, to check them in tests.
 ///
 /// The errors of this crate say everything in their `Display` message,
 /// causes included (a wrapped [`ConfigError`], the OS error), and return no
@@ -56,6 +60,7 @@ pub enum LockError {
     /// The lock is held by another client: the last round reached enough
     /// nodes to decide, and too few of them granted it.
     #[error("`{resource}` is held by another client: not granted after {attempts} attempt(s); last round: {report}")]
+    #[non_exhaustive]
     Contended {
         /// The resource asked for (the first one, for a multi-resource lock).
         resource: String,
@@ -70,6 +75,7 @@ pub enum LockError {
     #[error(
         "too few nodes answered for a quorum on `{resource}` after {attempts} attempt(s): {report}"
     )]
+    #[non_exhaustive]
     NoQuorum {
         /// The resource asked for (the first one, for a multi-resource lock).
         resource: String,
@@ -83,6 +89,7 @@ pub enum LockError {
     /// validity was left (`elapsed + drift >= ttl`). Use a longer TTL, or
     /// find out why the nodes are slow.
     #[error("`{resource}` was granted by a quorum, but the round used up the whole TTL of {ttl:?}; last round: {report}")]
+    #[non_exhaustive]
     TooSlow {
         /// The resource asked for (the first one, for a multi-resource lock).
         resource: String,
@@ -97,6 +104,7 @@ pub enum LockError {
     /// expired). The critical section may have overlapped another holder's.
     /// No other client's key was touched.
     #[error("the lock on `{resource}` was lost (it expired or was taken): {report}")]
+    #[non_exhaustive]
     Lost {
         /// The resource of the lock (the first one, for a multi-resource lock).
         resource: String,
@@ -408,6 +416,7 @@ pub enum NodeError {
     #[error(
         "restarted {uptime:?} ago, less than the restart grace of {grace:?}: not voting until then"
     )]
+    #[non_exhaustive]
     Restarted {
         /// The node's uptime as it reported it (`uptime_in_seconds`: whole
         /// seconds, and the real uptime may be up to a second less).
@@ -420,6 +429,7 @@ pub enum NodeError {
     /// of this client, under another name: one server must have one vote,
     /// so this one does not vote. List each server once.
     #[error("the same server as node `{other}` (one run_id under two names): it does not vote twice; list each server once")]
+    #[non_exhaustive]
     SameServer {
         /// The node that reached the server first.
         other: String,

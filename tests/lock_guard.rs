@@ -114,7 +114,9 @@ fn unlock_after_the_lock_was_taken_reports_it_lost_and_leaves_the_new_holders_ke
     assert!(matches!(guard.check(), Err(LockError::Lost { .. })));
     assert!(guard.is_ending());
     match guard.unlock() {
-        Err(LockError::Lost { resource, report }) => {
+        Err(LockError::Lost {
+            resource, report, ..
+        }) => {
             assert_eq!(resource, "taken");
             assert!(report.refused() >= 2, "the extension was refused: {report}");
         }

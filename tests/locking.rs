@@ -128,7 +128,9 @@ fn release_after_expiry_and_takeover_reports_lost_and_leaves_the_new_holders_key
     let current = second.acquire("job", TTL).expect("expired lock is free");
 
     match first.release(stale) {
-        Err(LockError::Lost { resource, report }) => {
+        Err(LockError::Lost {
+            resource, report, ..
+        }) => {
             assert_eq!(resource, "job");
             assert!(report.refused() >= 3, "no node held our token: {report}");
         }

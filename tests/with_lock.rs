@@ -147,7 +147,9 @@ fn killing_three_of_five_nodes_turns_is_held_false_within_one_ttl_and_with_lock_
         "is_held() turned false {lost_after:?} after the kill, expected within {bound:?}"
     );
     match result {
-        Err(LockError::Lost { resource, report }) => {
+        Err(LockError::Lost {
+            resource, report, ..
+        }) => {
             assert_eq!(resource, "fragile");
             assert!(report.failed() >= 3, "the dead nodes failed: {report}");
         }
