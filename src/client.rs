@@ -13,11 +13,12 @@ use config::{Config, RedlockBuilder, MAX_TTL};
 use crate::error::{
     ArgumentError, ConfigError, Failure, LockError, NodeError, NodeOutcome, NodeReport, Report,
 };
-use crate::lock::{check_resources, Lock, Token};
+use crate::lock::{Lock, Token};
 use crate::node::{Endpoint, Node};
 use crate::round::{self, Reply};
 use crate::script::{self, Command};
 use crate::wait::{Waiters, Wake};
+use fencing::check_acquirable;
 
 pub(crate) mod config;
 pub(crate) mod fencing;
@@ -396,7 +397,7 @@ impl Redlock {
         ttl: Duration,
         retries: u32,
     ) -> Result<Lock, LockError> {
-        check_resources(&resources)?;
+        check_acquirable(&resources)?;
         let ttl_ms = self.check_ttl(ttl)?;
         self.acquire_loop(resources, ttl_ms, retries, |resources, token, ttl| {
             let cmd = match resources {
@@ -509,7 +510,10 @@ impl Redlock {
     /// Extends `lock` to expire `ttl` from now, if a quorum of nodes still
     /// holds its token. On success, the lock's validity and report are
     /// measured anew from this round. Too few nodes answering is retried per
-    /// the retry policy; a refusal by too many nodes is final.
+    /// the retry policy ([`retry_count`](RedlockBuilder::retry_count) and
+    /// its pauses), but no retry starts after the lock's validity is over
+    /// or [`max_wait`](RedlockBuilder::max_wait) is used up; a refusal by
+    /// too many nodes is final.
     ///
     /// ```no_run
     /// # use redlock_sync::Redlock;
@@ -526,7 +530,8 @@ impl Redlock {
     ///
     /// - [`LockError::Lost`] when too many nodes no longer hold the token:
     ///   the lock expired (and may have been taken). Stop the protected work.
-    /// - [`LockError::NoQuorum`] when too few nodes answered, after retries.
+    /// - [`LockError::NoQuorum`] when too few nodes answered, after the
+    ///   retries that fit in the lock's validity (and `max_wait`).
     /// - [`LockError::TooSlow`] when the round used up the whole TTL.
     /// - [`LockError::Argument`] for a bad TTL.
     ///
@@ -553,6 +558,13 @@ impl Redlock {
             &lock.resources,
             &[&lock.token.hex(), ttl_ms.to_string().as_bytes()],
         );
+        // No retry starts once the lock's validity is over (nor past
+        // `max_wait`): a lock that could not be extended while it was valid
+        // is not held any more, whatever a later round may find.
+        let started = Instant::now();
+        let retry_until = (self.inner.config.max_wait).map_or(lock.valid_until, |budget| {
+            later(started, budget).min(lock.valid_until)
+        });
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -568,7 +580,13 @@ impl Redlock {
                     report: tally.report,
                 });
             }
-            if attempt > retries || tally.report.granted() >= self.quorum() {
+            let pause = if attempt > retries || tally.report.granted() >= self.quorum() {
+                None
+            } else {
+                Some(self.retry_pause()?)
+                    .filter(|&pause| later(Instant::now(), pause) < retry_until)
+            };
+            let Some(pause) = pause else {
                 return Err(match tally.error(&lock.resources[0], attempt, ttl) {
                     // Not refused by enough nodes to be lost, not granted by
                     // enough to be held: too few answered to tell.
@@ -583,8 +601,8 @@ impl Redlock {
                     },
                     other => other,
                 });
-            }
-            std::thread::sleep(self.retry_pause()?);
+            };
+            std::thread::sleep(pause);
         }
     }
 

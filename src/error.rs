@@ -73,7 +73,8 @@ pub enum LockError {
     /// Too few nodes answered for a quorum: the others failed or timed out.
     /// Each failed node's error is in the report.
     #[error(
-        "too few nodes answered for a quorum on `{resource}` after {attempts} attempt(s): {report}"
+        "too few nodes answered for a quorum on `{resource}` after {attempts} attempt(s) \
+         (check that a majority of the nodes is up and reachable at the URLs given): {report}"
     )]
     #[non_exhaustive]
     NoQuorum {
@@ -232,7 +233,7 @@ pub enum ConfigError {
     },
 
     /// The drift factor is not a number in `[0, 1)`.
-    #[error("drift factor {value} is outside [0, 1)")]
+    #[error("drift factor {value} is outside [0, 1); the default, 0.01, suits clocks that drift less than 1%")]
     DriftFactor {
         /// The value given.
         value: f64,
@@ -290,12 +291,12 @@ pub enum ArgumentError {
     DuplicateResource(String),
 
     /// The TTL is zero (or shorter than one millisecond, Redis' unit).
-    #[error("the TTL is zero; give at least a few milliseconds more than the drift term")]
+    #[error("the TTL is under 1 ms, Redis' unit; give at least a few milliseconds more than the drift term (ttl * drift_factor + 2 ms)")]
     ZeroTtl,
 
     /// The TTL is not longer than the drift term, so no validity could ever
     /// be left.
-    #[error("the TTL of {ttl:?} is not longer than the drift term of {drift:?} (ttl * drift_factor + 2 ms)")]
+    #[error("the TTL of {ttl:?} is not longer than the drift term of {drift:?} (ttl * drift_factor + 2 ms), so no validity would be left; give a longer TTL, long enough for the work (seconds are usual)")]
     TtlBelowDrift {
         /// The TTL given.
         ttl: Duration,
@@ -316,9 +317,9 @@ pub enum ArgumentError {
     #[error(transparent)]
     Token(#[from] ParseTokenError),
 
-    /// A fenced acquisition named a resource under the prefix reserved for
+    /// An acquisition named a resource under the prefix reserved for
     /// fencing counters ([`FENCE_KEY_PREFIX`](crate::FENCE_KEY_PREFIX)).
-    #[error("resource `{0}` starts with `redlock-sync:fence:`, the prefix reserved for fencing counters")]
+    #[error("resource `{0}` starts with `redlock-sync:fence:`, the prefix reserved for fencing counters; choose another name")]
     ReservedResource(String),
 }
 
@@ -542,7 +543,7 @@ impl fmt::Display for NodeOutcome {
             Self::Refused => f.write_str("refused"),
             Self::TimedOut => f.write_str("timed out"),
             Self::Failed(err) => write!(f, "failed ({err})"),
-            Self::NotAwaited => f.write_str("not awaited"),
+            Self::NotAwaited => f.write_str("not awaited (the round was decided without it)"),
         }
     }
 }

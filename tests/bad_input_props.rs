@@ -87,10 +87,10 @@ fn below_drift(ttl: Duration) -> bool {
 }
 
 /// The argument error a call must give, if any.
-fn expected_argument_error(resource: &str, ttl: Duration, fenced: bool) -> Option<ArgumentError> {
+fn expected_argument_error(resource: &str, ttl: Duration) -> Option<ArgumentError> {
     if resource.is_empty() {
         Some(ArgumentError::EmptyResource)
-    } else if fenced && resource.starts_with(FENCE_KEY_PREFIX) {
+    } else if resource.starts_with(FENCE_KEY_PREFIX) {
         Some(ArgumentError::ReservedResource(resource.to_string()))
     } else if ttl > MAX_TTL {
         Some(ArgumentError::TtlTooLarge { ttl, max: MAX_TTL })
@@ -141,7 +141,7 @@ fn acquire_with_any_resource_and_ttl_is_ok_or_a_typed_error_and_a_failure_leaves
             2 => locks.acquire_fenced(&resource, ttl),
             _ => locks.try_acquire_fenced(&resource, ttl),
         };
-        match (expected_argument_error(&resource, ttl, fenced), result) {
+        match (expected_argument_error(&resource, ttl), result) {
             (Some(expected), Err(LockError::Argument(got))) => {
                 prop_assert_eq!(expected, got)
             }

@@ -3,12 +3,12 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{
     builder, cluster, holders, no_quorum_within, values, wait_until, wait_until_gone, SETTLE,
 };
-use redlock_sync::{NodeOutcome, Redlock};
+use redlock_sync::{LockError, NodeOutcome, Redlock};
 
 const TTL: Duration = Duration::from_secs(10);
 const IO_TIMEOUT: Duration = Duration::from_millis(100);
@@ -244,4 +244,51 @@ fn a_fresh_client_connects_to_its_nodes_side_by_side() {
     locks.release(lock).unwrap();
     nodes.node(0).resume().unwrap();
     nodes.node(1).resume().unwrap();
+}
+
+#[test]
+fn extend_with_too_few_nodes_stops_retrying_when_the_lock_is_no_longer_valid_or_max_wait_is_used_up(
+) {
+    let nodes = cluster(3);
+    // Retries without limit: only the lock's validity and max_wait end them.
+    let retry_forever = |max_wait: Option<Duration>| {
+        let mut locks = builder(&nodes)
+            .retry_count(u32::MAX)
+            .retry_delay(RETRY_DELAY)
+            .retry_jitter(RETRY_JITTER)
+            .io_timeout(IO_TIMEOUT);
+        if let Some(wait) = max_wait {
+            locks = locks.max_wait(wait);
+        }
+        locks.build().unwrap()
+    };
+    let by_validity = retry_forever(None);
+    let mut short = by_validity
+        .acquire("short", Duration::from_millis(800))
+        .unwrap();
+    let by_budget = retry_forever(Some(Duration::from_millis(300)));
+    let mut long = by_budget.acquire("long", TTL).unwrap();
+    nodes.node(1).kill().unwrap();
+    nodes.node(2).kill().unwrap();
+
+    let valid_until = Instant::now() + short.validity();
+    match by_validity.extend(&mut short, Duration::from_secs(10)) {
+        Err(LockError::NoQuorum { attempts, .. }) => {
+            assert!(attempts > 1, "it retried while the lock was valid")
+        }
+        other => panic!("expected NoQuorum once the validity was over, got {other:?}"),
+    }
+    // No retry started after the validity: the last round began before it
+    // ended, and a round lasts at most the io_timeout.
+    assert!(Instant::now() < valid_until + IO_TIMEOUT + SETTLE);
+
+    let started = Instant::now();
+    match by_budget.extend(&mut long, TTL) {
+        Err(LockError::NoQuorum { attempts, .. }) => assert!(attempts > 1),
+        other => panic!("expected NoQuorum once max_wait was used up, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < TTL / 2,
+        "max_wait (300 ms) ended the retries, not the lock's validity (10 s)"
+    );
 }

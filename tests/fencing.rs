@@ -189,15 +189,22 @@ fn a_node_whose_counter_is_not_a_number_fails_without_setting_the_lock_and_the_r
 }
 
 #[test]
-fn a_fenced_acquisition_of_a_counter_key_is_refused() {
+fn an_acquisition_of_a_counter_key_fenced_or_not_is_refused() {
     let nodes = cluster(1);
     let locks = client(&nodes);
-    match locks.try_acquire_fenced(&fence_key("x"), TTL) {
-        Err(LockError::Argument(ArgumentError::ReservedResource(name))) => {
-            assert_eq!(name, fence_key("x"))
+    fn reserved<T: std::fmt::Debug>(result: Result<T, LockError>) {
+        match result {
+            Err(LockError::Argument(ArgumentError::ReservedResource(name))) => {
+                assert_eq!(name, fence_key("x"))
+            }
+            other => panic!("expected the reserved-resource error, got {other:?}"),
         }
-        other => panic!("expected the reserved-resource error, got {other:?}"),
     }
+    reserved(locks.try_acquire_fenced(&fence_key("x"), TTL));
+    reserved(locks.try_acquire(&fence_key("x"), TTL));
+    reserved(locks.acquire_many(["y".to_string(), fence_key("x")], TTL));
+    reserved(locks.with_lock(&fence_key("x"), TTL, |_| Ok::<_, LockError>(())));
+    reserved(locks.try_lock(&fence_key("x"), TTL));
     assert!(nodes.node(0).keys().unwrap().is_empty(), "nothing written");
 }
 

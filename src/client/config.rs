@@ -160,8 +160,9 @@ impl RedlockBuilder {
     /// Sets how many times a round that did not succeed is tried again:
     /// by [`acquire`](crate::Redlock::acquire) and the other acquisitions
     /// when the lock was not won, by [`extend`](crate::Redlock::extend) when
-    /// too few nodes answered. So a call runs at most `retry_count + 1`
-    /// rounds; the `try_*` calls run one. Defaults to 3.
+    /// too few nodes answered (and only while the lock is still valid). So
+    /// a call runs at most `retry_count + 1` rounds; the `try_*` calls run
+    /// one. Defaults to 3.
     pub fn retry_count(mut self, count: u32) -> Self {
         self.config.retry_count = count;
         self
@@ -217,7 +218,8 @@ impl RedlockBuilder {
     /// Sets a bound on the total time [`acquire`](crate::Redlock::acquire)
     /// (and the acquisition in [`with_lock`](crate::Redlock::with_lock))
     /// spends waiting: no attempt starts, and no pause is slept, past `wait`
-    /// after the call began. The first attempt always runs, so a zero budget
+    /// after the call began. [`extend`](crate::Redlock::extend) starts no
+    /// retry past it either. The first attempt always runs, so a zero budget
     /// means one attempt. The retry count still applies as well; set it high
     /// to let the budget alone decide. Defaults to none: the retry count
     /// alone decides.

@@ -27,9 +27,9 @@ use crate::script::{self, Command};
 /// acquisition could not be given a larger token. It is one small string
 /// key per resource ever locked with
 /// [`acquire_fenced`](Redlock::acquire_fenced). The prefix is reserved:
-/// fenced acquisitions of resources that start with it are refused with
-/// [`ArgumentError::ReservedResource`], and plain locks on such names would
-/// contend with the counters. Deleting a counter is safe but for the
+/// acquisitions (fenced or not) of resources that start with it are
+/// refused with [`ArgumentError::ReservedResource`]; a lock there would
+/// stand in the way of fenced locks on the rest of the name. Deleting a counter is safe but for the
 /// caveats on node clocks in [`acquire_fenced`](Redlock::acquire_fenced).
 ///
 /// ```
@@ -38,6 +38,18 @@ use crate::script::{self, Command};
 /// assert_eq!(format!("{FENCE_KEY_PREFIX}invoice:42"), "redlock-sync:fence:invoice:42");
 /// ```
 pub const FENCE_KEY_PREFIX: &str = "redlock-sync:fence:";
+
+/// Checks the resources of an acquisition: as [`check_resources`], and no
+/// name under [`FENCE_KEY_PREFIX`], where the fencing counters live (a
+/// lock there would stand in the way of fenced locks on the rest of the
+/// name).
+pub(crate) fn check_acquirable(resources: &[String]) -> Result<(), ArgumentError> {
+    check_resources(resources)?;
+    match resources.iter().find(|r| r.starts_with(FENCE_KEY_PREFIX)) {
+        Some(reserved) => Err(ArgumentError::ReservedResource(reserved.clone())),
+        None => Ok(()),
+    }
+}
 
 impl Redlock {
     /// Acquires a lock on `resource` for `ttl`, like
@@ -189,10 +201,7 @@ impl Redlock {
         retries: u32,
     ) -> Result<Lock, LockError> {
         let resources = vec![resource.to_string()];
-        check_resources(&resources)?;
-        if resource.starts_with(FENCE_KEY_PREFIX) {
-            return Err(ArgumentError::ReservedResource(resource.to_string()).into());
-        }
+        check_acquirable(&resources)?;
         let ttl_ms = self.check_ttl(ttl)?;
         let keys = [
             resource.to_string(),
