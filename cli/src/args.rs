@@ -32,10 +32,19 @@ macro_rules! common_codes {
 macro_rules! nodes_note {
     () => {
         "Nodes come from --nodes or REDLOCK_NODES: comma-separated URLs of independent Redis or Valkey masters \
-(redis://[user:password@]host:port[/db], redis+unix:///path/to/socket[?db=N]); three or five for fault \
-tolerance. Passwords are never printed."
+(redis://[user:password@]host:port[/db] or redis+unix:///path/to/socket[?db=N], and valkey:// or \
+valkey+unix:// alike; over TLS rediss:// or valkeys://, with the tool's `tls` feature); three or five for \
+fault tolerance. Passwords are never printed."
     };
 }
+
+/// The help headings of the options. Each option names its own: a
+/// struct's `next_help_heading` would carry over to everything declared
+/// after the struct is flattened, the positional arguments too, which
+/// then leave clap's "Arguments" heading (and its order).
+const NODES: &str = "Nodes";
+const TAKING: &str = "Taking the lock";
+const RUNNING: &str = "Running the command";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -93,12 +102,13 @@ impl Command {
 
 /// Where the nodes are and how long to wait for them: every subcommand's.
 #[derive(Debug, Args)]
-#[command(next_help_heading = "Nodes")]
 pub struct NodeArgs {
     #[arg(
         long,
         help = "The nodes: comma-separated URLs of independent Redis or Valkey masters \
-                (redis://[user:password@]host:port[/db], redis+unix:///path[?db=N])",
+                (redis://[user:password@]host:port[/db], redis+unix:///path[?db=N]; valkey:// and \
+                valkey+unix:// alike; rediss:// and valkeys:// with the tool's `tls` feature)",
+        help_heading = NODES,
         env = "REDLOCK_NODES",
         hide_env_values = true,
         value_delimiter = ',',
@@ -107,74 +117,82 @@ pub struct NodeArgs {
     pub nodes: Vec<String>,
 
     /// How long a round trip to the nodes may take.
-    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "50ms")]
+    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "50ms", help_heading = NODES)]
     pub io_timeout: Duration,
 
     /// How long connecting to a node may take.
-    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "50ms")]
+    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "50ms", help_heading = NODES)]
     pub connect_timeout: Duration,
 
     /// Keep a node that has been up for less than this from voting (it
     /// may have restarted and forgotten locks): at least the longest TTL
     /// in use. Off by default; status ignores it.
-    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", value_parser = duration, help_heading = NODES)]
     pub restart_grace: Option<Duration>,
 
     /// Machine-readable output: one JSON object on standard output, for
     /// the result and for errors (the message also goes to standard error).
-    #[arg(long)]
+    #[arg(long, help_heading = NODES)]
     pub json: bool,
 }
 
 /// How a lock is taken: `run`'s and `acquire`'s.
 #[derive(Debug, Args)]
-#[command(next_help_heading = "Taking the lock")]
 pub struct Acquisition {
     /// How long the lock lasts on the nodes unless extended.
-    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "30s")]
+    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "30s", help_heading = TAKING)]
     pub ttl: Duration,
 
     /// Wait at most this long for the lock. Without it (and without
-    /// --no-wait), wait until the lock is had.
-    #[arg(long, value_name = "DURATION", value_parser = duration, conflicts_with = "no_wait")]
+    /// --no-wait), wait until the lock is had, saying on standard error
+    /// while too few nodes answer.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        value_parser = duration,
+        conflicts_with = "no_wait",
+        help_heading = TAKING
+    )]
     pub wait: Option<Duration>,
 
     /// Give up at once if the lock is held (like flock -n): one attempt.
-    #[arg(short = 'n', long)]
+    #[arg(short = 'n', long, help_heading = TAKING)]
     pub no_wait: bool,
 
+    // `run` adds to this help ([`watchdog_pause`]); `acquire` never extends.
     /// The pause between two attempts while waiting, plus up to half as
-    /// much again at random (so waiters spread out). Also the pause
-    /// before retrying a failed extension.
-    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "200ms")]
+    /// much again at random (so waiters spread out).
+    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "200ms", help_heading = TAKING)]
     pub retry_delay: Duration,
 
     /// The exit code when the lock is held by another client (like
     /// flock -E); 0 makes "someone else is on it" a success.
-    #[arg(short = 'E', long, value_name = "N", default_value_t = exit::CONFLICT)]
+    #[arg(short = 'E', long, value_name = "N", default_value_t = exit::CONFLICT, help_heading = TAKING)]
     pub conflict_exit_code: u8,
 
     /// Take a fenced lock: it comes with a fencing token, a number larger
     /// than that of every earlier fenced lock on the resource, for the
     /// protected storage to check.
-    #[arg(long)]
+    #[arg(long, help_heading = TAKING)]
     pub fenced: bool,
 
     /// Say on standard error when waiting starts and when the lock is had.
-    #[arg(short, long)]
+    #[arg(short, long, help_heading = TAKING)]
     pub verbose: bool,
 }
 
 /// `redlock run`.
 #[derive(Debug, Args)]
 #[command(
+    mut_arg("retry_delay", watchdog_pause),
     about = "Run a command while holding a lock",
     long_about = concat!(
         "Take the lock on RESOURCE, run COMMAND with its arguments while holding it, keep the lock alive \
 while the command runs (it is extended each time a third of its validity is left), release it when the \
 command ends, and exit with the command's status.\n\n",
-        "By default wait for the lock as long as it takes; --wait bounds the wait and --no-wait (-n) gives up \
-at once. When the lock is not had, the command does not run.\n\n",
+        "By default wait for the lock as long as it takes (while too few nodes answer, saying so on standard \
+error at once and then at most every 10 s); --wait bounds the wait and --no-wait (-n) gives up at once. \
+When the lock is not had, the command does not run.\n\n",
         "If the lock is lost while the command runs (its extension is refused, or too few nodes answer until \
 its validity runs out), or --max-hold is reached, the command gets SIGTERM, then SIGKILL after \
 --kill-after, and redlock exits with 76 and says on standard error when the lock was lost.\n\n",
@@ -214,7 +232,7 @@ pub struct RunArgs {
 
     /// Hold the lock at most this long: then it is no longer extended and
     /// the command is stopped as when the lock is lost.
-    #[arg(long, value_name = "DURATION", value_parser = duration, help_heading = "Taking the lock")]
+    #[arg(long, value_name = "DURATION", value_parser = duration, help_heading = TAKING)]
     pub max_hold: Option<Duration>,
 
     /// After the lock is lost, how long the command has between SIGTERM
@@ -224,7 +242,7 @@ pub struct RunArgs {
         value_name = "DURATION",
         value_parser = duration,
         default_value = "10s",
-        help_heading = "Running the command"
+        help_heading = RUNNING
     )]
     pub kill_after: Duration,
 
@@ -255,7 +273,8 @@ pub struct RunArgs {
 fencing token, separated by a space). The lock is not kept alive: it expires after --ttl unless \
 `redlock extend` renews it in time, and `redlock release` gives it back. For scripts that take and give \
 back a lock in separate steps; `redlock run` is simpler where it fits.\n\n",
-        "Waits as `redlock run` does (--wait, --no-wait); a signal while waiting ends the wait at once.\n\n",
+        "Waits as `redlock run` does (--wait, --no-wait; while too few nodes answer, it says so on standard \
+error); a signal while waiting ends the wait at once.\n\n",
         nodes_note!()
     ),
     after_help = "Run `redlock acquire --help` for the exit codes and an example.",
@@ -289,6 +308,9 @@ pub struct AcquireArgs {
     long_about = concat!(
         "Make the lock on RESOURCE that TOKEN holds last --ttl from now, if a quorum of nodes still holds \
 it. Prints nothing (with --json: the validity left).\n\n",
+        "When too few nodes answer, it tries again up to 3 times, each after 200 ms plus up to 100 ms at \
+random (the library's defaults), and only while the lock is still valid; when too many nodes no longer \
+hold the token, the lock is lost and it does not try again.\n\n",
         nodes_note!()
     ),
     after_help = "Run `redlock extend --help` for the exit codes and an example.",
@@ -360,6 +382,8 @@ pub struct LockRef {
 by its first 8 characters (the whole token would let anyone release the lock), the fencing counter, and \
 whether a quorum holds one token (then the lock is held). Read-only: GET and PTTL in one MULTI on each \
 node.\n\n",
+        "When fewer than a quorum of nodes answer, whether the lock is held cannot be told: it says \
+\"unknown\" (with --json, \"held\": null) and exits with 69.\n\n",
         nodes_note!()
     ),
     after_help = "Run `redlock status --help` for the exit codes and an example.",
@@ -380,6 +404,15 @@ pub struct StatusArgs {
     pub resource: String,
 }
 
+/// `run`'s `--retry-delay`: the shared help, and what it is to the
+/// watchdog (run.rs gives the library's retry pause the same value).
+fn watchdog_pause(arg: clap::Arg) -> clap::Arg {
+    let shared = arg.get_help().map(ToString::to_string).unwrap_or_default();
+    arg.help(format!(
+        "{shared}. Also the pause before the watchdog retries a failed extension while the command runs"
+    ))
+}
+
 /// Parses a human duration: `500ms`, `30s`, `5m`, `1h 30m`.
 fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s)
@@ -394,6 +427,93 @@ mod tests {
     #[test]
     fn the_command_line_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// A struct's `next_help_heading` once put them under "Nodes:", and
+    /// `<COMMAND>...` before `<RESOURCE>`.
+    #[test]
+    fn positional_arguments_are_listed_under_arguments_in_their_order() {
+        let expected: &[(&str, &[&str])] = &[
+            ("run", &["<RESOURCE>", "<COMMAND>..."]),
+            ("acquire", &["<RESOURCE>"]),
+            ("extend", &["<RESOURCE>", "<TOKEN>"]),
+            ("release", &["<RESOURCE>", "<TOKEN>"]),
+            ("status", &["<RESOURCE>"]),
+        ];
+        let mut cli = Cli::command();
+        for (name, positionals) in expected {
+            let sub = cli.find_subcommand_mut(name).expect("a subcommand");
+            for short in [false, true] {
+                let help = if short {
+                    sub.render_help()
+                } else {
+                    sub.render_long_help()
+                }
+                .to_string();
+                let block = help
+                    .split_once("\nArguments:\n")
+                    .and_then(|(_, rest)| rest.split_once("\nOptions:\n"))
+                    .map(|(block, _)| block)
+                    .unwrap_or_else(|| panic!("{name}: no Arguments before Options: {help}"));
+                let at: Vec<usize> = positionals
+                    .iter()
+                    .map(|p| {
+                        block
+                            .find(&format!("  {p}"))
+                            .unwrap_or_else(|| panic!("{name}: {p} not under Arguments: {help}"))
+                    })
+                    .collect();
+                assert!(at.is_sorted(), "{name}: out of order: {block}");
+                let rest = &help[help.find("\nOptions:\n").unwrap()..];
+                assert!(
+                    !rest.contains("  <"),
+                    "{name}: a positional after Options: {help}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn each_subcommand_says_how_it_pauses_and_retries() {
+        let mut cli = Cli::command();
+        let mut help = |name: &str| {
+            let sub = cli.find_subcommand_mut(name).expect("a subcommand");
+            sub.render_long_help().to_string().replace('\n', " ")
+        };
+        let (run, acquire, extend) = (help("run"), help("acquire"), help("extend"));
+        assert!(run.contains("watchdog retries a failed extension"), "{run}");
+        assert!(
+            !acquire.contains("extension"),
+            "acquire never extends: {acquire}"
+        );
+        for says in ["3 times", "200 ms", "100 ms", "still valid"] {
+            assert!(extend.contains(says), "extend --help should say {says:?}");
+        }
+    }
+
+    #[test]
+    fn the_help_names_every_node_url_scheme() {
+        let mut cli = Cli::command();
+        for help in [
+            cli.render_long_help().to_string(),
+            cli.find_subcommand_mut("status")
+                .expect("status")
+                .render_help()
+                .to_string(),
+        ] {
+            let help = help.replace(char::is_whitespace, "");
+            for scheme in [
+                "redis://",
+                "redis+unix://",
+                "valkey://",
+                "valkey+unix://",
+                "rediss://",
+                "valkeys://",
+                "`tls`feature",
+            ] {
+                assert!(help.contains(scheme), "no {scheme}: {help}");
+            }
+        }
     }
 
     #[test]

@@ -59,10 +59,14 @@ impl Events {
 
     /// Waits up to `timeout` for a stop signal, passing over child events;
     /// returns the signal if one came.
+    ///
+    /// `timeout` comes from the command line (`--retry-delay`), and
+    /// `Instant + Duration` panics past what an `Instant` can hold: a pause
+    /// that long has no deadline, and only a signal ends it.
     pub fn stop_within(&self, timeout: Duration) -> Option<i32> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now().checked_add(timeout);
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
             match self.next(left) {
                 Some(Event::Stop(signal)) => return Some(signal),
                 Some(Event::Child) if !left.is_zero() => continue,

@@ -96,8 +96,9 @@ struct Loss {
     /// How long after the command started.
     after: Duration,
     reason: String,
-    /// When the command gets SIGKILL, if it has not ended by then.
-    kill_at: Instant,
+    /// When the command gets SIGKILL, if it has not ended by then; `None`:
+    /// never (a --kill-after too long for an `Instant` to hold).
+    kill_at: Option<Instant>,
     killed: bool,
 }
 
@@ -168,18 +169,22 @@ impl Command<'_> {
                                 .map(|e| e.to_string())
                                 .unwrap_or_default()
                         },
-                        kill_at: now.checked_add(self.kill_after).unwrap_or(now),
+                        kill_at: now.checked_add(self.kill_after),
                         killed: false,
                     });
                 }
-                Some(loss) if !loss.killed && now >= loss.kill_at => {
+                Some(loss) if !loss.killed && loss.kill_at.is_some_and(|at| now >= at) => {
                     send(&child, Signal::SIGKILL);
                     loss.killed = true;
                 }
                 _ => {}
             }
             let wait = match &loss {
-                Some(loss) if !loss.killed => self.tick.min(loss.kill_at - now.min(loss.kill_at)),
+                Some(Loss {
+                    kill_at: Some(at),
+                    killed: false,
+                    ..
+                }) => self.tick.min(at.saturating_duration_since(now)),
                 _ => self.tick,
             };
             if let Some(Event::Stop(signal)) = events.next(wait) {

@@ -77,6 +77,10 @@ pub fn status(args: &StatusArgs) -> Result<u8, Failure> {
     let holder = top
         .filter(|(_, n)| *n >= quorum)
         .map(|(token, _)| prefix(token));
+    // "Not held" needs a quorum of answers: with fewer, the nodes that did
+    // not answer may hold a token that makes a quorum with some that did.
+    // ("Held" needs a quorum of answers anyway.)
+    let known = answered >= quorum;
 
     if args.nodes.json {
         let nodes: Vec<Value> = names
@@ -86,7 +90,8 @@ pub fn status(args: &StatusArgs) -> Result<u8, Failure> {
             .collect();
         let out = json!({
             "resource": resource,
-            "held": holder.is_some(),
+            // null: cannot be told.
+            "held": known.then_some(holder.is_some()),
             "token_prefix": holder,
             "quorum": quorum,
             "answered": answered,
@@ -100,8 +105,12 @@ pub fn status(args: &StatusArgs) -> Result<u8, Failure> {
                 top.map_or(0, |(_, n)| n),
                 names.len()
             ),
-            None => println!(
+            None if known => println!(
                 "`{resource}`: not held (no token is on a quorum of {quorum} of {} nodes)",
+                names.len()
+            ),
+            None => println!(
+                "`{resource}`: unknown (only {answered} of {} nodes answered, fewer than a quorum of {quorum})",
                 names.len()
             ),
         }
@@ -110,7 +119,7 @@ pub fn status(args: &StatusArgs) -> Result<u8, Failure> {
             println!("  {name:<width$}  {}", node_line(holding));
         }
     }
-    if answered < quorum {
+    if !known {
         eprintln!(
             "redlock: only {answered} of {} nodes answered, fewer than a quorum of {quorum}: \
              whether `{resource}` is held cannot be told",

@@ -14,6 +14,12 @@ use crate::args::Acquisition;
 use crate::events::Events;
 use crate::exit::Failure;
 
+/// How often, at most, a wait that keeps finding too few nodes says so
+/// again: said once only, a wait that lasts hours would look like a hang;
+/// said at every attempt, it would flood a log. (`redlock run --help` says
+/// 10 s.)
+const SAY_NODES_EVERY: Duration = Duration::from_secs(10);
+
 /// How long to keep trying, and how to pause between attempts.
 #[derive(Debug, Clone)]
 pub struct Patience {
@@ -83,11 +89,15 @@ pub fn keep_trying<T>(
 ) -> Result<T, Failure> {
     let started = Instant::now();
     let mut said_waiting = false;
+    let mut nodes_down = NodesDown::default();
     loop {
         let e = match attempt() {
             Tried::Had(value) => return Ok(value),
             Tried::NotHad(e) => e,
         };
+        if !matches!(e, LockError::NoQuorum { .. }) {
+            nodes_down.mended();
+        }
         let retryable = matches!(
             e,
             LockError::Contended { .. } | LockError::NoQuorum { .. } | LockError::TooSlow { .. }
@@ -107,7 +117,19 @@ pub fn keep_trying<T>(
             // One last attempt as the wait runs out.
             pause = pause.min(left);
         }
-        if patience.verbose && !said_waiting {
+        // Too few nodes is said even without --verbose: without a limit
+        // the wait lasts until they come back, and it must not look like
+        // a hang. The library's message names the failed nodes, never a
+        // password.
+        if matches!(e, LockError::NoQuorum { .. }) && nodes_down.due(Instant::now()) {
+            if said_waiting {
+                let waited = humantime::format_duration(round_secs(started.elapsed()));
+                eprintln!("redlock: still waiting for `{resource}` after {waited}: {e}");
+            } else {
+                eprintln!("redlock: waiting for `{resource}`: {e}");
+            }
+            said_waiting = true;
+        } else if patience.verbose && !said_waiting {
             eprintln!("redlock: waiting for `{resource}`: {e}");
             said_waiting = true;
         }
@@ -117,6 +139,34 @@ pub fn keep_trying<T>(
                 &format!("while waiting for `{resource}`"),
             ));
         }
+    }
+}
+
+/// When a wait says that too few nodes answered: at the first attempt of
+/// a run of such attempts, then at most once per [`SAY_NODES_EVERY`] while
+/// the run lasts.
+#[derive(Debug, Default)]
+struct NodesDown {
+    /// When it was last said in this run; `None`: not yet.
+    said_at: Option<Instant>,
+}
+
+impl NodesDown {
+    /// Whether an attempt at `now` that found too few nodes is to be said
+    /// (and then it counts as said).
+    fn due(&mut self, now: Instant) -> bool {
+        let due = self
+            .said_at
+            .is_none_or(|at| now.saturating_duration_since(at) >= SAY_NODES_EVERY);
+        if due {
+            self.said_at = Some(now);
+        }
+        due
+    }
+
+    /// An attempt reached enough nodes: a new run is said at once.
+    fn mended(&mut self) {
+        self.said_at = None;
     }
 }
 
@@ -137,4 +187,29 @@ fn jitter(max: Duration) -> Duration {
 /// `d` to whole milliseconds, for messages.
 pub fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(d.as_millis().try_into().unwrap_or(u64::MAX))
+}
+
+/// `d` to whole seconds, for messages about long waits.
+fn round_secs(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn too_few_nodes_is_said_at_once_then_at_most_every_ten_seconds() {
+        let start = Instant::now();
+        let at = |secs| start + Duration::from_secs(secs);
+        let mut nodes_down = NodesDown::default();
+        assert!(nodes_down.due(at(0)));
+        assert!(!nodes_down.due(at(1)));
+        assert!(!nodes_down.due(at(9)));
+        assert!(nodes_down.due(at(10)));
+        assert!(!nodes_down.due(at(15)));
+        // Back, then down again: said at once.
+        nodes_down.mended();
+        assert!(nodes_down.due(at(16)));
+    }
 }

@@ -302,6 +302,46 @@ fn max_hold_stops_the_command_when_it_is_reached() {
 }
 
 #[test]
+fn durations_too_long_for_the_clock_mean_no_limit_and_never_a_panic() {
+    let cluster = cluster(3);
+    let forever = "500000000000y";
+    let out = output(redlock("run", &cluster).args([
+        "--wait",
+        forever,
+        "--retry-delay",
+        forever,
+        "--max-hold",
+        forever,
+        "--kill-after",
+        forever,
+        "forever",
+        "true",
+    ]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+
+    // Lost (at --max-hold) with a --kill-after that never comes: SIGTERM
+    // only, never an early SIGKILL.
+    let out = output(redlock("run", &cluster).args([
+        "--ttl",
+        "1s",
+        "--max-hold",
+        "1500ms",
+        "--kill-after",
+        forever,
+        "forever",
+        "--",
+        "sleep",
+        "60",
+    ]));
+    let stderr = text(&out.stderr);
+    assert_eq!(code(&out), 76, "{stderr}");
+    assert!(stderr.contains("SIGTERM"), "{stderr}");
+    assert!(!stderr.contains("SIGKILL"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(keys_on(&cluster, "forever"), 0, "released");
+}
+
+#[test]
 fn the_commands_exit_status_and_death_by_signal_are_passed_through() {
     let cluster = cluster(3);
     let out = output(

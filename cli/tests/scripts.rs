@@ -123,13 +123,25 @@ fn status_says_which_nodes_failed_and_when_too_few_answered() {
         text(&out.stdout)
     );
 
+    // One of three answered, with no key: the two silent nodes may hold
+    // a token, so whether the lock is held cannot be told.
     cluster.node(1).kill().unwrap();
     let out = output(redlock("status", &cluster).args(["--json", "r"]));
     assert_eq!(code(&out), 69, "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("fewer than a quorum"));
     let status = json(&out);
+    assert_eq!(status["held"], Value::Null, "{status}");
     assert_eq!(status["answered"], 1);
     assert_eq!(status["nodes"][0]["state"], "error");
+    assert_eq!(status["nodes"][2]["state"], "free");
+    let out = output(redlock("status", &cluster).arg("r"));
+    assert_eq!(code(&out), 69, "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.starts_with("`r`: unknown (only 1 of 3 nodes answered, fewer than a quorum of 2)"),
+        "{shown}"
+    );
+    assert!(!shown.contains("not held"), "{shown}");
 
     let out = output(redlock("acquire", &cluster).args(["-n", "--json", "r"]));
     assert_eq!(
@@ -144,8 +156,72 @@ fn status_says_which_nodes_failed_and_when_too_few_answered() {
 }
 
 #[test]
+fn a_wait_without_a_limit_says_when_too_few_nodes_answer_and_takes_the_lock_once_they_are_back() {
+    let cluster = cluster(3);
+    cluster.node(0).kill().unwrap();
+    cluster.node(1).kill().unwrap();
+    let printed = scratch(&cluster, "stdout");
+    let mut tool = Tool::spawn(
+        redlock("acquire", &cluster)
+            .args(["--json", "--retry-delay", "50ms", "back"])
+            .stdout(std::fs::File::create(&printed).unwrap()),
+    );
+    // Said without --verbose: a wait with no limit must not look like a
+    // hang. The message names a failed node.
+    tool.wait_for_stderr("too few nodes answered");
+    let said = tool.stderr.last().unwrap().clone();
+    assert!(said.starts_with("redlock: waiting for `back`: "), "{said}");
+    let down = format!("127.0.0.1:{}", cluster.node(0).port().unwrap());
+    assert!(said.contains(&down), "{said}");
+    assert!(!tool.has_ended(), "it keeps waiting: {said}");
+
+    cluster.node(0).start().unwrap();
+    cluster.node(1).start().unwrap();
+    let status = tool.wait(PATIENCE);
+    assert_eq!(status.code(), Some(0), "{}", tool.stderr_text());
+    // stdout is still the one JSON object: the waiting went to stderr.
+    let out = read(&printed);
+    let acquired: Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("not one JSON object ({e}): {out}"));
+    let token = acquired["token"].as_str().expect("a token");
+    assert!(holders(&cluster, "back", token) >= 2);
+}
+
+#[test]
+fn a_pause_too_long_for_the_clock_is_no_panic_and_a_signal_still_ends_the_wait() {
+    // Far past what an `Instant` can hold: no deadline, no panic.
+    let forever = "500000000000y";
+    let mut tool = Tool::spawn(bare().args([
+        "acquire",
+        "--nodes",
+        "redis://:s3cret@127.0.0.1:1",
+        "--retry-delay",
+        forever,
+        "--wait",
+        forever,
+        "r",
+    ]));
+    // Said before the pause: the signal comes after it, or during it.
+    tool.wait_for_stderr("too few nodes answered");
+    tool.signal("TERM");
+    let status = tool.wait(PATIENCE);
+    let stderr = tool.stderr_text();
+    assert_eq!(status.code(), Some(128 + 15), "{stderr}");
+    assert!(
+        stderr.contains("stopped by signal 15 while waiting for `r`"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        !stderr.contains("s3cret"),
+        "a password was printed: {stderr}"
+    );
+}
+
+#[test]
 fn bad_input_gets_a_clear_message_and_the_usage_exit_code() {
     let unused = "redis://127.0.0.1:1";
+    let forever = "500000000000y";
     let token = "0123456789abcdef0123456789abcdef01234567";
     let cases: &[(&[&str], &str)] = &[
         (&["status", "r"], "no nodes"),
@@ -184,6 +260,34 @@ fn bad_input_gets_a_clear_message_and_the_usage_exit_code() {
         ),
         (&["acquire", "--nodes", unused, ""], "empty"),
         (&["acquire", "--nodes", unused, "--ttl", "0s", "r"], "TTL"),
+        // Durations too long for the clock are a message, not a panic.
+        (
+            &["acquire", "--nodes", unused, "--ttl", forever, "r"],
+            "TTL",
+        ),
+        (
+            &[
+                "run",
+                "--nodes",
+                unused,
+                "--io-timeout",
+                forever,
+                "r",
+                "true",
+            ],
+            "at most",
+        ),
+        (
+            &[
+                "status",
+                "--nodes",
+                unused,
+                "--connect-timeout",
+                forever,
+                "r",
+            ],
+            "at most",
+        ),
         (&["status", "--nodes", unused, ""], "empty"),
         (&["run", "--nodes", unused, "-E", "300", "r", "true"], "300"),
         (&["lock", "r"], "unrecognized subcommand"),

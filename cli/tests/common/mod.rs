@@ -24,12 +24,16 @@ pub fn cluster(n: usize) -> Cluster {
 }
 
 /// `redlock SUBCOMMAND --nodes <the cluster's nodes>`, with nothing taken
-/// from the environment of the test.
+/// from the environment of the test, and timeouts of 2 s: the defaults
+/// (50 ms) are tight for a debug build on a busy 2-core machine running
+/// tests side by side (a TLS handshake, a node that is slow to be
+/// scheduled), and no test here needs a node to time out.
 pub fn redlock(subcommand: &str, cluster: &Cluster) -> Command {
     let mut cmd = bare();
     cmd.arg(subcommand)
         .arg("--nodes")
-        .arg(cluster.urls().join(","));
+        .arg(cluster.urls().join(","))
+        .args(["--io-timeout", "2s", "--connect-timeout", "2s"]);
     cmd
 }
 
