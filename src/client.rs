@@ -455,6 +455,7 @@ impl Redlock {
             if tally.granted() {
                 return Ok(Lock {
                     valid_until: tally.start + tally.validity.unwrap_or_default(),
+                    timed: true,
                     resources,
                     token,
                     report: tally.report,
@@ -512,8 +513,9 @@ impl Redlock {
     /// measured anew from this round. Too few nodes answering is retried per
     /// the retry policy ([`retry_count`](RedlockBuilder::retry_count) and
     /// its pauses), but no retry starts after the lock's validity is over
-    /// or [`max_wait`](RedlockBuilder::max_wait) is used up; a refusal by
-    /// too many nodes is final.
+    /// (unknown for a lock rebuilt with [`Lock::from_token`] that no
+    /// extension timed yet) or [`max_wait`](RedlockBuilder::max_wait) is
+    /// used up; a refusal by too many nodes is final.
     ///
     /// ```no_run
     /// # use redlock_sync::Redlock;
@@ -560,17 +562,21 @@ impl Redlock {
         );
         // No retry starts once the lock's validity is over (nor past
         // `max_wait`): a lock that could not be extended while it was valid
-        // is not held any more, whatever a later round may find.
+        // is not held any more, whatever a later round may find. A lock
+        // rebuilt from its token has no validity known here.
         let started = Instant::now();
-        let retry_until = (self.inner.config.max_wait).map_or(lock.valid_until, |budget| {
-            later(started, budget).min(lock.valid_until)
-        });
+        let budget_end = (self.inner.config.max_wait).map(|budget| later(started, budget));
+        let retry_until = match (lock.timed.then_some(lock.valid_until), budget_end) {
+            (Some(valid), Some(budget)) => Some(valid.min(budget)),
+            (valid, budget) => valid.or(budget),
+        };
         let mut attempt = 0;
         loop {
             attempt += 1;
             let tally = self.round(&cmd, ttl, script_vote);
             if tally.granted() {
                 lock.valid_until = tally.start + tally.validity.unwrap_or_default();
+                lock.timed = true;
                 lock.report = tally.report;
                 return Ok(());
             }
@@ -583,8 +589,9 @@ impl Redlock {
             let pause = if attempt > retries || tally.report.granted() >= self.quorum() {
                 None
             } else {
-                Some(self.retry_pause()?)
-                    .filter(|&pause| later(Instant::now(), pause) < retry_until)
+                Some(self.retry_pause()?).filter(|&pause| {
+                    retry_until.is_none_or(|until| later(Instant::now(), pause) < until)
+                })
             };
             let Some(pause) = pause else {
                 return Err(match tally.error(&lock.resources[0], attempt, ttl) {

@@ -139,6 +139,9 @@ pub struct Lock {
     pub(crate) resources: Vec<String>,
     pub(crate) token: Token,
     pub(crate) valid_until: Instant,
+    /// Whether a round of this process measured `valid_until`: false for a
+    /// lock rebuilt from its token until an extension succeeds.
+    pub(crate) timed: bool,
     pub(crate) report: Report,
     /// Set by the fenced acquisitions only.
     pub(crate) fencing_token: Option<u64>,
@@ -198,6 +201,7 @@ impl Lock {
             resources,
             token,
             valid_until: Instant::now(),
+            timed: false,
             report: Report::default(),
             fencing_token: None,
         })
