@@ -21,7 +21,7 @@ pub fn urls(args: &NodeArgs) -> Result<Vec<&str>, Failure> {
         ));
     }
     if !cfg!(feature = "tls") {
-        if let Some((scheme, _)) = urls.iter().find_map(|url| tls_scheme(url)) {
+        if let Some(scheme) = urls.iter().find_map(|url| tls_scheme(url)) {
             return Err(Failure::usage(format!(
                 "{scheme}:// nodes need TLS, and this redlock was built without it: \
                  install it with `cargo install redlock-cli --features tls`"
@@ -31,12 +31,12 @@ pub fn urls(args: &NodeArgs) -> Result<Vec<&str>, Failure> {
     Ok(urls)
 }
 
-/// The scheme and the rest of a node URL that asks for TLS (`rediss://`,
-/// `valkeys://`, in any case); `None` for any other.
-fn tls_scheme(url: &str) -> Option<(&str, &str)> {
-    url.split_once("://").filter(|(scheme, _)| {
-        scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys")
-    })
+/// The scheme of a node URL that asks for TLS (`rediss`, `valkeys`, in
+/// any case); `None` for any other.
+fn tls_scheme(url: &str) -> Option<&str> {
+    let (scheme, _) = url.split_once("://")?;
+    (scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys"))
+        .then_some(scheme)
 }
 
 /// A client over the nodes, with the timeouts given and whatever `tune`

@@ -160,9 +160,9 @@ impl RedlockBuilder {
     /// Sets how many times a round that did not succeed is tried again:
     /// by [`acquire`](crate::Redlock::acquire) and the other acquisitions
     /// when the lock was not won, by [`extend`](crate::Redlock::extend) when
-    /// too few nodes answered (and only while the lock is still valid). So
-    /// a call runs at most `retry_count + 1` rounds; the `try_*` calls run
-    /// one. Defaults to 3.
+    /// too few nodes answered (never past the lock's validity: see there).
+    /// So a call runs at most `retry_count + 1` rounds; the `try_*` calls
+    /// run one. Defaults to 3.
     pub fn retry_count(mut self, count: u32) -> Self {
         self.config.retry_count = count;
         self

@@ -29,8 +29,9 @@ use crate::script::{self, Command};
 /// [`acquire_fenced`](Redlock::acquire_fenced). The prefix is reserved:
 /// acquisitions (fenced or not) of resources that start with it are
 /// refused with [`ArgumentError::ReservedResource`]; a lock there would
-/// stand in the way of fenced locks on the rest of the name. Deleting a counter is safe but for the
-/// caveats on node clocks in [`acquire_fenced`](Redlock::acquire_fenced).
+/// stand in the way of fenced locks on the rest of the name. Deleting a
+/// counter is safe but for the caveats on node clocks in
+/// [`acquire_fenced`](Redlock::acquire_fenced).
 ///
 /// ```
 /// use redlock_sync::FENCE_KEY_PREFIX;

@@ -25,54 +25,59 @@ pub(super) fn make(dir: &Path) -> Result<(), HarnessError> {
     let rsa = ["-newkey", "rsa:2048", "-nodes"];
     openssl(
         dir,
-        &["req", "-x509", "-days", "1"],
-        &rsa,
         &[
-            "-subj",
-            "/CN=redlock-sync test CA",
-            "-keyout",
-            "ca.key",
-            "-out",
-            CA_FILE,
+            &["req", "-x509", "-days", "1"],
+            &rsa,
+            &[
+                "-subj",
+                "/CN=redlock-sync test CA",
+                "-keyout",
+                "ca.key",
+                "-out",
+                CA_FILE,
+            ],
         ],
     )?;
     openssl(
         dir,
-        &["req"],
-        &rsa,
         &[
-            "-subj",
-            "/CN=localhost",
-            "-keyout",
-            KEY_FILE,
-            "-out",
-            "node.csr",
+            &["req"],
+            &rsa,
+            &[
+                "-subj",
+                "/CN=localhost",
+                "-keyout",
+                KEY_FILE,
+                "-out",
+                "node.csr",
+            ],
         ],
     )?;
     openssl(
         dir,
-        &["x509", "-req", "-days", "1"],
-        &[],
         &[
-            "-in",
-            "node.csr",
-            "-CA",
-            CA_FILE,
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-extfile",
-            "san.cnf",
-            "-out",
-            CERT_FILE,
+            &["x509", "-req", "-days", "1"],
+            &[
+                "-in",
+                "node.csr",
+                "-CA",
+                CA_FILE,
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-extfile",
+                "san.cnf",
+                "-out",
+                CERT_FILE,
+            ],
         ],
     )
 }
 
-/// Runs `openssl` with these arguments in `dir`; its error output goes into
-/// the error if it fails.
-fn openssl(dir: &Path, a: &[&str], b: &[&str], c: &[&str]) -> Result<(), HarnessError> {
-    let args = [a, b, c].concat();
+/// Runs `openssl` in `dir` with the arguments of `parts`, one after the
+/// other; its error output goes into the error if it fails.
+fn openssl(dir: &Path, parts: &[&[&str]]) -> Result<(), HarnessError> {
+    let args = parts.concat();
     let what = format!("running `openssl {}`", args.join(" "));
     let output = Command::new("openssl")
         .args(&args)

@@ -279,7 +279,7 @@ impl Node {
     ) -> Result<T, HarnessError> {
         let mut con = self.connection()?;
         cmd.query(&mut con).map_err(|source| HarnessError::Redis {
-            context: format!("{what} on {}", self.url()),
+            context: format!("{what} on {}", self.address.plain_url()),
             source,
         })
     }
