@@ -437,6 +437,14 @@ impl Redlock {
         // A clean-up's message woke this pause once already, in vain: the
         // rest of the pause waits for a holder's release only.
         let mut deaf_to_clean_ups = false;
+        // The last attempt followed a release heard from one node. A
+        // release reaches the nodes at slightly different times, and the
+        // node listened on may have said so (it publishes where the key is
+        // absent too) before the nodes that held the key deleted it: an
+        // attempt that then lost is tried once more soon, not after the
+        // rest of the pause, since the other nodes' news never reaches
+        // this listener.
+        let mut after_release = false;
         loop {
             // An attempt that starts once the pause is over is the retry
             // the policy counts, however it was woken.
@@ -492,17 +500,22 @@ impl Redlock {
                 }
             };
             let inner = &*self.inner;
+            let soon = after_release
+                .then(|| later(Instant::now(), inner.config.io_timeout))
+                .filter(|&soon| soon < until);
             let wake = (inner.waiters).wait(
                 &inner.nodes,
                 &inner.config,
                 &resources,
                 watch,
-                until,
+                soon.unwrap_or(until),
                 deaf_to_clean_ups,
             );
             deaf_to_clean_ups |= wake == Wake::CleanedUp;
-            pause = (wake != Wake::TimedOut).then_some((until, last));
-            if last && wake == Wake::TimedOut {
+            after_release = matches!(wake, Wake::Released | Wake::ReleasedHere) && soon.is_none();
+            // Woken, or back soon after a release: the same pause goes on.
+            pause = (wake != Wake::TimedOut || soon.is_some()).then_some((until, last));
+            if last && wake == Wake::TimedOut && soon.is_none() {
                 return Err(tally.error(&resources[0], attempts, ttl));
             }
         }
