@@ -280,37 +280,9 @@ fn a_waiter_listening_on_a_node_the_holder_never_reached_still_wakes_on_release(
     use std::time::Instant;
 
     let nodes = cluster(3);
-    // Timeouts roomy enough that the holder's release surely reaches the
-    // restarted node 0 (a connect and handshake within the default 50 ms
-    // can fail on a loaded machine, and the waiter may listen there).
-    let holder = Redlock::builder(nodes.urls())
-        .io_timeout(Duration::from_secs(2))
-        .connect_timeout(Duration::from_secs(2))
-        .build()
-        .unwrap();
-    // The holder wins on nodes 1 and 2 while node 0 is down; node 0 comes
-    // back (empty) before anyone waits.
-    nodes.node(0).kill().unwrap();
-    let held = holder.acquire("skipped", TTL).expect("a quorum of 2");
-    nodes.node(0).start().unwrap();
+    let (holder, held) = held_on_nodes_1_and_2(&nodes, "skipped");
     let pause = Duration::from_secs(4);
-    let locks = Redlock::builder(nodes.urls())
-        .retry_count(20)
-        .retry_delay(pause)
-        .retry_jitter(Duration::ZERO)
-        .io_timeout(Duration::from_millis(300))
-        .connect_timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
-    let waiting = {
-        let locks = locks.clone();
-        thread::spawn(move || {
-            let lock = locks
-                .acquire("skipped", TTL)
-                .expect("acquired once released");
-            (lock, Instant::now())
-        })
-    };
+    let (locks, waiting) = waiter(&nodes, "skipped", pause, Duration::from_millis(300));
     wait_until(Duration::from_secs(5), "the waiter listens", || {
         (0..3).any(|i| listeners(&nodes, i, "skipped") > 0)
     });
@@ -337,30 +309,9 @@ fn a_waiter_whose_news_of_a_release_came_ahead_of_the_release_tries_again_soon()
     use std::time::Instant;
 
     let nodes = cluster(3);
-    let holder = Redlock::builder(nodes.urls())
-        .io_timeout(Duration::from_secs(2))
-        .connect_timeout(Duration::from_secs(2))
-        .build()
-        .unwrap();
-    nodes.node(0).kill().unwrap();
-    let held = holder.acquire("early", TTL).expect("a quorum of 2");
-    nodes.node(0).start().unwrap();
+    let (_holder, held) = held_on_nodes_1_and_2(&nodes, "early");
     let pause = Duration::from_secs(30);
-    let locks = Redlock::builder(nodes.urls())
-        .retry_count(20)
-        .retry_delay(pause)
-        .retry_jitter(Duration::ZERO)
-        .io_timeout(Duration::from_secs(1))
-        .connect_timeout(Duration::from_secs(1))
-        .build()
-        .unwrap();
-    let waiting = {
-        let locks = locks.clone();
-        thread::spawn(move || {
-            let lock = locks.acquire("early", TTL).expect("acquired once released");
-            (lock, Instant::now())
-        })
-    };
+    let (locks, waiting) = waiter(&nodes, "early", pause, Duration::from_secs(1));
     // The first line goes to node 0; the first attempt has run.
     wait_until(
         Duration::from_secs(5),
@@ -396,6 +347,57 @@ fn a_waiter_whose_news_of_a_release_came_ahead_of_the_release_tries_again_soon()
     );
     locks.release(lock).unwrap();
     drop(held);
+}
+
+/// A lock on `resource` won on nodes 1 and 2 while node 0 was down; node
+/// 0 is back (empty). The holder's timeouts are roomy enough that its
+/// release surely reaches the restarted node 0 (a connect and handshake
+/// within the default 50 ms can fail on a loaded machine, and a waiter
+/// may listen there).
+fn held_on_nodes_1_and_2(
+    nodes: &redlock_sync::testing::Cluster,
+    resource: &str,
+) -> (Redlock, redlock_sync::Lock) {
+    let holder = Redlock::builder(nodes.urls())
+        .io_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    nodes.node(0).kill().unwrap();
+    let held = holder.acquire(resource, TTL).expect("a quorum of 2");
+    nodes.node(0).start().unwrap();
+    (holder, held)
+}
+
+/// A client that waits for `resource` in retry pauses of `pause`, and a
+/// thread acquiring it through that client: the lock and when it came.
+fn waiter(
+    nodes: &redlock_sync::testing::Cluster,
+    resource: &str,
+    pause: Duration,
+    io_timeout: Duration,
+) -> (
+    Redlock,
+    thread::JoinHandle<(redlock_sync::Lock, std::time::Instant)>,
+) {
+    let locks = Redlock::builder(nodes.urls())
+        .retry_count(20)
+        .retry_delay(pause)
+        .retry_jitter(Duration::ZERO)
+        .io_timeout(io_timeout)
+        .connect_timeout(io_timeout)
+        .build()
+        .unwrap();
+    let waiting = {
+        let (locks, resource) = (locks.clone(), resource.to_string());
+        thread::spawn(move || {
+            let lock = locks
+                .acquire(&resource, TTL)
+                .expect("acquired once released");
+            (lock, std::time::Instant::now())
+        })
+    };
+    (locks, waiting)
 }
 
 /// How many `SET` commands node `i` has run.
