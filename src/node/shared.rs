@@ -16,7 +16,9 @@
 //! A reader hands out every reply one read brought. A round sleeps once,
 //! on all its nodes at a time (a [`Waiter`]): readers count its replies,
 //! and the one that stores as many as could decide the round wakes it
-//! (`thread::park` / `unpark`). A reader that lets the reading role go with
+//! (`thread::park` / `unpark`; before it parks, a round yields the CPU a
+//! few times, and a reply stored meanwhile needs no wake-up: see
+//! [`crate::round`]). A reader that lets the reading role go with
 //! replies due wakes a sleeper to read on only when no thread is awake to
 //! poll the node, and one sleeper woken to read serves every node it
 //! waits on (see [`hand_off`]).
