@@ -309,7 +309,7 @@ pub struct AcquireArgs {
         "Make the lock on RESOURCE that TOKEN holds last --ttl from now, if a quorum of nodes still holds \
 it. Prints nothing (with --json: the validity left).\n\n",
         "When too few nodes answer, it tries again up to 3 times, each after 200 ms plus up to 100 ms at \
-random (the library's defaults); when too many nodes no longer \
+random (as the library does by default); when too many nodes no longer \
 hold the token, the lock is lost and it does not try again.\n\n",
         nodes_note!()
     ),

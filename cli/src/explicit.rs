@@ -2,6 +2,8 @@
 //! in separate steps, by its resource and token (the library's explicit
 //! tokens, across processes).
 
+use std::time::Duration;
+
 use redlock_sync::{Lock, Redlock, Token};
 use serde_json::json;
 
@@ -85,7 +87,14 @@ fn rebuilt(nodes: &NodeArgs, named: &LockRef) -> Result<(Redlock, Lock), Failure
             "bad token (give the one `redlock acquire` printed): {e}"
         ))
     })?;
-    let locks = nodes::client(nodes, |builder| builder)?;
+    // Set here rather than left to the library's defaults: `extend --help`
+    // promises this policy.
+    let locks = nodes::client(nodes, |builder| {
+        builder
+            .retry_count(3)
+            .retry_delay(Duration::from_millis(200))
+            .retry_jitter(Duration::from_millis(100))
+    })?;
     let lock = Lock::from_token(named.resource.as_str(), token)?;
     Ok((locks, lock))
 }
