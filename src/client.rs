@@ -437,14 +437,16 @@ impl Redlock {
         // A clean-up's message woke this pause once already, in vain: the
         // rest of the pause waits for a holder's release only.
         let mut deaf_to_clean_ups = false;
-        // The last attempt followed a release heard from one node. A
-        // release reaches the nodes at slightly different times, and the
-        // node listened on may have said so (it publishes where the key is
-        // absent too) before the nodes that held the key deleted it: an
-        // attempt that then lost is tried once more soon, not after the
-        // rest of the pause, since the other nodes' news never reaches
-        // this listener.
-        let mut after_release = false;
+        // The last attempt followed a release heard from one node, or the
+        // subscription coming up. A release reaches the nodes at slightly
+        // different times, and the node listened on may have said so (it
+        // publishes where the key is absent too) before the nodes that held
+        // the key deleted it; and news that came just as the subscription
+        // came up, before the attempt it set off started, wakes nobody
+        // after that attempt. An attempt that then lost is tried once more
+        // soon, not after the rest of the pause, since the other nodes'
+        // news never reaches this listener.
+        let mut after_news = false;
         loop {
             // An attempt that starts once the pause is over is the retry
             // the policy counts, however it was woken.
@@ -500,7 +502,7 @@ impl Redlock {
                 }
             };
             let inner = &*self.inner;
-            let soon = after_release
+            let soon = after_news
                 .then(|| later(Instant::now(), inner.config.io_timeout))
                 .filter(|&soon| soon < until);
             let wake = (inner.waiters).wait(
@@ -512,7 +514,7 @@ impl Redlock {
                 deaf_to_clean_ups,
             );
             deaf_to_clean_ups |= wake == Wake::CleanedUp;
-            after_release = matches!(wake, Wake::Released | Wake::ReleasedHere) && soon.is_none();
+            after_news = matches!(wake, Wake::Released | Wake::ReleasedHere | Wake::Subscribed);
             // Woken, or back soon after a release: the same pause goes on.
             pause = (wake != Wake::TimedOut || soon.is_some()).then_some((until, last));
             if last && wake == Wake::TimedOut && soon.is_none() {

@@ -306,18 +306,14 @@ fn a_waiter_listening_on_a_node_the_holder_never_reached_still_wakes_on_release(
 /// comes first by construction.
 #[test]
 fn a_waiter_whose_news_of_a_release_came_ahead_of_the_release_tries_again_soon() {
-    use std::time::Instant;
-
     let nodes = cluster(3);
     let (_holder, held) = held_on_nodes_1_and_2(&nodes, "early");
+    let before = sets_run(&nodes, 1);
     let pause = Duration::from_secs(30);
     let (locks, waiting) = waiter(&nodes, "early", pause, Duration::from_secs(1));
-    // The first line goes to node 0; the first attempt has run.
-    wait_until(
-        Duration::from_secs(5),
-        "the waiter listens on node 0",
-        || listeners(&nodes, 0, "early") > 0 && sets_run(&nodes, 1) >= 1,
-    );
+    // The first attempt, the one the new subscription set off, and its
+    // retry soon after (see the test below): now it sleeps out its pause.
+    listening_after(&nodes, "early", before + 3);
     let tried = sets_run(&nodes, 1);
     // The news of the release, from node 0, ahead of the release itself.
     nodes
@@ -333,20 +329,64 @@ fn a_waiter_whose_news_of_a_release_came_ahead_of_the_release_tries_again_soon()
         "the waiter tried at the news",
         || sets_run(&nodes, 1) > tried,
     );
-    // Now the release on the nodes that held the key: their news goes to
-    // channels nobody listens to.
-    let released = Instant::now();
+    // Now the release on the nodes that held the key, whose news would go
+    // to channels nobody listens to.
+    gone_quietly_then_acquired(&nodes, "early", &locks, waiting, pause);
+    drop(held);
+}
+
+/// Failed once in CI (`a_partitioned_node_does_not_stop_wake_ups_from_the_others`,
+/// under load): the waiter's subscription came up, the test saw it and
+/// released, and the release's news reached the waiter before the attempt
+/// that the subscription set off had started; that attempt lost (the other
+/// nodes had not deleted the key yet), and no news came after it, so the
+/// waiter slept out its pause. Here the key goes away silently (`DEL`,
+/// which publishes nothing) right after that attempt: the waiter must try
+/// again soon by itself.
+#[test]
+fn a_waiter_whose_attempt_at_subscribing_lost_tries_again_soon() {
+    let nodes = cluster(3);
+    let (_holder, held) = held_on_nodes_1_and_2(&nodes, "quiet");
+    let before = sets_run(&nodes, 1);
+    let pause = Duration::from_secs(30);
+    let (locks, waiting) = waiter(&nodes, "quiet", pause, Duration::from_secs(2));
+    // Its first attempt, then the one its new subscription set off.
+    listening_after(&nodes, "quiet", before + 2);
+    gone_quietly_then_acquired(&nodes, "quiet", &locks, waiting, pause);
+    drop(held);
+}
+
+/// Waits until a waiter listens for `resource` on node 0 and node 1 has
+/// run `sets` `SET` commands in all.
+fn listening_after(nodes: &redlock_sync::testing::Cluster, resource: &str, sets: u64) {
+    wait_until(
+        Duration::from_secs(5),
+        &format!("a waiter listens on node 0 and node 1 ran {sets} SETs"),
+        || listeners(nodes, 0, resource) > 0 && sets_run(nodes, 1) >= sets,
+    );
+}
+
+/// Deletes `resource`'s key on nodes 1 and 2 with `DEL`, which publishes
+/// nothing, and checks that `waiting` (a thread of `locks`) then acquires
+/// the lock well within its `pause`: it tried again by itself.
+fn gone_quietly_then_acquired(
+    nodes: &redlock_sync::testing::Cluster,
+    resource: &str,
+    locks: &Redlock,
+    waiting: thread::JoinHandle<(redlock_sync::Lock, std::time::Instant)>,
+    pause: Duration,
+) {
+    let gone = std::time::Instant::now();
     for i in [1, 2] {
-        nodes.node(i).query(&["DEL", "early"]).unwrap();
+        nodes.node(i).query(&["DEL", resource]).unwrap();
     }
     let (lock, acquired) = waiting.join().unwrap();
-    let took = acquired - released;
+    let took = acquired - gone;
     assert!(
         took < pause / 3,
-        "the waiter took {took:?} after the release: it slept out its {pause:?} pause"
+        "the waiter took {took:?} after the key went away: it slept out its {pause:?} pause"
     );
     locks.release(lock).unwrap();
-    drop(held);
 }
 
 /// A lock on `resource` won on nodes 1 and 2 while node 0 was down; node
