@@ -275,6 +275,9 @@ impl Redlock {
     /// pause while it is held by another client or too few nodes answer, up
     /// to the retry count and within the wait budget
     /// ([`max_wait`](RedlockBuilder::max_wait)), whichever ends first.
+    /// A pause ends early when a node says the resource was released: the
+    /// attempts made then come on top of the retry count, within the pause
+    /// (see the README's "Waiting for a release").
     ///
     /// The returned lock is valid for `ttl` minus the time the winning round
     /// took minus the drift term; see [`Lock::validity`].
@@ -428,8 +431,9 @@ impl Redlock {
         // Redis is given whole milliseconds: measure validity on the same.
         let ttl = Duration::from_millis(ttl_ms);
         // Attempts as the retry policy counts them: the first, and one at
-        // the end of each pause. Attempts made because a release was heard
-        // of during a pause come on top, within the same pause.
+        // the end of each pause. Attempts made at news during a pause (a
+        // release heard of, the subscription coming up, and the retry soon
+        // after one of those that lost) come on top, within the same pause.
         let mut attempts = 0;
         // The pause under way, if a wake-up cut it short: its end, and
         // whether the wait budget ends it.
@@ -502,8 +506,13 @@ impl Redlock {
                 }
             };
             let inner = &*self.inner;
+            // Spread over half an io_timeout more: the waiters that one
+            // subscription woke together do not all come back together.
             let soon = after_news
-                .then(|| later(Instant::now(), inner.config.io_timeout))
+                .then(|| {
+                    let io = inner.config.io_timeout;
+                    later(Instant::now(), io + crate::wait::random_below(io / 2))
+                })
                 .filter(|&soon| soon < until);
             let wake = (inner.waiters).wait(
                 &inner.nodes,
@@ -515,9 +524,12 @@ impl Redlock {
             );
             deaf_to_clean_ups |= wake == Wake::CleanedUp;
             after_news = matches!(wake, Wake::Released | Wake::ReleasedHere | Wake::Subscribed);
-            // Woken, or back soon after a release: the same pause goes on.
+            // Woken, or back soon after news: the same pause goes on.
             pause = (wake != Wake::TimedOut || soon.is_some()).then_some((until, last));
-            if last && wake == Wake::TimedOut && soon.is_none() {
+            // The wait budget is used up: no attempt starts past it, even
+            // one that news woke (which `wait` returns at once, however
+            // late).
+            if last && Instant::now() >= until {
                 return Err(tally.error(&resources[0], attempts, ttl));
             }
         }

@@ -11,7 +11,9 @@
 //! Notifications are hints. Safety never depends on them: a woken waiter
 //! runs an ordinary attempt. A missed one costs at most the retry pause,
 //! which still bounds every wait (a holder that crashed is found when its
-//! key expires, as before); a spurious one costs one attempt.
+//! key expires, as before); a spurious one costs an attempt, and a second
+//! one about `io_timeout` later if the first lost (see
+//! `Redlock::acquire_loop`).
 //!
 //! # The subscription connection ("line")
 //!
@@ -41,8 +43,9 @@
 //!   started (on that node), and is not news to this waiter.
 //!
 //! A waiter whose channels were not all subscribed when its attempt started
-//! wakes once they are (a release in between would be lost): one attempt
-//! more, then it waits with a sound reference.
+//! wakes once they are (a release in between would be lost): an attempt
+//! more (two, if it lost: news may have come just before it), then it
+//! waits with a sound reference.
 //!
 //! # No stampede
 //!
@@ -854,7 +857,7 @@ fn resource_of(channel: &[u8]) -> Option<String> {
 }
 
 /// A random duration in `[0, bound)`.
-fn random_below(bound: Duration) -> Duration {
+pub(crate) fn random_below(bound: Duration) -> Duration {
     let nanos = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX).max(1);
     Duration::from_nanos(getrandom::u64().unwrap_or(0) % nanos)
 }

@@ -308,13 +308,13 @@ fn a_waiter_listening_on_a_node_the_holder_never_reached_still_wakes_on_release(
 fn a_waiter_whose_news_of_a_release_came_ahead_of_the_release_tries_again_soon() {
     let nodes = cluster(3);
     let (_holder, held) = held_on_nodes_1_and_2(&nodes, "early");
-    let before = sets_run(&nodes, 1);
+    let before = sets_on_1_and_2(&nodes);
     let pause = Duration::from_secs(30);
     let (locks, waiting) = waiter(&nodes, "early", pause, Duration::from_secs(1));
     // The first attempt, the one the new subscription set off, and its
     // retry soon after (see the test below): now it sleeps out its pause.
     listening_after(&nodes, "early", before + 3);
-    let tried = sets_run(&nodes, 1);
+    let tried = sets_on_1_and_2(&nodes);
     // The news of the release, from node 0, ahead of the release itself.
     nodes
         .node(0)
@@ -327,7 +327,7 @@ fn a_waiter_whose_news_of_a_release_came_ahead_of_the_release_tries_again_soon()
     wait_until(
         Duration::from_secs(5),
         "the waiter tried at the news",
-        || sets_run(&nodes, 1) > tried,
+        || sets_on_1_and_2(&nodes) > tried,
     );
     // Now the release on the nodes that held the key, whose news would go
     // to channels nobody listens to.
@@ -347,7 +347,7 @@ fn a_waiter_whose_news_of_a_release_came_ahead_of_the_release_tries_again_soon()
 fn a_waiter_whose_attempt_at_subscribing_lost_tries_again_soon() {
     let nodes = cluster(3);
     let (_holder, held) = held_on_nodes_1_and_2(&nodes, "quiet");
-    let before = sets_run(&nodes, 1);
+    let before = sets_on_1_and_2(&nodes);
     let pause = Duration::from_secs(30);
     let (locks, waiting) = waiter(&nodes, "quiet", pause, Duration::from_secs(2));
     // Its first attempt, then the one its new subscription set off.
@@ -356,14 +356,20 @@ fn a_waiter_whose_attempt_at_subscribing_lost_tries_again_soon() {
     drop(held);
 }
 
-/// Waits until a waiter listens for `resource` on node 0 and node 1 has
-/// run `sets` `SET` commands in all.
+/// Waits until a waiter listens for `resource` on node 0 and nodes 1 and 2
+/// have each run `sets` `SET` commands in all (so the last attempt's `SET`
+/// reached both, and lost there).
 fn listening_after(nodes: &redlock_sync::testing::Cluster, resource: &str, sets: u64) {
     wait_until(
         Duration::from_secs(5),
-        &format!("a waiter listens on node 0 and node 1 ran {sets} SETs"),
-        || listeners(nodes, 0, resource) > 0 && sets_run(nodes, 1) >= sets,
+        &format!("a waiter listens on node 0 and nodes 1 and 2 ran {sets} SETs"),
+        || listeners(nodes, 0, resource) > 0 && sets_on_1_and_2(nodes) >= sets,
     );
+}
+
+/// The fewer of the `SET` commands that nodes 1 and 2 have run.
+fn sets_on_1_and_2(nodes: &redlock_sync::testing::Cluster) -> u64 {
+    sets_run(nodes, 1).min(sets_run(nodes, 2))
 }
 
 /// Deletes `resource`'s key on nodes 1 and 2 with `DEL`, which publishes

@@ -161,8 +161,10 @@ impl RedlockBuilder {
     /// by [`acquire`](crate::Redlock::acquire) and the other acquisitions
     /// when the lock was not won, by [`extend`](crate::Redlock::extend) when
     /// too few nodes answered (never past the lock's validity: see there).
-    /// So a call runs at most `retry_count + 1` rounds; the `try_*` calls
-    /// run one. Defaults to 3.
+    /// So a call makes at most `retry_count + 1` attempts that the policy
+    /// counts; a waiting acquisition also tries, within its pauses, when it
+    /// hears of a release (see [`acquire`](crate::Redlock::acquire)). The
+    /// `try_*` calls run one round. Defaults to 3.
     pub fn retry_count(mut self, count: u32) -> Self {
         self.config.retry_count = count;
         self
