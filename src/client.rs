@@ -17,7 +17,7 @@ use crate::lock::{Lock, Token};
 use crate::node::{Endpoint, Node};
 use crate::round::{self, Reply};
 use crate::script::{self, Command};
-use crate::wait::{Waiters, Wake};
+use crate::wait::{random_below, Waiters, Wake};
 use fencing::check_acquirable;
 
 pub(crate) mod config;
@@ -511,7 +511,7 @@ impl Redlock {
             let soon = after_news
                 .then(|| {
                     let io = inner.config.io_timeout;
-                    later(Instant::now(), io + crate::wait::random_below(io / 2))
+                    later(Instant::now(), io + random_below(io / 2))
                 })
                 .filter(|&soon| soon < until);
             let wake = (inner.waiters).wait(
