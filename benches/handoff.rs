@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use redlock_sync::testing::Cluster;
 use redlock_sync::{LockError, Redlock};
+use redlock_sync_testing::Cluster;
 
 const NODES: usize = 5;
 const WORKERS: usize = 4;

@@ -14,8 +14,9 @@
 //! the others only wake per round, to show the most batching could save.
 //! Per pair it reports CPU (this process and the 5 servers), the working
 //! threads' context switches (from /proc/thread-self/status) and the crate's
-//! socket writes and reads (counted by the crate under the `testing`
-//! feature), how often the servers' main threads fell asleep (each sleep
+//! socket writes and reads (counted by the crate itself, in the hidden
+//! `redlock_sync::io_counts`: the process's own accounting in /proc/self/io
+//! misses `send` and `recv`, which the standard library's sockets use), how often the servers' main threads fell asleep (each sleep
 //! costs a server a wake-up: their CPU follows it), and the load average
 //! before and after: compare ratios within one run, and run again when the
 //! load says other work shared the cores.
@@ -37,8 +38,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use redlock_sync::testing::{io_counts, Cluster, Fault, IoCounts, Proxy};
-use redlock_sync::{LockError, Redlock};
+use redlock_sync::{io_counts, IoCounts, LockError, Redlock};
+use redlock_sync_testing::{Cluster, Fault, Proxy};
 
 const TTL: Duration = Duration::from_secs(10);
 const NODES: usize = 5;

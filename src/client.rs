@@ -951,10 +951,10 @@ fn later(t: Instant, d: Duration) -> Instant {
         .unwrap_or_else(|| t + Duration::from_secs(365 * 86_400))
 }
 
-#[cfg(all(test, feature = "testing"))]
+#[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::Cluster;
+    use redlock_sync_testing::Cluster;
     use std::sync::atomic::{AtomicBool, Ordering};
 
     /// Whether no thread of `locks` is counted awake on its pace: true

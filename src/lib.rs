@@ -166,8 +166,13 @@
 //!   `rustls = { version = "0.23", features = ["ring"] }` among its
 //!   dependencies); without one, `rediss://` nodes fail with a
 //!   [`NodeError::Connect`] that says so.
-//! - `testing`: the `testing` module: throwaway real `redis-server` nodes
-//!   and a fault-injecting proxy, for your own tests.
+//!
+//! # Testing
+//!
+//! The companion crate
+//! [`redlock-sync-testing`](https://docs.rs/redlock-sync-testing) starts
+//! throwaway real `redis-server` nodes and a fault-injecting proxy, for
+//! your own tests (it is what this crate's tests use).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -181,9 +186,6 @@ mod script;
 mod wait;
 mod with_lock;
 
-#[cfg(feature = "testing")]
-pub mod testing;
-
 pub use client::config::{RedlockBuilder, MAX_TIMEOUT, MAX_TTL};
 pub use client::fencing::FENCE_KEY_PREFIX;
 pub use client::Redlock;
@@ -193,6 +195,11 @@ pub use error::{
 };
 pub use lock::{Lock, Token};
 pub use with_lock::LockGuard;
+
+/// The crate's socket `write` and `read` calls so far, for its benchmark
+/// (`benches/redlock.rs`): a count, not part of the API.
+#[doc(hidden)]
+pub use node::{io_counts, IoCounts};
 
 /// The README's code blocks, compiled (and, where they need no servers, run)
 /// as doctests, so that `cargo test` fails when the README and the API part

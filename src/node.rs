@@ -36,7 +36,6 @@ pub(crate) use shared::Ticket;
 use shared::{Dispatch, Shared};
 pub(crate) use shared::{Enlisted, Pace, Waiter, FLUSH_GRACE, RECHECK};
 pub(crate) use subscription::{Event, Listener, Sender};
-#[cfg(feature = "testing")]
 pub use transport::counts::{io_counts, IoCounts};
 
 use crate::error::Failure;

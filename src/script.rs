@@ -289,10 +289,9 @@ mod tests {
         assert!(RELEASE.body.contains(&publish), "{}", RELEASE.body);
     }
 
-    #[cfg(feature = "testing")]
     #[test]
     fn every_scripts_hard_coded_sha_is_the_one_script_load_returns() {
-        let cluster = crate::testing::Cluster::start(1).expect("a redis-server node");
+        let cluster = redlock_sync_testing::Cluster::start(1).expect("a redis-server node");
         let scripts: [(&str, &Script); 5] = [
             ("RELEASE", &RELEASE),
             ("EXTEND", &EXTEND),

@@ -14,10 +14,10 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 use common::cluster;
-use redlock_sync::testing::Cluster;
 use redlock_sync::{
     ArgumentError, ConfigError, Lock, LockError, Redlock, Token, FENCE_KEY_PREFIX, MAX_TTL,
 };
+use redlock_sync_testing::Cluster;
 
 /// Cases per property unless `PROPTEST_CASES` says otherwise.
 const CASES: u32 = 256;

@@ -28,8 +28,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{cluster, wait_until};
-use redlock_sync::testing::{Cluster, Fault, Proxy};
 use redlock_sync::{Lock, LockError, NodeOutcome, Redlock};
+use redlock_sync_testing::{Cluster, Fault, Proxy};
 
 const RESOURCE: &str = "checked";
 const CLIENTS: usize = 3;

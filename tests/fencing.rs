@@ -19,7 +19,7 @@ fn fence_key(resource: &str) -> String {
 }
 
 /// The counter each node holds for `resource` (None where missing or down).
-fn counters(nodes: &redlock_sync::testing::Cluster, resource: &str) -> Vec<Option<u64>> {
+fn counters(nodes: &redlock_sync_testing::Cluster, resource: &str) -> Vec<Option<u64>> {
     values(nodes, &fence_key(resource))
         .into_iter()
         .map(|v| v.map(|v| v.parse().expect("a counter is a number")))

@@ -399,7 +399,7 @@ fn a_node_whose_name_does_not_resolve_fails_within_the_connect_timeout() {
 
 #[test]
 fn unix_socket_nodes_work_like_tcp_nodes() {
-    let nodes = redlock_sync::testing::Cluster::start_unix(3)
+    let nodes = redlock_sync_testing::Cluster::start_unix(3)
         .unwrap_or_else(|e| panic!("could not start unix-socket nodes: {e}"));
     let locks = roomy(&nodes.urls());
     let lock = locks.acquire("over-unix", TTL).unwrap();

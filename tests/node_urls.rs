@@ -7,8 +7,8 @@ mod common;
 use std::time::Duration;
 
 use common::{cluster, values, wait_until, SETTLE};
-use redlock_sync::testing::Cluster;
 use redlock_sync::{LockError, NodeError, NodeOutcome, Redlock, Report};
+use redlock_sync_testing::Cluster;
 
 const TTL: Duration = Duration::from_secs(10);
 const PASSWORD: &str = "s3cret-Pw";

@@ -7,8 +7,8 @@ mod common;
 use std::time::Duration;
 
 use common::{cluster, no_quorum_within, values, wait_until, wait_until_gone, SETTLE};
-use redlock_sync::testing::{Cluster, Fault, Proxy};
 use redlock_sync::{LockError, NodeOutcome, Redlock, Report};
+use redlock_sync_testing::{Cluster, Fault, Proxy};
 
 const TTL: Duration = Duration::from_secs(10);
 const IO_TIMEOUT: Duration = Duration::from_millis(100);

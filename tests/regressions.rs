@@ -6,8 +6,8 @@ use std::thread;
 use std::time::Duration;
 
 use common::{cluster, listeners, values, wait_until};
-use redlock_sync::testing::{Fault, Proxy};
 use redlock_sync::{LockError, Redlock};
+use redlock_sync_testing::{Fault, Proxy};
 
 const TTL: Duration = Duration::from_secs(30);
 const IO_TIMEOUT: Duration = Duration::from_millis(100);
@@ -102,7 +102,7 @@ fn a_unix_socket_node_whose_listen_backlog_is_full_costs_a_round_no_more_than_it
     use std::sync::Arc;
     use std::time::Instant;
 
-    let nodes = redlock_sync::testing::Cluster::start_unix(3).expect("3 unix-socket nodes");
+    let nodes = redlock_sync_testing::Cluster::start_unix(3).expect("3 unix-socket nodes");
     let locks = Redlock::builder(nodes.urls())
         .retry_count(0)
         .io_timeout(IO_TIMEOUT)
@@ -359,7 +359,7 @@ fn a_waiter_whose_attempt_at_subscribing_lost_tries_again_soon() {
 /// Waits until a waiter listens for `resource` on node 0 and nodes 1 and 2
 /// have each run `sets` `SET` commands in all (so the last attempt's `SET`
 /// reached both, and lost there).
-fn listening_after(nodes: &redlock_sync::testing::Cluster, resource: &str, sets: u64) {
+fn listening_after(nodes: &redlock_sync_testing::Cluster, resource: &str, sets: u64) {
     wait_until(
         Duration::from_secs(5),
         &format!("a waiter listens on node 0 and nodes 1 and 2 ran {sets} SETs"),
@@ -368,7 +368,7 @@ fn listening_after(nodes: &redlock_sync::testing::Cluster, resource: &str, sets:
 }
 
 /// The fewer of the `SET` commands that nodes 1 and 2 have run.
-fn sets_on_1_and_2(nodes: &redlock_sync::testing::Cluster) -> u64 {
+fn sets_on_1_and_2(nodes: &redlock_sync_testing::Cluster) -> u64 {
     sets_run(nodes, 1).min(sets_run(nodes, 2))
 }
 
@@ -376,7 +376,7 @@ fn sets_on_1_and_2(nodes: &redlock_sync::testing::Cluster) -> u64 {
 /// nothing, and checks that `waiting` (a thread of `locks`) then acquires
 /// the lock well within its `pause`: it tried again by itself.
 fn gone_quietly_then_acquired(
-    nodes: &redlock_sync::testing::Cluster,
+    nodes: &redlock_sync_testing::Cluster,
     resource: &str,
     locks: &Redlock,
     waiting: thread::JoinHandle<(redlock_sync::Lock, std::time::Instant)>,
@@ -401,7 +401,7 @@ fn gone_quietly_then_acquired(
 /// within the default 50 ms can fail on a loaded machine, and a waiter
 /// may listen there).
 fn held_on_nodes_1_and_2(
-    nodes: &redlock_sync::testing::Cluster,
+    nodes: &redlock_sync_testing::Cluster,
     resource: &str,
 ) -> (Redlock, redlock_sync::Lock) {
     let holder = Redlock::builder(nodes.urls())
@@ -418,7 +418,7 @@ fn held_on_nodes_1_and_2(
 /// A client that waits for `resource` in retry pauses of `pause`, and a
 /// thread acquiring it through that client: the lock and when it came.
 fn waiter(
-    nodes: &redlock_sync::testing::Cluster,
+    nodes: &redlock_sync_testing::Cluster,
     resource: &str,
     pause: Duration,
     io_timeout: Duration,
@@ -447,7 +447,7 @@ fn waiter(
 }
 
 /// How many `SET` commands node `i` has run.
-fn sets_run(nodes: &redlock_sync::testing::Cluster, i: usize) -> u64 {
+fn sets_run(nodes: &redlock_sync_testing::Cluster, i: usize) -> u64 {
     let info = match nodes.node(i).query(&["INFO", "commandstats"]) {
         Ok(redis::Value::BulkString(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
         Ok(redis::Value::VerbatimString { text, .. }) => text,

@@ -7,8 +7,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{builder, cluster, holders, wait_until, SETTLE};
-use redlock_sync::testing::Cluster;
 use redlock_sync::{Lock, LockError, NodeError, NodeOutcome, Redlock};
+use redlock_sync_testing::Cluster;
 
 /// Client A holds `resource` for `ttl` on exactly a bare quorum (nodes 0
 /// and 1 of 3), then node 0 restarts without persistence and forgets it.

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{cluster, contending_client};
-use redlock_sync::testing::{Fault, Proxy};
 use redlock_sync::{LockError, Redlock};
+use redlock_sync_testing::{Fault, Proxy};
 
 const THREADS: usize = 8;
 const SECTIONS: usize = 100;

@@ -3,11 +3,14 @@
 //! (the harness's [`Cluster::start_tls`]).
 //!
 //! Run with `cargo test --features tls --test tls`.
+//! Without the feature this test binary is empty.
+
+#![cfg(feature = "tls")]
 
 use std::time::Duration;
 
-use redlock_sync::testing::Cluster;
 use redlock_sync::{LockError, Redlock};
+use redlock_sync_testing::Cluster;
 
 #[test]
 fn locks_work_over_rediss_and_valkeys_with_a_verified_certificate() {

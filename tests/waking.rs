@@ -11,8 +11,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{cluster, holders, listeners, wait_until, wait_until_held_by};
-use redlock_sync::testing::{Cluster, Fault, Proxy};
 use redlock_sync::{Lock, Redlock, RedlockBuilder};
+use redlock_sync_testing::{Cluster, Fault, Proxy};
 
 const TTL: Duration = Duration::from_secs(10);
 /// The waiters' retry pause: without a wake-up, no retry comes sooner.

@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use redlock_sync::testing::Cluster;
+use redlock_sync_testing::Cluster;
 
 /// The two kinds of lock `run` holds, both kept alive by the library's
 /// `LockGuard`: plain (`try_lock`) and `--fenced` (`try_lock_fenced`).

@@ -3,11 +3,14 @@
 //! certificate authority through `SSL_CERT_FILE`.
 //!
 //! Run with `cargo test -p redlock-cli --features tls --test tls`.
+//! Without the feature this test binary is empty.
+
+#![cfg(feature = "tls")]
 
 mod common;
 
 use common::*;
-use redlock_sync::testing::Cluster;
+use redlock_sync_testing::Cluster;
 
 #[test]
 fn acquire_status_run_and_release_over_tls() {

@@ -5,7 +5,7 @@ use std::error::Error;
 use std::fmt;
 use std::process::ExitCode;
 
-use redlock_sync::testing::Cluster;
+use redlock_sync_testing::Cluster;
 
 /// The node URLs named in `REDLOCK_NODES` (comma-separated), or else `n`
 /// throwaway local redis-server nodes. Keep the returned cluster alive while

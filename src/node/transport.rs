@@ -21,9 +21,8 @@ use redis::Value;
 
 use crate::error::{Failure, NodeError};
 
-/// Syscall counters for the benchmark (feature `testing` only): how many
-/// writes and reads the crate's sockets made. Relaxed: a count, not a sync.
-#[cfg(feature = "testing")]
+/// Syscall counters for the benchmark: how many writes and reads the
+/// crate's sockets made. Relaxed: a count, not a sync.
 pub(crate) mod counts {
     use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -133,7 +132,6 @@ impl Stream {
 
 impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        #[cfg(feature = "testing")]
         counts::add(&counts::READS);
         match self {
             Stream::Tcp(s) => s.read(buf),
@@ -145,7 +143,6 @@ impl Read for Stream {
 
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        #[cfg(feature = "testing")]
         counts::add(&counts::WRITES);
         match self {
             Stream::Tcp(s) => s.write(buf),
@@ -565,10 +562,9 @@ mod tests {
     /// Replies larger than the read buffer, and many replies in one read,
     /// come back whole and in order: the buffer grows, and what is left
     /// of one read moves to the front for the next.
-    #[cfg(feature = "testing")]
     #[test]
     fn replies_larger_than_one_read_and_many_in_one_read_come_whole_and_in_order() {
-        use crate::testing::Cluster;
+        use redlock_sync_testing::Cluster;
 
         let cluster = Cluster::start(1).expect("a redis-server node");
         let port = cluster.node(0).port().expect("a TCP node");
@@ -601,10 +597,9 @@ mod tests {
     /// keeps the connection: what came of the reply so far is kept, and
     /// the next read returns it whole (a thread whose own command waits
     /// pauses its read of other threads' replies, then writes it).
-    #[cfg(feature = "testing")]
     #[test]
     fn a_paused_read_keeps_what_came_of_a_reply_for_the_next_read() {
-        use crate::testing::{Cluster, Fault, Proxy};
+        use redlock_sync_testing::{Cluster, Fault, Proxy};
 
         let cluster = Cluster::start(1).expect("a redis-server node");
         let port = cluster.node(0).port().expect("a TCP node");

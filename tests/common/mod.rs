@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use redlock_sync::testing::Cluster;
 use redlock_sync::{Lock, LockError, Redlock, RedlockBuilder, Report};
+use redlock_sync_testing::Cluster;
 
 /// How long a test waits for what a decided round left in flight (replies
 /// past the quorum, fire-and-forget clean-up) to land on the nodes.

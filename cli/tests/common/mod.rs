@@ -10,7 +10,7 @@ use std::process::{Child, ChildStderr, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
-use redlock_sync::testing::Cluster;
+use redlock_sync_testing::Cluster;
 
 /// How long any awaited condition may take before the test fails. Long
 /// next to what the tests wait for (a second or two): it only bounds a

@@ -48,9 +48,9 @@ pub enum Fault {
 ///
 /// ```
 /// use std::time::Duration;
-/// use redlock_sync::testing::{Cluster, Fault, Proxy};
+/// use redlock_sync_testing::{Cluster, Fault, Proxy};
 ///
-/// # fn main() -> Result<(), redlock_sync::testing::HarnessError> {
+/// # fn main() -> Result<(), redlock_sync_testing::HarnessError> {
 /// let cluster = Cluster::start(1)?;
 /// let port = cluster.node(0).port().unwrap();
 /// let proxy = Proxy::start(&format!("127.0.0.1:{port}"))?;

@@ -312,8 +312,7 @@ mod tests {
     /// Set for the child process of the killed-owner test: where it reports
     /// its cluster.
     const CHILD_REPORT: &str = "REDLOCK_SYNC_TEST_KILLED_OWNER_REPORT";
-    const CHILD_TEST: &str =
-        "testing::record::tests::child_owner_starts_a_cluster_and_waits_to_be_killed";
+    const CHILD_TEST: &str = "record::tests::child_owner_starts_a_cluster_and_waits_to_be_killed";
 
     /// A folder of the test's own under the temporary directory, named like
     /// a cluster's folder (records name their folder by its name).

@@ -1,9 +1,13 @@
 //! Throwaway **real** `redis-server` processes for tests, examples and
-//! benchmarks, plus a fault-injecting TCP [`Proxy`].
+//! benchmarks, plus a fault-injecting TCP [`Proxy`]: the test harness of
+//! [`redlock-sync`](https://docs.rs/redlock-sync) and its `redlock` tool,
+//! for your own tests of code that locks over independent Redis (or Valkey)
+//! masters. Take it as a dev-dependency:
 //!
-//! This module is compiled only with the `testing` feature. It is what the
-//! crate's own tests use, and you can use it to test your own code that builds
-//! on `redlock-sync` against real, independent Redis masters:
+//! ```toml
+//! [dev-dependencies]
+//! redlock-sync-testing = "0.1"
+//! ```
 //!
 //! * [`Cluster::start`] / [`Cluster::start_unix`] start `n` independent
 //!   `redis-server` masters (no replication, no persistence) listening on
@@ -25,6 +29,43 @@
 //! all its threads. Everything is safe to use from parallel tests, in one test
 //! binary or in several at once: every cluster has its own directory and its
 //! own ports.
+//!
+//! # Example
+//!
+//! A test starts three masters, kills one, and slows another down through a
+//! proxy (the crate's client here is the `redis` crate; a test of
+//! `redlock-sync` gives its `Redlock` the URLs instead):
+//!
+//! ```
+//! use std::time::{Duration, Instant};
+//! use redlock_sync_testing::{Cluster, Fault, Proxy};
+//!
+//! # fn main() -> Result<(), redlock_sync_testing::HarnessError> {
+//! let cluster = Cluster::start(3)?;
+//! assert_eq!(cluster.len(), 3);
+//! cluster.node(0).set("greeting", "hello")?;
+//! assert_eq!(cluster.node(0).get("greeting")?.as_deref(), Some("hello"));
+//!
+//! // Kill one master: it becomes unreachable ...
+//! cluster.node(0).kill()?;
+//! assert!(cluster.node(0).get("greeting").is_err());
+//! // ... and comes back on the same address, empty.
+//! cluster.node(0).start()?;
+//! assert_eq!(cluster.node(0).get("greeting")?, None);
+//!
+//! // Delay every byte to and from node 1 by 100 ms, while connected.
+//! let port = cluster.node(1).port().expect("a TCP node");
+//! let proxy = Proxy::start(&format!("127.0.0.1:{port}"))?;
+//! let client = redis::Client::open(proxy.url()).unwrap();
+//! let mut con = client.get_connection().unwrap();
+//! proxy.set_fault(Fault::Delay(Duration::from_millis(100)));
+//! let start = Instant::now();
+//! let _: String = redis::cmd("PING").query(&mut con).unwrap();
+//! assert!(start.elapsed() >= Duration::from_millis(200)); // there and back
+//! proxy.set_fault(Fault::None);
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! # Cleaning up after a killed run
 //!
@@ -52,30 +93,11 @@
 //! install Redis and how to set `REDIS_SERVER`; it never skips silently.
 //! Pausing and resuming use the `kill` program (for `kill -STOP` /
 //! `kill -CONT`), TLS clusters the `openssl` program (a missing one is a
-//! [`HarnessError::Io`] that says how to install it), and the module builds
+//! [`HarnessError::Io`] that says how to install it), and the crate builds
 //! on Unix-like systems only.
-//!
-//! # Example
-//!
-//! ```
-//! use redlock_sync::testing::Cluster;
-//!
-//! # fn main() -> Result<(), redlock_sync::testing::HarnessError> {
-//! let cluster = Cluster::start(3)?;
-//! assert_eq!(cluster.len(), 3);
-//!
-//! cluster.node(0).set("greeting", "hello")?;
-//! assert_eq!(cluster.node(0).get("greeting")?.as_deref(), Some("hello"));
-//!
-//! // Kill one master: it becomes unreachable ...
-//! cluster.node(0).kill()?;
-//! assert!(cluster.node(0).get("greeting").is_err());
-//! // ... and comes back on the same address, empty.
-//! cluster.node(0).start()?;
-//! assert_eq!(cluster.node(0).get("greeting")?, None);
-//! # Ok(())
-//! # }
-//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 use std::io;
 use std::path::PathBuf;
@@ -100,8 +122,6 @@ mod test_support;
 pub use cluster::Cluster;
 pub use node::Node;
 pub use proxy::{Fault, Proxy};
-
-pub use crate::node::{io_counts, IoCounts};
 
 /// Connect timeout of the inspection helpers (and of the proxy's upstream
 /// connections).
@@ -192,3 +212,9 @@ mod tests {
         check::<HarnessError>();
     }
 }
+
+/// The README's code blocks, compiled as doctests, so that `cargo test`
+/// fails when the README and the API part ways.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

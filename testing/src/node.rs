@@ -25,9 +25,9 @@ const SIGNAL_SETTLE: Duration = Duration::from_secs(1);
 /// or restarted node has lost all its data.
 ///
 /// ```
-/// use redlock_sync::testing::Cluster;
+/// use redlock_sync_testing::Cluster;
 ///
-/// # fn main() -> Result<(), redlock_sync::testing::HarnessError> {
+/// # fn main() -> Result<(), redlock_sync_testing::HarnessError> {
 /// let cluster = Cluster::start(1)?;
 /// let node = cluster.node(0);
 /// let port = node.port();
@@ -155,9 +155,9 @@ impl Node {
     /// returns once the process is actually stopped.
     ///
     /// ```
-    /// use redlock_sync::testing::Cluster;
+    /// use redlock_sync_testing::Cluster;
     ///
-    /// # fn main() -> Result<(), redlock_sync::testing::HarnessError> {
+    /// # fn main() -> Result<(), redlock_sync_testing::HarnessError> {
     /// let cluster = Cluster::start(1)?;
     /// let node = cluster.node(0);
     /// node.pause()?;
@@ -320,9 +320,9 @@ impl Node {
     /// Error replies come back as [`HarnessError::Redis`].
     ///
     /// ```
-    /// use redlock_sync::testing::Cluster;
+    /// use redlock_sync_testing::Cluster;
     ///
-    /// # fn main() -> Result<(), redlock_sync::testing::HarnessError> {
+    /// # fn main() -> Result<(), redlock_sync_testing::HarnessError> {
     /// let cluster = Cluster::start(1)?;
     /// let node = cluster.node(0);
     /// node.query(&["SET", "k", "v", "PX", "60000"])?;

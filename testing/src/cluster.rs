@@ -21,13 +21,13 @@ use super::{io_error, HarnessError};
 /// Dropping the cluster kills (SIGKILL) and reaps every server it started,
 /// paused ones included, and removes the temporary directory. A run killed
 /// before its clusters dropped leaves them to the next [`Cluster::start`]
-/// (on Linux): see the [module docs](super#cleaning-up-after-a-killed-run).
+/// (on Linux): see the [crate docs](crate#cleaning-up-after-a-killed-run).
 /// A `Cluster` is `Send + Sync`: share it by reference across threads.
 ///
 /// ```
-/// use redlock_sync::testing::Cluster;
+/// use redlock_sync_testing::Cluster;
 ///
-/// # fn main() -> Result<(), redlock_sync::testing::HarnessError> {
+/// # fn main() -> Result<(), redlock_sync_testing::HarnessError> {
 /// let cluster = Cluster::start(3)?;
 /// for (i, url) in cluster.urls().iter().enumerate() {
 ///     assert!(url.starts_with("redis://127.0.0.1:"));
@@ -72,9 +72,9 @@ impl Cluster {
     /// directory has a long path, `/tmp` is used instead.
     ///
     /// ```
-    /// use redlock_sync::testing::Cluster;
+    /// use redlock_sync_testing::Cluster;
     ///
-    /// # fn main() -> Result<(), redlock_sync::testing::HarnessError> {
+    /// # fn main() -> Result<(), redlock_sync_testing::HarnessError> {
     /// let cluster = Cluster::start_unix(2)?;
     /// assert!(cluster.urls()[0].starts_with("redis+unix:///"));
     /// assert_eq!(cluster.node(0).port(), None);
@@ -104,9 +104,9 @@ impl Cluster {
     /// is for plain TCP nodes only.
     ///
     /// ```
-    /// use redlock_sync::testing::Cluster;
+    /// use redlock_sync_testing::Cluster;
     ///
-    /// # fn main() -> Result<(), redlock_sync::testing::HarnessError> {
+    /// # fn main() -> Result<(), redlock_sync_testing::HarnessError> {
     /// let cluster = Cluster::start_tls(1)?;
     /// assert!(cluster.urls()[0].starts_with("rediss://127.0.0.1:"));
     /// assert!(cluster.ca_file().is_some_and(|ca| ca.is_file()));
@@ -231,9 +231,9 @@ impl Cluster {
     /// Starts a [`Proxy`] in front of every node; returns them in node order.
     ///
     /// ```
-    /// use redlock_sync::testing::{Cluster, Fault};
+    /// use redlock_sync_testing::{Cluster, Fault};
     ///
-    /// # fn main() -> Result<(), redlock_sync::testing::HarnessError> {
+    /// # fn main() -> Result<(), redlock_sync_testing::HarnessError> {
     /// let cluster = Cluster::start(2)?;
     /// let proxies = cluster.proxies()?;
     /// let client = redis::Client::open(proxies[0].url()).unwrap();
