@@ -13,6 +13,7 @@ use super::node::Node;
 use super::proxy::Proxy;
 use super::record::{self, Record};
 use super::spawn::{make_cluster_dir, Listen, Spawner};
+use super::watchdog::{self, Watch};
 use super::{io_error, HarnessError};
 
 /// `n` independent `redis-server` masters, each in the cluster's own
@@ -48,6 +49,8 @@ pub struct Cluster {
     record: Option<Record>,
     /// Started by [`Cluster::start_tls`].
     tls: bool,
+    /// The cluster's place among those the time bound names.
+    _watch: Watch,
 }
 
 impl Cluster {
@@ -125,6 +128,7 @@ impl Cluster {
     }
 
     fn launch(binary: PathBuf, n: usize, listen: Listen) -> Result<Cluster, HarnessError> {
+        let watch = watchdog::watch(n)?;
         record::reap_orphans();
         let dir = make_cluster_dir(listen == Listen::Unix, n)?;
         let record = match Record::create(&dir, &binary) {
@@ -141,6 +145,7 @@ impl Cluster {
             nodes: Vec::with_capacity(n),
             record,
             tls: listen == Listen::Tls,
+            _watch: watch,
         };
         if cluster.tls {
             certs::make(&cluster.dir)?;

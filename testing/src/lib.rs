@@ -67,6 +67,27 @@
 //! # }
 //! ```
 //!
+//! # A time bound for every test binary
+//!
+//! A test that hangs while its servers run would hold CI until CI's own
+//! limit, and leave the servers behind. So the first cluster a process
+//! starts arms a time bound, [`DEFAULT_TIME_BOUND`] (300 s) unless the
+//! environment variable [`TIME_BOUND_VAR`] (`REDLOCK_SYNC_TEST_TIMEOUT`)
+//! gives another number of seconds (`0`: no bound). Once the bound has
+//! passed the process, still running:
+//!
+//! 1. prints to its stderr that it ran past its bound, with each cluster
+//!    still up: its size, its age, and the thread that started it, which
+//!    under `cargo test` is named after the test;
+//! 2. kills every server of its clusters (on Linux: through the records
+//!    described below, as for a killed run);
+//! 3. exits with status [`TIMED_OUT_STATUS`] (124, as `timeout(1)`).
+//!
+//! The bound covers the whole process (a test binary: all its tests), from
+//! its first cluster on; set it well above the binary's usual time. A test
+//! that holds no cluster is not bounded unless a cluster started before it
+//! in the same process.
+//!
 //! # Cleaning up after a killed run
 //!
 //! A run killed before its clusters dropped (`kill -TERM` or `kill -KILL` of
@@ -106,8 +127,8 @@ use std::time::Duration;
 
 // One file per concept, from the bottom up: finding the binary, a process by
 // its pid, the records that let a later run reap a killed run's servers,
-// spawning one server, a node the tests drive, a cluster of nodes, and the
-// fault proxy.
+// spawning one server, a node the tests drive, a cluster of nodes, the
+// fault proxy, and the time bound.
 mod binary;
 mod certs;
 mod cluster;
@@ -118,10 +139,12 @@ mod record;
 mod spawn;
 #[cfg(test)]
 mod test_support;
+mod watchdog;
 
 pub use cluster::Cluster;
 pub use node::Node;
 pub use proxy::{Fault, Proxy};
+pub use watchdog::{DEFAULT_TIME_BOUND, TIMED_OUT_STATUS, TIME_BOUND_VAR};
 
 /// Connect timeout of the inspection helpers (and of the proxy's upstream
 /// connections).

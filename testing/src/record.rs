@@ -156,7 +156,21 @@ pub(super) fn reap_orphans() {
     }
 }
 
+/// Reaps every record of this process's own clusters, as if it were gone:
+/// for the time bound, just before the process exits.
+pub(super) fn reap_own() {
+    if let Some(folder) = records_folder().filter(|folder| is_ours(folder)) {
+        reap_in(&folder, Pid::of(std::process::id()));
+    }
+}
+
 fn reap_orphans_in(folder: &Path) {
+    reap_in(folder, None);
+}
+
+/// Reaps the records in `folder` whose owner is gone, and those of
+/// `also` (a live owner).
+fn reap_in(folder: &Path, also: Option<Pid>) {
     let Ok(entries) = fs::read_dir(folder) else {
         return;
     };
@@ -166,7 +180,7 @@ fn reap_orphans_in(folder: &Path) {
             continue;
         };
         match Orphan::parse(&String::from_utf8_lossy(&bytes)) {
-            Some(orphan) if orphan.owner.is_running() => {}
+            Some(orphan) if orphan.owner.is_running() && Some(orphan.owner) != also => {}
             Some(orphan) => orphan.reap(&path),
             // Empty or cut short: its owner was killed while writing the
             // head, before any server started. The folder name carries the
