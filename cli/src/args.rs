@@ -6,8 +6,6 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::exit;
-
 /// One exit-code line of a help text; the codes are padded to five
 /// characters so the texts line up (help is wrapped at the terminal's
 /// width, so each text stays short).
@@ -84,6 +82,21 @@ pub enum Command {
     Extend(ExtendArgs),
     Release(ReleaseArgs),
     Status(StatusArgs),
+    /// Print the manual page (roff) on standard output
+    #[command(
+        long_about = "Print the manual page of redlock, made from this help, on standard output \
+(roff). Read it with `redlock man | man -l -`, or install it: \
+`redlock man > /usr/local/share/man/man1/redlock.1` (or ~/.local/share/man/man1/redlock.1).",
+        after_long_help = concat!(
+            "Exit codes:\n",
+            code_line!("0    ", "printed"),
+            code_line!("74   ", "standard output could not be written"),
+        )
+    )]
+    Man,
+    Completions(CompletionsArgs),
+    #[command(hide = true)]
+    Supervise(SuperviseArgs),
 }
 
 impl Command {
@@ -95,6 +108,7 @@ impl Command {
             Command::Extend(a) => &a.nodes,
             Command::Release(a) => &a.nodes,
             Command::Status(a) => &a.nodes,
+            Command::Man | Command::Completions(_) | Command::Supervise(_) => return false,
         };
         nodes.json
     }
@@ -166,9 +180,11 @@ pub struct Acquisition {
     pub retry_delay: Duration,
 
     /// The exit code when the lock is held by another client (like
-    /// flock -E); 0 makes "someone else is on it" a success.
-    #[arg(short = 'E', long, value_name = "N", default_value_t = exit::CONFLICT, help_heading = TAKING)]
-    pub conflict_exit_code: u8,
+    /// flock -E; default 75); 0 makes "someone else is on it" a success.
+    /// With it, finding the lock held prints nothing (unless --verbose):
+    /// the code says it all.
+    #[arg(short = 'E', long, value_name = "N", help_heading = TAKING)]
+    pub conflict_exit_code: Option<u8>,
 
     /// Take a fenced lock: it comes with a fencing token, a number larger
     /// than that of every earlier fenced lock on the resource, for the
@@ -176,7 +192,8 @@ pub struct Acquisition {
     #[arg(long, help_heading = TAKING)]
     pub fenced: bool,
 
-    /// Say on standard error when waiting starts and when the lock is had.
+    /// Say on standard error when waiting starts and when the lock is had,
+    /// and why it was not had (in full, with each node's answer).
     #[arg(short, long, help_heading = TAKING)]
     pub verbose: bool,
 }
@@ -252,16 +269,33 @@ pub struct RunArgs {
     /// The lock's name (any string but empty), the same on every host.
     pub resource: String,
 
+    /// Run this shell command line (`/bin/sh -c COMMAND`, as flock -c
+    /// does) instead of COMMAND and its arguments.
+    #[arg(short = 'c', long = "command", value_name = "COMMAND", help_heading = RUNNING)]
+    pub shell: Option<OsString>,
+
     /// The command to run and its arguments (put `--` before it if an
     /// argument starts with `-`).
     #[arg(
-        required = true,
+        required_unless_present = "shell",
+        conflicts_with = "shell",
         trailing_var_arg = true,
         allow_hyphen_values = true,
         value_name = "COMMAND",
         value_parser = clap::value_parser!(OsString)
     )]
     pub command: Vec<OsString>,
+}
+
+impl RunArgs {
+    /// The command and its arguments: COMMAND..., or `/bin/sh -c` and
+    /// the line given with `-c`.
+    pub fn argv(&self) -> Vec<OsString> {
+        match &self.shell {
+            Some(line) => vec!["/bin/sh".into(), "-c".into(), line.clone()],
+            None => self.command.clone(),
+        }
+    }
 }
 
 /// `redlock acquire`.
@@ -402,6 +436,60 @@ pub struct StatusArgs {
 
     /// The lock's name.
     pub resource: String,
+}
+
+/// `redlock completions`.
+#[derive(Debug, Args)]
+#[command(
+    about = "Print a shell completion script",
+    long_about = "Print the completion script for SHELL on standard output. For bash:\n\n\
+  redlock completions bash > ~/.local/share/bash-completion/completions/redlock\n\n\
+for zsh, into a directory of $fpath as `_redlock`; for fish, into \
+~/.config/fish/completions/redlock.fish.",
+    after_long_help = concat!(
+        "Exit codes:\n",
+        code_line!("0    ", "printed"),
+        code_line!("64   ", "usage: an unknown shell"),
+        code_line!("74   ", "standard output could not be written"),
+    )
+)]
+pub struct CompletionsArgs {
+    /// The shell: bash, elvish, fish, powershell or zsh.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+/// The hidden `redlock supervise`: what `run` starts to own the command
+/// (see `supervisor.rs`). Not for people: its interface may change.
+#[derive(Debug, Args)]
+pub struct SuperviseArgs {
+    /// The pipe (an inherited descriptor) that brings `run`'s messages.
+    #[arg(long)]
+    pub control_fd: i32,
+    /// The pipe (an inherited descriptor) to report to `run` on.
+    #[arg(long)]
+    pub report_fd: i32,
+    /// The pid of `run`: the supervisor's parent.
+    #[arg(long)]
+    pub parent: i32,
+    /// The lock's validity deadline: nanoseconds of the monotonic clock.
+    #[arg(long)]
+    pub deadline_ns: u64,
+    /// SIGTERM this many milliseconds before the deadline, if no later
+    /// deadline came.
+    #[arg(long)]
+    pub warn_ms: u64,
+    /// --kill-after, in milliseconds.
+    #[arg(long)]
+    pub kill_after_ms: u64,
+    /// The lock's name, for messages.
+    #[arg(long)]
+    pub resource: String,
+    #[arg(long)]
+    pub verbose: bool,
+    /// The command and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_parser = clap::value_parser!(OsString))]
+    pub command: Vec<OsString>,
 }
 
 /// `run`'s `--retry-delay`: the shared help, and what it is to the

@@ -28,11 +28,13 @@ mod nodes;
 #[cfg(unix)]
 mod run;
 mod status;
+#[cfg(unix)]
+mod supervisor;
 mod wait;
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 
 use args::{Cli, Command};
 use exit::Failure;
@@ -53,6 +55,12 @@ fn main() -> ExitCode {
         Command::Extend(args) => explicit::extend(args),
         Command::Release(args) => explicit::release(args),
         Command::Status(args) => status::status(args),
+        Command::Man => man(),
+        Command::Completions(args) => completions(args.shell),
+        #[cfg(unix)]
+        Command::Supervise(args) => Ok(supervisor::supervise(args)),
+        #[cfg(not(unix))]
+        Command::Supervise(_) => Err(Failure::usage("`redlock supervise` needs Unix")),
     };
     match outcome {
         Ok(code) => ExitCode::from(code),
@@ -81,6 +89,35 @@ fn run_command(_: &args::RunArgs) -> Result<u8, Failure> {
     ))
 }
 
+/// `redlock man`: the manual page, made from the command line's
+/// definition.
+fn man() -> Result<u8, Failure> {
+    let mut page = Vec::new();
+    clap_mangen::Man::new(Cli::command())
+        .render(&mut page)
+        .map_err(|e| Failure::system(format!("cannot make the manual page: {e}")))?;
+    write_out(&page, "the manual page")
+}
+
+/// `redlock completions SHELL`: the completion script.
+fn completions(shell: clap_complete::Shell) -> Result<u8, Failure> {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "redlock", &mut script);
+    write_out(&script, "the completion script")
+}
+
+/// Writes `bytes` to standard output, flushed; a failure is the output
+/// code's.
+fn write_out(bytes: &[u8], what: &str) -> Result<u8, Failure> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(bytes)
+        .and_then(|()| stdout.flush())
+        .map_err(|e| Failure::output(&e, what))?;
+    Ok(0)
+}
+
 /// Help and version go to standard output with code 0; a command line
 /// that does not parse gets clap's message and the usage code (not clap's
 /// own 2), with `--json` also as an object.
@@ -97,7 +134,7 @@ fn usage_error(e: &clap::Error) -> ExitCode {
             "message": e.to_string().lines().next().unwrap_or_default(),
             "exit_code": failure.code,
         });
-        println!("{out}");
+        let _ = exit::print_line(out);
     }
     ExitCode::from(exit::USAGE)
 }

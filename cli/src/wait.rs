@@ -12,7 +12,7 @@ use redlock_sync::{LockError, Token};
 
 use crate::args::Acquisition;
 use crate::events::Events;
-use crate::exit::Failure;
+use crate::exit::{self, say, Failure};
 
 /// How often, at most, a wait that keeps finding too few nodes says so
 /// again: said once only, a wait that lasts hours would look like a hang;
@@ -30,8 +30,9 @@ pub struct Patience {
     /// The fixed part of the pause; up to half as much again is added at
     /// random.
     delay: Duration,
-    /// The exit code when the lock is held by another client.
-    conflict: u8,
+    /// The exit code when the lock is held by another client, if given
+    /// (`-E`): then that says nothing, unless `verbose`.
+    conflict: Option<u8>,
     verbose: bool,
 }
 
@@ -49,8 +50,20 @@ impl Patience {
     }
 
     /// The failure for a library error, with this wait's conflict code.
+    /// A lock held by another client is said in one short line (with
+    /// `-v`: with each node's answer), or not at all with `-E` (and
+    /// without `-v`): cron mails whatever a job prints.
     pub fn failure(&self, e: LockError) -> Failure {
-        Failure::from_lock(e, self.conflict)
+        let held_by = match &e {
+            LockError::Contended { resource, .. } if !self.verbose => Some(resource.clone()),
+            _ => None,
+        };
+        let mut failure = Failure::from_lock(e, self.conflict.unwrap_or(exit::CONFLICT));
+        if let Some(resource) = held_by {
+            failure.message = format!("`{resource}` is held by another client");
+            failure.quiet = self.conflict.is_some();
+        }
+        failure
     }
 }
 
@@ -124,13 +137,15 @@ pub fn keep_trying<T>(
         if matches!(e, LockError::NoQuorum { .. }) && nodes_down.due(Instant::now()) {
             if said_waiting {
                 let waited = humantime::format_duration(round_secs(started.elapsed()));
-                eprintln!("redlock: still waiting for `{resource}` after {waited}: {e}");
+                say(format_args!(
+                    "still waiting for `{resource}` after {waited}: {e}"
+                ));
             } else {
-                eprintln!("redlock: waiting for `{resource}`: {e}");
+                say(format_args!("waiting for `{resource}`: {e}"));
             }
             said_waiting = true;
         } else if patience.verbose && !said_waiting {
-            eprintln!("redlock: waiting for `{resource}`: {e}");
+            say(format_args!("waiting for `{resource}`: {e}"));
             said_waiting = true;
         }
         if let Some(signal) = events.stop_within(pause) {
