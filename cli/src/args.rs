@@ -62,12 +62,14 @@ take and give back a lock in separate steps, with an explicit token; `status` sh
         code_line!("0    ", "done (for run: the command's own status)"),
         common_codes!(),
         code_line!("75   ", "the lock is held by another client (--conflict-exit-code changes it)"),
+        code_line!("74   ", "acquire: the token could not be printed (the lock was released)"),
         code_line!("76   ", "the lock was lost while held, or was not held at extend or release"),
         code_line!("126  ", "run: the command could not be run; 127: it was not found"),
         code_line!("128+N", "run: the command died of signal N; or signal N stopped the wait"),
         "\nExample:\n",
         "  export REDLOCK_NODES=redis://h1:6379,redis://h2:6379,redis://h3:6379\n",
         "  redlock run --no-wait nightly-report -- /usr/local/bin/nightly-report\n",
+        "\nThe manual page: `redlock man | man -l -`; shell completions: `redlock completions bash`.\n",
     )
 )]
 pub struct Cli {
@@ -210,12 +212,22 @@ command ends, and exit with the command's status.\n\n",
         "By default wait for the lock as long as it takes (while too few nodes answer, saying so on standard \
 error at once and then at most every 10 s); --wait bounds the wait and --no-wait (-n) gives up at once. \
 When the lock is not had, the command does not run.\n\n",
-        "If the lock is lost while the command runs (its extension is refused, or too few nodes answer until \
-its validity runs out), or --max-hold is reached, the command gets SIGTERM, then SIGKILL after \
---kill-after, and redlock exits with 76 and says on standard error when the lock was lost.\n\n",
-        "SIGINT, SIGTERM and SIGHUP sent to redlock are passed on to the command; the lock is released after \
-the command exits. A signal while still waiting for the lock ends the wait at once. Signals typed at a \
-terminal (Ctrl-C) reach the command directly too, as for any foreground command.\n\n",
+        "The command runs in a process group of its own, owned by a small supervisor process (redlock \
+itself) that ends the whole group, grandchildren included, when the lock is no longer kept: if the lock is \
+lost (its extension is refused), or is not extended by the time --kill-after (at most a sixth of the TTL) \
+is left before it runs out (too few nodes answer, --max-hold is reached, or redlock is stopped with SIGSTOP \
+or frozen), or redlock dies (even by SIGKILL), the group gets SIGTERM, then SIGKILL after --kill-after or \
+when the lock runs out, whichever comes first. redlock then exits with 76 and says on standard error when \
+the lock was lost. When the command exits, what it left running in its group gets the same treatment \
+before the lock is released.\n\n",
+        "Not covered: a process that leaves the command's process group (setsid, a daemon that detaches), \
+and the supervisor itself killed (say, SIGKILL sent to the process group of redlock and its supervisor, \
+which the command's group is not part of).\n\n",
+        "SIGINT, SIGTERM and SIGHUP sent to redlock are passed on to the command's group; the lock is \
+released after the command exits. A signal while still waiting for the lock ends the wait at once. When \
+standard input is the terminal, the command's group is the terminal's foreground group while it runs \
+(Ctrl-C and reading the terminal reach it, as for any foreground command), and redlock's is again \
+after. Standard input, output and error are redlock's, and the exit status is the command's.\n\n",
         "The command's environment gets REDLOCK_RESOURCE, REDLOCK_TOKEN and, with --fenced, \
 REDLOCK_FENCING_TOKEN (pass it to the storage you write, which should refuse a token lower than one it \
 has seen).\n\n",
@@ -227,7 +239,7 @@ has seen).\n\n",
         code_line!("any  ", "the command's own exit status (0 when it succeeded), when it ran with\n         the lock held throughout"),
         common_codes!(),
         code_line!("75   ", "the lock is held by another client (or was until --wait ran out):\n         the command did not run; --conflict-exit-code changes it"),
-        code_line!("76   ", "the lock was lost while the command ran, or --max-hold was reached:\n         the command was stopped (SIGTERM, then SIGKILL after --kill-after)"),
+        code_line!("76   ", "the lock was lost or about to run out while the command ran, or\n         --max-hold was reached: the command's group was stopped (SIGTERM,\n         then SIGKILL)"),
         code_line!("126  ", "the command was found but could not be run"),
         code_line!("127  ", "the command was not found"),
         code_line!("128+N", "the command died of signal N (the shell's convention); or signal N\n         stopped the wait for the lock"),
@@ -235,12 +247,15 @@ has seen).\n\n",
         "pick a --conflict-exit-code it never uses.\n",
         "\nExamples:\n",
         "  # crontab on every host: the report runs on one host at a time, and a host\n",
-        "  # that finds it running skips this round quietly.\n",
+        "  # that finds it running skips this round quietly (with -E, nothing is printed).\n",
         "  REDLOCK_NODES=redis://h1:6379,redis://h2:6379,redis://h3:6379\n",
         "  */10 * * * *  redlock run -n -E 0 nightly-report -- /usr/local/bin/nightly-report\n",
         "\n",
         "  # a deploy step that waits up to 5 minutes for the previous one\n",
         "  redlock run --wait 5m --ttl 1m deploy:web -- ./deploy.sh --env prod\n",
+        "\n",
+        "  # a shell command line, as flock -c runs one\n",
+        "  redlock run -c 'make && make install' build\n",
     )
 )]
 pub struct RunArgs {
@@ -252,8 +267,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = duration, help_heading = TAKING)]
     pub max_hold: Option<Duration>,
 
-    /// After the lock is lost, how long the command has between SIGTERM
-    /// and SIGKILL.
+    /// After the lock is lost, how long the command's group has between
+    /// SIGTERM and SIGKILL (and SIGKILL comes when the lock runs out at
+    /// the latest).
     #[arg(
         long,
         value_name = "DURATION",
@@ -271,7 +287,7 @@ pub struct RunArgs {
 
     /// Run this shell command line (`/bin/sh -c COMMAND`, as flock -c
     /// does) instead of COMMAND and its arguments.
-    #[arg(short = 'c', long = "command", value_name = "COMMAND", help_heading = RUNNING)]
+    #[arg(short = 'c', long = "command", value_name = "COMMAND_LINE", help_heading = RUNNING)]
     pub shell: Option<OsString>,
 
     /// The command to run and its arguments (put `--` before it if an
@@ -316,6 +332,7 @@ error); a signal while waiting ends the wait at once.\n\n",
         "Exit codes:\n",
         code_line!("0    ", "the lock is had: its token was printed"),
         common_codes!(),
+        code_line!("74   ", "the token could not be printed (standard output closed, a broken\n         pipe, a full disk): the lock was released, or never taken"),
         code_line!("75   ", "the lock is held by another client (or was until --wait ran out);\n         --conflict-exit-code changes it"),
         code_line!("128+N", "signal N stopped the wait"),
         "\nExample:\n",
@@ -522,7 +539,7 @@ mod tests {
     #[test]
     fn positional_arguments_are_listed_under_arguments_in_their_order() {
         let expected: &[(&str, &[&str])] = &[
-            ("run", &["<RESOURCE>", "<COMMAND>..."]),
+            ("run", &["<RESOURCE>", "[COMMAND]..."]),
             ("acquire", &["<RESOURCE>"]),
             ("extend", &["<RESOURCE>", "<TOKEN>"]),
             ("release", &["<RESOURCE>", "<TOKEN>"]),

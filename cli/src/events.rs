@@ -8,7 +8,7 @@
 //! `recv_timeout`, with no polling and no `unsafe`.
 
 use std::io::{BufRead, BufReader, Read};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant};
 
 use crate::exit::Failure;
@@ -85,11 +85,8 @@ impl Events {
 
     /// The next event within `timeout`, if any.
     pub fn next(&self, timeout: Duration) -> Option<Event> {
-        match self.events.recv_timeout(timeout) {
-            Ok(event) => Some(event),
-            // `self.tx` keeps the channel open: only a timeout ends it.
-            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
-        }
+        // `self.tx` keeps the channel open: only a timeout ends the wait.
+        self.events.recv_timeout(timeout).ok()
     }
 
     /// Waits up to `timeout` for a stop signal, passing over child events;

@@ -210,21 +210,16 @@ impl Command<'_> {
         }
         // The supervisor's own status says the same, if its report was lost.
         let ended = report.ended.unwrap_or(status);
+        // The supervisor stopped the command itself: the lock was about to
+        // run out unextended, or ran out (`run` was stopped meanwhile).
+        let ran_out = matches!(report.term, Some(Term::Expiring | Term::ToolGone))
+            || report.kill == Some(Kill::Deadline);
         let loss = loss.or_else(|| {
-            // It stopped the command itself as the lock ran out.
-            matches!(report.term, Some(Term::Expiring | Term::ToolGone))
-                .then(|| Loss {
-                    at: SystemTime::now(),
-                    after: started.elapsed(),
-                    reason: self.reason(guard, capped),
-                })
-                .or_else(|| {
-                    (report.kill == Some(Kill::Deadline)).then(|| Loss {
-                        at: SystemTime::now(),
-                        after: started.elapsed(),
-                        reason: self.reason(guard, capped),
-                    })
-                })
+            ran_out.then(|| Loss {
+                at: SystemTime::now(),
+                after: started.elapsed(),
+                reason: self.reason(guard, capped),
+            })
         });
         match loss {
             Some(loss) => Err(self.lost(&loss, &report, ended)),
