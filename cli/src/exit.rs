@@ -25,6 +25,9 @@ pub const OUTPUT: u8 = 74;
 /// The operating system failed us: threads, randomness, signals
 /// (`EX_OSERR`).
 pub const SYSTEM: u8 = 71;
+/// Too many nodes refuse this client for a quorum: a wrong or missing
+/// password, a missing ACL permission (`EX_NOPERM`). Waiting cannot fix it.
+pub const REFUSED: u8 = 77;
 /// The lock is held by another client (`EX_TEMPFAIL`: try again later);
 /// the default of `--conflict-exit-code`.
 pub const CONFLICT: u8 = 75;

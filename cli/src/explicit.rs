@@ -11,7 +11,7 @@ use crate::args::{AcquireArgs, ExtendArgs, LockRef, NodeArgs, ReleaseArgs};
 use crate::events::Events;
 use crate::exit::{self, millis, nodes_json, print_line, Failure};
 use crate::nodes;
-use crate::wait::{keep_trying, Patience};
+use crate::wait::{keep_trying, warn_refusals, Patience};
 
 /// Runs `redlock acquire`: prints the token; returns the exit code.
 pub fn acquire(args: &AcquireArgs) -> Result<u8, Failure> {
@@ -30,6 +30,7 @@ pub fn acquire(args: &AcquireArgs) -> Result<u8, Failure> {
         }
         .into()
     })?;
+    warn_refusals(lock.report());
     if let Some(signal) = events.pending_stop() {
         // Asked to stop while the last attempt ran: nobody will see the token.
         let _ = locks.release(lock);

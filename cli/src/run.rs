@@ -15,7 +15,7 @@ use crate::events::{Event, Events};
 use crate::exit::{self, say, Failure};
 use crate::nodes;
 use crate::supervisor::{monotonic_ns, Kill, Message, Report, Term};
-use crate::wait::{keep_trying, round_ms, Patience};
+use crate::wait::{keep_trying, round_ms, warn_refusals, Patience};
 
 /// Runs `redlock run`; returns the exit code.
 pub fn run(args: &RunArgs) -> Result<u8, Failure> {
@@ -59,6 +59,12 @@ pub fn run(args: &RunArgs) -> Result<u8, Failure> {
     // Released before any message is printed: whatever happened, the lock
     // is not kept a moment longer than the command.
     let released = guard.unlock();
+    if let Ok(report) = &released {
+        // A node that refuses this client did not stop the run, but
+        // will not help the next one: said at the end, as the lock's
+        // report is not at hand earlier.
+        warn_refusals(report);
+    }
     let status = status?;
     match released {
         // The command ended by itself, but the lock was lost at some

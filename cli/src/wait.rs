@@ -6,9 +6,10 @@
 //! (`try_acquire`, `try_lock` and their fenced forms) in this loop
 //! instead, and pauses by waiting for a signal with a timeout.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redlock_sync::{LockError, Token};
+use redlock_sync::{LockError, NodeError, NodeOutcome, Report, Token};
 
 use crate::args::Acquisition;
 use crate::events::Events;
@@ -103,11 +104,15 @@ pub fn keep_trying<T>(
     let started = Instant::now();
     let mut said_waiting = false;
     let mut nodes_down = NodesDown::default();
+    let mut warned: Vec<Arc<str>> = Vec::new();
     loop {
         let e = match attempt() {
             Tried::Had(value) => return Ok(value),
             Tried::NotHad(e) => e,
         };
+        if let Some(report) = e.report() {
+            refusals(report, &mut warned)?;
+        }
         if !matches!(e, LockError::NoQuorum { .. }) {
             nodes_down.mended();
         }
@@ -155,6 +160,65 @@ pub fn keep_trying<T>(
             ));
         }
     }
+}
+
+/// Nodes that refuse this client (a wrong or missing password, a missing
+/// ACL permission) stay so however long it waits. If they leave too few
+/// nodes for a quorum, that is a failure (the refused code) at once;
+/// otherwise each is said once (added to `warned`) and the wait goes on
+/// with the others.
+///
+/// # Errors
+///
+/// The [`exit::REFUSED`] failure, naming each refusing node and its cause.
+fn refusals(report: &Report, warned: &mut Vec<Arc<str>>) -> Result<(), Failure> {
+    let refusing = refusing(report);
+    if !refusing.is_empty() && report.nodes.len() - refusing.len() < report.quorum {
+        let causes: Vec<String> = refusing.iter().map(|(_, cause)| cause.clone()).collect();
+        return Err(Failure::new(
+            exit::REFUSED,
+            "refused",
+            format!(
+                "{} of {} nodes refuse this client, which leaves too few for a quorum of {}; \
+                 waiting cannot fix that (fix the passwords in the node URLs, or the ACL \
+                 user's permissions): {}",
+                refusing.len(),
+                report.nodes.len(),
+                report.quorum,
+                causes.join("; ")
+            ),
+        ));
+    }
+    for (node, cause) in refusing {
+        if !warned.contains(node) {
+            say(format_args!("{cause}; going on with the other nodes"));
+            warned.push(node.clone());
+        }
+    }
+    Ok(())
+}
+
+/// Says each node of `report` that refuses this client: the lock was had
+/// without it, but it does not help the next time.
+pub fn warn_refusals(report: &Report) {
+    let _ = refusals(report, &mut Vec::new());
+}
+
+/// The nodes of `report` that refuse this client, each with its cause.
+fn refusing(report: &Report) -> Vec<(&Arc<str>, String)> {
+    report
+        .nodes
+        .iter()
+        .filter_map(|n| match &n.outcome {
+            // Its message names the node.
+            NodeOutcome::Failed(e @ NodeError::Auth { .. }) => Some((&n.node, e.to_string())),
+            NodeOutcome::Failed(NodeError::Server(reply)) if reply.starts_with("NOPERM") => Some((
+                &n.node,
+                format!("node `{}` refused a command: {reply}", n.node),
+            )),
+            _ => None,
+        })
+        .collect()
 }
 
 /// When a wait says that too few nodes answered: at the first attempt of

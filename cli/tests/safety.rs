@@ -385,3 +385,57 @@ fn scratch_file(name: &str, bytes: &[u8]) -> std::path::PathBuf {
     std::fs::write(&path, bytes).unwrap();
     path
 }
+
+/// Makes `node` ask for a password that the cluster's URLs do not give.
+fn require_a_password(node: &redlock_sync::testing::Node) {
+    node.query(&["CONFIG", "SET", "requirepass", "s3cret"])
+        .expect("CONFIG SET requirepass");
+}
+
+#[test]
+fn nodes_refusing_the_password_fail_at_once_when_too_few_are_left_and_are_only_said_otherwise() {
+    let cluster = cluster(3);
+    for node in cluster.nodes() {
+        require_a_password(node);
+    }
+    let waits: [&[&str]; 2] = [&[], &["--wait", "1m"]];
+    for wait in waits {
+        for sub in ["run", "acquire"] {
+            let mut cmd = redlock(sub, &cluster);
+            cmd.args(wait).arg("guarded");
+            if sub == "run" {
+                cmd.arg("true");
+            }
+            let start = Instant::now();
+            let out = output(&mut cmd);
+            let stderr = text(&out.stderr);
+            assert_eq!(code(&out), 77, "{sub} {wait:?}: {stderr}");
+            assert!(
+                stderr.contains("refuse this client") && stderr.contains("refused authentication"),
+                "{sub} {wait:?}: {stderr}"
+            );
+            assert!(!stderr.contains("s3cret"), "{stderr}");
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "{sub} {wait:?}: took {:?}",
+                start.elapsed()
+            );
+        }
+    }
+
+    let five = common::cluster(5);
+    require_a_password(five.node(4));
+    let out = output(redlock("run", &five).args(["one-bad", "--", "echo", "ran"]));
+    let stderr = text(&out.stderr);
+    assert_eq!(code(&out), 0, "{stderr}");
+    assert_eq!(text(&out.stdout), "ran\n");
+    assert!(
+        stderr.contains("refused authentication")
+            && stderr.contains("going on with the other nodes"),
+        "{stderr}"
+    );
+    let out = output(redlock("acquire", &five).arg("one-bad"));
+    let stderr = text(&out.stderr);
+    assert_eq!(code(&out), 0, "{stderr}");
+    assert!(stderr.contains("going on with the other nodes"), "{stderr}");
+}
