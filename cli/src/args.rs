@@ -230,7 +230,9 @@ which the command's group is not part of).\n\n",
 released after the command exits. A signal while still waiting for the lock ends the wait at once. When \
 standard input is the terminal, the command's group is the terminal's foreground group while it runs \
 (Ctrl-C and reading the terminal reach it, as for any foreground command), and redlock's is again \
-after. Standard input, output and error are redlock's, and the exit status is the command's.\n\n",
+after; so in a pipeline, the other commands (`redlock run ... | less`) cannot read the terminal \
+meanwhile. Ctrl-Z does not suspend the command (a suspended job would hold the lock): it is continued at \
+once. Standard input, output and error are redlock's, and the exit status is the command's.\n\n",
         "The command's environment gets REDLOCK_RESOURCE, REDLOCK_TOKEN and, with --fenced, \
 REDLOCK_FENCING_TOKEN (pass it to the storage you write, which should refuse a token lower than one it \
 has seen).\n\n",

@@ -207,10 +207,10 @@ impl Command<'_> {
         };
         let report = Report::parse(&std::io::read_to_string(report).unwrap_or_default());
         if let Some((code, why)) = report.cannot_run {
-            let kind = if code == exit::NOT_FOUND {
-                "not_found"
-            } else {
-                "cannot_run"
+            let kind = match code {
+                exit::NOT_FOUND => "not_found",
+                exit::CANNOT_RUN => "cannot_run",
+                _ => "system",
             };
             return Err(Failure::new(code, kind, why));
         }
@@ -329,11 +329,11 @@ impl Pipes {
     }
 }
 
-/// The exit code and kind for a command that could not start: the
-/// shell's 127 for not found, 126 for anything else.
-pub fn spawn_code(e: &io::Error) -> (u8, &'static str) {
+/// The exit code for a command that could not start: the shell's 127
+/// for not found, 126 for anything else.
+pub fn spawn_code(e: &io::Error) -> u8 {
     match e.kind() {
-        io::ErrorKind::NotFound => (exit::NOT_FOUND, "not_found"),
-        _ => (exit::CANNOT_RUN, "cannot_run"),
+        io::ErrorKind::NotFound => exit::NOT_FOUND,
+        _ => exit::CANNOT_RUN,
     }
 }

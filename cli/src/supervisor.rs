@@ -25,6 +25,9 @@
 //! - It says what it did on the report pipe and exits as the command did
 //!   (its code, or 128 + the signal).
 //!
+//! - Ctrl-Z (SIGTSTP) does not suspend the command: it is continued at
+//!   once.
+//!
 //! Not covered: a process that leaves the group (`setsid`, a daemon), and
 //! the supervisor itself killed with SIGKILL.
 
@@ -196,7 +199,7 @@ pub fn supervise(args: &SuperviseArgs) -> u8 {
     let child = match spawn(&args.command) {
         Ok(child) => child,
         Err(e) => {
-            let (code, _) = crate::run::spawn_code(&e);
+            let code = crate::run::spawn_code(&e);
             let program = args.command[0].to_string_lossy();
             return report.cannot_run(
                 code,
@@ -337,10 +340,14 @@ impl Group {
     }
 
     /// Reaps every child that has ended (orphans of the command too, on
-    /// Linux), noting the command's status.
+    /// Linux), noting the command's status. A command stopped from the
+    /// terminal (Ctrl-Z: SIGTSTP) is continued at once: a suspended job
+    /// would hold the lock, and the terminal, for as long as it is
+    /// forgotten (and `run` would wait on).
     fn reap(&mut self) {
         loop {
-            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG | WaitPidFlag::WUNTRACED)) {
+                Ok(WaitStatus::Stopped(_, Signal::SIGTSTP)) => self.signal(Signal::SIGCONT),
                 Ok(WaitStatus::Exited(pid, code)) if pid == self.pgid => {
                     self.status = Some(ExitStatus::from_raw((code & 0xff) << 8));
                 }

@@ -179,55 +179,102 @@ fn what_the_command_leaves_in_its_group_is_ended_before_the_lock_is_released() {
     assert_eq!(keys_on(&cluster, "leftover"), 0);
 }
 
-/// Runs `script` in `sh` under a pseudo-terminal (`script(1)`), with
-/// `input` typed at it; returns what the terminal showed.
-fn on_a_terminal(script_text: &str, input: &str) -> String {
-    let mut cmd = Command::new("script");
-    cmd.args(["-q", "-e", "-c", script_text, "/dev/null"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("script(1) runs (util-linux)");
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(input.as_bytes()).unwrap();
-        // Left open: script(1) ends the session at the end of its input.
-        std::mem::forget(stdin);
+/// A shell command line run under a pseudo-terminal (`script(1)`): what
+/// it shows is read as it comes, and keys are typed at it.
+struct Terminal {
+    child: std::process::Child,
+    keys: std::process::ChildStdin,
+    shown: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Terminal {
+    /// `redlock run --nodes <cluster> tty -- sh -c COMMAND; AFTER` under a
+    /// terminal: `AFTER` runs in the shell that ran redlock.
+    fn run(cluster: &Cluster, command: &str, after: &str) -> Terminal {
+        let line = format!(
+            "'{}' run --nodes {} --io-timeout 2s --connect-timeout 2s tty -- sh -c '{command}'; {after}",
+            env!("CARGO_BIN_EXE_redlock"),
+            cluster.urls().join(",")
+        );
+        let mut child = Command::new("script")
+            .args(["-q", "-e", "-c", &line, "/dev/null"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("script(1) runs (util-linux)");
+        let keys = child.stdin.take().unwrap();
+        let mut out = child.stdout.take().unwrap();
+        let shown = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let into = shown.clone();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = [0u8; 1024];
+            while let Ok(n @ 1..) = out.read(&mut buf) {
+                into.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Terminal { child, keys, shown }
     }
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "the terminal session did not end; it showed: {}",
-                text(&out.stdout)
+
+    fn shown(&self) -> String {
+        self.shown.lock().unwrap().clone()
+    }
+
+    fn wait_for(&self, text: &str) {
+        let deadline = Instant::now() + PATIENCE;
+        while !self.shown().contains(text) {
+            assert!(
+                Instant::now() < deadline,
+                "the terminal never showed {text:?}; it showed: {:?}",
+                self.shown()
             );
+            std::thread::sleep(Duration::from_millis(10));
         }
-        std::thread::sleep(Duration::from_millis(20));
     }
-    let out = child.wait_with_output().unwrap();
-    text(&out.stdout)
+
+    fn type_keys(&mut self, keys: &str) {
+        use std::io::Write;
+        self.keys.write_all(keys.as_bytes()).unwrap();
+        self.keys.flush().unwrap();
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 #[test]
 fn a_command_reads_the_terminal_and_the_terminal_is_back_after() {
     let cluster = cluster(3);
-    let tool = env!("CARGO_BIN_EXE_redlock");
-    let shown = on_a_terminal(
-        &format!(
-            "'{tool}' run --nodes {} --io-timeout 2s --connect-timeout 2s tty -- \
-             sh -c 'read a; echo got:$a'; read b; echo back:$b",
-            cluster.urls().join(",")
-        ),
-        "one\ntwo\n",
+    let mut terminal = Terminal::run(
+        &cluster,
+        "echo ready; read a; echo got:$a",
+        "read b; echo back:$b",
     );
-    assert!(shown.contains("got:one"), "{shown}");
-    assert!(shown.contains("back:two"), "{shown}");
+    terminal.wait_for("ready");
+    terminal.type_keys("one\n");
+    terminal.wait_for("got:one");
+    terminal.type_keys("two\n");
+    terminal.wait_for("back:two");
+}
+
+#[test]
+fn ctrl_z_does_not_suspend_the_command() {
+    let cluster = cluster(3);
+    let mut terminal = Terminal::run(&cluster, "echo ready; read a; echo got:$a", "echo done");
+    terminal.wait_for("ready");
+    // Ctrl-Z, with the command reading the terminal in the foreground.
+    terminal.type_keys("\u{1a}");
+    std::thread::sleep(Duration::from_millis(200));
+    terminal.type_keys("one\n");
+    terminal.wait_for("got:one");
+    terminal.wait_for("done");
 }
 
 #[test]
