@@ -184,8 +184,8 @@ pub struct Acquisition {
 
     /// The exit code when the lock is held by another client (like
     /// flock -E; default 75); 0 makes "someone else is on it" a success.
-    /// With it, finding the lock held prints nothing (unless --verbose):
-    /// the code says it all.
+    /// With it, finding the lock held prints nothing (unless --verbose;
+    /// --json still prints its object): the code says it all.
     #[arg(short = 'E', long, value_name = "N", help_heading = TAKING)]
     pub conflict_exit_code: Option<u8>,
 

@@ -412,6 +412,14 @@ fn the_manual_page_renders_and_the_bash_completions_parse() {
         assert!(rendered.contains(says), "no {says}: {rendered}");
     }
 
+    // Into a pipe nobody reads: the output code, never a panic.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut tool = Tool::spawn(bare().arg("man").stdout(Stdio::from(writer)));
+    let status = tool.wait(PATIENCE);
+    assert_eq!(status.code(), Some(74), "{}", tool.stderr_text());
+    assert!(!tool.stderr_text().contains("panicked"));
+
     let out = output(bare().args(["completions", "bash"]));
     assert_eq!(code(&out), 0, "{}", text(&out.stderr));
     let script = scratch_file("redlock.bash", &out.stdout);
