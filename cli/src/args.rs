@@ -85,18 +85,7 @@ pub enum Command {
     Extend(ExtendArgs),
     Release(ReleaseArgs),
     Status(StatusArgs),
-    /// Print the manual page (roff) on standard output
-    #[command(
-        long_about = "Print the manual page of redlock, made from this help, on standard output \
-(roff). Read it with `redlock man | man -l -`, or install it: \
-`redlock man > /usr/local/share/man/man1/redlock.1` (or ~/.local/share/man/man1/redlock.1).",
-        after_long_help = concat!(
-            "Exit codes:\n",
-            code_line!("0    ", "printed"),
-            code_line!("74   ", "standard output could not be written"),
-        )
-    )]
-    Man,
+    Man(ManArgs),
     Completions(CompletionsArgs),
     #[command(hide = true)]
     Supervise(SuperviseArgs),
@@ -111,7 +100,7 @@ impl Command {
             Command::Extend(a) => &a.nodes,
             Command::Release(a) => &a.nodes,
             Command::Status(a) => &a.nodes,
-            Command::Man | Command::Completions(_) | Command::Supervise(_) => return false,
+            Command::Man(_) | Command::Completions(_) | Command::Supervise(_) => return false,
         };
         nodes.json
     }
@@ -460,6 +449,32 @@ pub struct StatusArgs {
 
     /// The lock's name.
     pub resource: String,
+}
+
+/// `redlock man`.
+#[derive(Debug, Args)]
+#[command(
+    about = "Print the manual pages (roff)",
+    long_about = "Print redlock's manual page (roff), made from this help, on standard output; with \
+SUBCOMMAND, that subcommand's page (redlock-run(1) and so on); with --dir, write every page into DIR \
+instead. Read one with `redlock man run | man -l -`; install them all with \
+`redlock man --dir ~/.local/share/man/man1` (or /usr/local/share/man/man1).",
+    after_long_help = concat!(
+        "Exit codes:\n",
+        code_line!("0    ", "printed, or written"),
+        code_line!("64   ", "usage: an unknown subcommand"),
+        code_line!("74   ", "standard output, or a file in DIR, could not be written"),
+    )
+)]
+pub struct ManArgs {
+    /// The subcommand whose page to print (run, acquire, extend, release,
+    /// status, man, completions).
+    pub subcommand: Option<String>,
+
+    /// Write every page (redlock.1, redlock-run.1, ...) into this
+    /// directory instead.
+    #[arg(long, value_name = "DIR", conflicts_with = "subcommand")]
+    pub dir: Option<std::path::PathBuf>,
 }
 
 /// `redlock completions`.

@@ -55,7 +55,7 @@ fn main() -> ExitCode {
         Command::Extend(args) => explicit::extend(args),
         Command::Release(args) => explicit::release(args),
         Command::Status(args) => status::status(args),
-        Command::Man => man(),
+        Command::Man(args) => man(args),
         Command::Completions(args) => completions(args.shell),
         #[cfg(unix)]
         Command::Supervise(args) => Ok(supervisor::supervise(args)),
@@ -89,14 +89,30 @@ fn run_command(_: &args::RunArgs) -> Result<u8, Failure> {
     ))
 }
 
-/// `redlock man`: the manual page, made from the command line's
+/// `redlock man`: the manual pages, made from the command line's
 /// definition.
-fn man() -> Result<u8, Failure> {
-    let mut page = Vec::new();
-    clap_mangen::Man::new(Cli::command())
-        .render(&mut page)
+fn man(args: &args::ManArgs) -> Result<u8, Failure> {
+    let mut cli = Cli::command().disable_help_subcommand(true);
+    cli.build();
+    if let Some(dir) = &args.dir {
+        clap_mangen::generate_to(cli, dir).map_err(|e| {
+            Failure::output(&e, "the manual pages").context(format_args!("in {}", dir.display()))
+        })?;
+        return Ok(0);
+    }
+    let page = match &args.subcommand {
+        None => cli,
+        Some(name) => cli
+            .get_subcommands()
+            .find(|sub| sub.get_name() == name && !sub.is_hide_set())
+            .cloned()
+            .ok_or_else(|| Failure::usage(format_args!("no subcommand `{name}`")))?,
+    };
+    let mut text = Vec::new();
+    clap_mangen::Man::new(page)
+        .render(&mut text)
         .map_err(|e| Failure::system(format!("cannot make the manual page: {e}")))?;
-    write_out(&page, "the manual page")
+    write_out(&text, "the manual page")
 }
 
 /// `redlock completions SHELL`: the completion script.

@@ -179,8 +179,9 @@ impl Command<'_> {
                 Ok(Some(status)) => break status,
                 Ok(None) => {}
                 Err(e) => {
-                    let _ = supervisor.kill();
-                    let _ = supervisor.wait();
+                    // Not killed: the supervisor ends the command's group
+                    // as `stop` and our end of the pipe closing tell it.
+                    tell(Message::Stop);
                     return Err(Failure::system(format!("cannot wait for the command: {e}")));
                 }
             }

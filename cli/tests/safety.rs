@@ -411,6 +411,31 @@ fn the_manual_page_renders_and_the_bash_completions_parse() {
     for says in ["redlock", "acquire", "completions", "run"] {
         assert!(rendered.contains(says), "no {says}: {rendered}");
     }
+    let out = output(bare().args(["man", "run"]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("kill\\-after"),
+        "{}",
+        text(&out.stdout)
+    );
+    let dir = scratch_file("pages/.keep", b"")
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let out = output(bare().arg("man").arg("--dir").arg(&dir));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    for page in [
+        "redlock.1",
+        "redlock-run.1",
+        "redlock-acquire.1",
+        "redlock-status.1",
+    ] {
+        assert!(dir.join(page).exists(), "no {page}");
+    }
+    assert!(
+        !dir.join("redlock-supervise.1").exists(),
+        "a hidden subcommand's page"
+    );
 
     // Into a pipe nobody reads: the output code, never a panic.
     let (reader, writer) = std::io::pipe().unwrap();
@@ -437,6 +462,7 @@ fn scratch_file(name: &str, bytes: &[u8]) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("redlock-cli-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(&path, bytes).unwrap();
     path
 }
