@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::args::{AcquireArgs, ExtendArgs, LockRef, NodeArgs, ReleaseArgs};
 use crate::events::Events;
-use crate::exit::{self, millis, nodes_json, print_line, Failure};
+use crate::exit::{millis, nodes_json, print_line, Failure};
 use crate::nodes;
 use crate::wait::{keep_trying, warn_refusals, Patience};
 
@@ -62,7 +62,7 @@ pub fn acquire(args: &AcquireArgs) -> Result<u8, Failure> {
     Ok(0)
 }
 
-/// Fails with [`exit::OUTPUT`] if standard output is closed: a token
+/// Fails with [`crate::exit::OUTPUT`] if standard output is closed: a token
 /// printed nowhere would leave a lock that nobody can release.
 ///
 /// The standard library puts `/dev/null`, opened for reading and writing,
@@ -90,7 +90,7 @@ fn stdout_is_open() -> Result<(), Failure> {
         };
         if closed {
             return Err(Failure::new(
-                exit::OUTPUT,
+                crate::exit::OUTPUT,
                 "output",
                 "standard output is closed: the token would be printed nowhere; no lock was taken",
             ));
