@@ -6,8 +6,6 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::exit;
-
 /// One exit-code line of a help text; the codes are padded to five
 /// characters so the texts line up (help is wrapped at the terminal's
 /// width, so each text stays short).
@@ -64,12 +62,15 @@ take and give back a lock in separate steps, with an explicit token; `status` sh
         code_line!("0    ", "done (for run: the command's own status)"),
         common_codes!(),
         code_line!("75   ", "the lock is held by another client (--conflict-exit-code changes it)"),
+        code_line!("74   ", "acquire: the token could not be printed (the lock was released)"),
         code_line!("76   ", "the lock was lost while held, or was not held at extend or release"),
+        code_line!("77   ", "run, acquire: too many nodes refuse this client (password, ACL)"),
         code_line!("126  ", "run: the command could not be run; 127: it was not found"),
         code_line!("128+N", "run: the command died of signal N; or signal N stopped the wait"),
         "\nExample:\n",
         "  export REDLOCK_NODES=redis://h1:6379,redis://h2:6379,redis://h3:6379\n",
         "  redlock run --no-wait nightly-report -- /usr/local/bin/nightly-report\n",
+        "\nThe manual page: `redlock man | man -l -`; shell completions: `redlock completions bash`.\n",
     )
 )]
 pub struct Cli {
@@ -84,6 +85,10 @@ pub enum Command {
     Extend(ExtendArgs),
     Release(ReleaseArgs),
     Status(StatusArgs),
+    Man(ManArgs),
+    Completions(CompletionsArgs),
+    #[command(hide = true)]
+    Supervise(SuperviseArgs),
 }
 
 impl Command {
@@ -95,6 +100,7 @@ impl Command {
             Command::Extend(a) => &a.nodes,
             Command::Release(a) => &a.nodes,
             Command::Status(a) => &a.nodes,
+            Command::Man(_) | Command::Completions(_) | Command::Supervise(_) => return false,
         };
         nodes.json
     }
@@ -166,9 +172,11 @@ pub struct Acquisition {
     pub retry_delay: Duration,
 
     /// The exit code when the lock is held by another client (like
-    /// flock -E); 0 makes "someone else is on it" a success.
-    #[arg(short = 'E', long, value_name = "N", default_value_t = exit::CONFLICT, help_heading = TAKING)]
-    pub conflict_exit_code: u8,
+    /// flock -E; default 75); 0 makes "someone else is on it" a success.
+    /// With it, finding the lock held prints nothing (unless --verbose;
+    /// --json still prints its object): the code says it all.
+    #[arg(short = 'E', long, value_name = "N", help_heading = TAKING)]
+    pub conflict_exit_code: Option<u8>,
 
     /// Take a fenced lock: it comes with a fencing token, a number larger
     /// than that of every earlier fenced lock on the resource, for the
@@ -176,7 +184,8 @@ pub struct Acquisition {
     #[arg(long, help_heading = TAKING)]
     pub fenced: bool,
 
-    /// Say on standard error when waiting starts and when the lock is had.
+    /// Say on standard error when waiting starts and when the lock is had,
+    /// and why it was not had (in full, with each node's answer).
     #[arg(short, long, help_heading = TAKING)]
     pub verbose: bool,
 }
@@ -192,13 +201,27 @@ while the command runs (it is extended each time a third of its validity is left
 command ends, and exit with the command's status.\n\n",
         "By default wait for the lock as long as it takes (while too few nodes answer, saying so on standard \
 error at once and then at most every 10 s); --wait bounds the wait and --no-wait (-n) gives up at once. \
-When the lock is not had, the command does not run.\n\n",
-        "If the lock is lost while the command runs (its extension is refused, or too few nodes answer until \
-its validity runs out), or --max-hold is reached, the command gets SIGTERM, then SIGKILL after \
---kill-after, and redlock exits with 76 and says on standard error when the lock was lost.\n\n",
-        "SIGINT, SIGTERM and SIGHUP sent to redlock are passed on to the command; the lock is released after \
-the command exits. A signal while still waiting for the lock ends the wait at once. Signals typed at a \
-terminal (Ctrl-C) reach the command directly too, as for any foreground command.\n\n",
+When the lock is not had, the command does not run. Nodes that refuse this client (a wrong or missing \
+password, a missing ACL permission) are said once; if they leave too few nodes for a quorum, it exits at \
+once with 77, waiting or not.\n\n",
+        "The command runs in a process group of its own, owned by a small supervisor process (redlock \
+itself) that ends the whole group, grandchildren included, when the lock is no longer kept: if the lock is \
+lost (its extension is refused), or is not extended by the time --kill-after (at most a sixth of the TTL) \
+is left before it runs out (too few nodes answer, --max-hold is reached, or redlock is stopped with SIGSTOP \
+or frozen), or redlock dies (even by SIGKILL), the group gets SIGTERM, then SIGKILL after --kill-after or \
+when the lock runs out, whichever comes first. redlock then exits with 76 and says on standard error when \
+the lock was lost. When the command exits, what it left running in its group gets the same treatment \
+before the lock is released.\n\n",
+        "Not covered: a process that leaves the command's process group (setsid, a daemon that detaches), \
+and the supervisor itself killed (say, SIGKILL sent to the process group of redlock and its supervisor, \
+which the command's group is not part of).\n\n",
+        "SIGINT, SIGTERM and SIGHUP sent to redlock are passed on to the command's group; the lock is \
+released after the command exits. A signal while still waiting for the lock ends the wait at once. When \
+standard input is the terminal, the command's group is the terminal's foreground group while it runs \
+(Ctrl-C and reading the terminal reach it, as for any foreground command), and redlock's is again \
+after; so in a pipeline, the other commands (`redlock run ... | less`) cannot read the terminal \
+meanwhile. Ctrl-Z does not suspend the command (a suspended job would hold the lock): it is continued at \
+once. Standard input, output and error are redlock's, and the exit status is the command's.\n\n",
         "The command's environment gets REDLOCK_RESOURCE, REDLOCK_TOKEN and, with --fenced, \
 REDLOCK_FENCING_TOKEN (pass it to the storage you write, which should refuse a token lower than one it \
 has seen).\n\n",
@@ -210,7 +233,8 @@ has seen).\n\n",
         code_line!("any  ", "the command's own exit status (0 when it succeeded), when it ran with\n         the lock held throughout"),
         common_codes!(),
         code_line!("75   ", "the lock is held by another client (or was until --wait ran out):\n         the command did not run; --conflict-exit-code changes it"),
-        code_line!("76   ", "the lock was lost while the command ran, or --max-hold was reached:\n         the command was stopped (SIGTERM, then SIGKILL after --kill-after)"),
+        code_line!("77   ", "too many nodes refuse this client for a quorum (a wrong or missing\n         password, a missing ACL permission): waiting cannot fix that"),
+        code_line!("76   ", "the lock was lost or about to run out while the command ran, or\n         --max-hold was reached: the command's group was stopped (SIGTERM,\n         then SIGKILL)"),
         code_line!("126  ", "the command was found but could not be run"),
         code_line!("127  ", "the command was not found"),
         code_line!("128+N", "the command died of signal N (the shell's convention); or signal N\n         stopped the wait for the lock"),
@@ -218,12 +242,15 @@ has seen).\n\n",
         "pick a --conflict-exit-code it never uses.\n",
         "\nExamples:\n",
         "  # crontab on every host: the report runs on one host at a time, and a host\n",
-        "  # that finds it running skips this round quietly.\n",
+        "  # that finds it running skips this round quietly (with -E, nothing is printed).\n",
         "  REDLOCK_NODES=redis://h1:6379,redis://h2:6379,redis://h3:6379\n",
         "  */10 * * * *  redlock run -n -E 0 nightly-report -- /usr/local/bin/nightly-report\n",
         "\n",
         "  # a deploy step that waits up to 5 minutes for the previous one\n",
         "  redlock run --wait 5m --ttl 1m deploy:web -- ./deploy.sh --env prod\n",
+        "\n",
+        "  # a shell command line, as flock -c runs one\n",
+        "  redlock run -c 'make && make install' build\n",
     )
 )]
 pub struct RunArgs {
@@ -235,8 +262,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = duration, help_heading = TAKING)]
     pub max_hold: Option<Duration>,
 
-    /// After the lock is lost, how long the command has between SIGTERM
-    /// and SIGKILL.
+    /// After the lock is lost, how long the command's group has between
+    /// SIGTERM and SIGKILL (and SIGKILL comes when the lock runs out at
+    /// the latest).
     #[arg(
         long,
         value_name = "DURATION",
@@ -252,16 +280,33 @@ pub struct RunArgs {
     /// The lock's name (any string but empty), the same on every host.
     pub resource: String,
 
+    /// Run this shell command line (`/bin/sh -c COMMAND`, as flock -c
+    /// does) instead of COMMAND and its arguments.
+    #[arg(short = 'c', long = "command", value_name = "COMMAND_LINE", help_heading = RUNNING)]
+    pub shell: Option<OsString>,
+
     /// The command to run and its arguments (put `--` before it if an
     /// argument starts with `-`).
     #[arg(
-        required = true,
+        required_unless_present = "shell",
+        conflicts_with = "shell",
         trailing_var_arg = true,
         allow_hyphen_values = true,
         value_name = "COMMAND",
         value_parser = clap::value_parser!(OsString)
     )]
     pub command: Vec<OsString>,
+}
+
+impl RunArgs {
+    /// The command and its arguments: COMMAND..., or `/bin/sh -c` and
+    /// the line given with `-c`.
+    pub fn argv(&self) -> Vec<OsString> {
+        match &self.shell {
+            Some(line) => vec!["/bin/sh".into(), "-c".into(), line.clone()],
+            None => self.command.clone(),
+        }
+    }
 }
 
 /// `redlock acquire`.
@@ -282,7 +327,9 @@ error); a signal while waiting ends the wait at once.\n\n",
         "Exit codes:\n",
         code_line!("0    ", "the lock is had: its token was printed"),
         common_codes!(),
+        code_line!("74   ", "the token could not be printed (standard output closed, a broken\n         pipe, a full disk): the lock was released, or never taken"),
         code_line!("75   ", "the lock is held by another client (or was until --wait ran out);\n         --conflict-exit-code changes it"),
+        code_line!("77   ", "too many nodes refuse this client for a quorum (a wrong or missing\n         password, a missing ACL permission): waiting cannot fix that"),
         code_line!("128+N", "signal N stopped the wait"),
         "\nExample:\n",
         "  token=$(redlock acquire --ttl 5m migrate) || exit\n",
@@ -404,6 +451,86 @@ pub struct StatusArgs {
     pub resource: String,
 }
 
+/// `redlock man`.
+#[derive(Debug, Args)]
+#[command(
+    about = "Print the manual pages (roff)",
+    long_about = "Print redlock's manual page (roff), made from this help, on standard output; with \
+SUBCOMMAND, that subcommand's page (redlock-run(1) and so on); with --dir, write every page into DIR \
+instead. Read one with `redlock man run | man -l -`; install them all with \
+`redlock man --dir ~/.local/share/man/man1` (or /usr/local/share/man/man1).",
+    after_long_help = concat!(
+        "Exit codes:\n",
+        code_line!("0    ", "printed, or written"),
+        code_line!("64   ", "usage: an unknown subcommand"),
+        code_line!("74   ", "standard output, or a file in DIR, could not be written"),
+    )
+)]
+pub struct ManArgs {
+    /// The subcommand whose page to print (run, acquire, extend, release,
+    /// status, man, completions).
+    pub subcommand: Option<String>,
+
+    /// Write every page (redlock.1, redlock-run.1, ...) into this
+    /// directory instead.
+    #[arg(long, value_name = "DIR", conflicts_with = "subcommand")]
+    pub dir: Option<std::path::PathBuf>,
+}
+
+/// `redlock completions`.
+#[derive(Debug, Args)]
+#[command(
+    about = "Print a shell completion script",
+    long_about = "Print the completion script for SHELL on standard output. For bash:\n\n\
+  redlock completions bash > ~/.local/share/bash-completion/completions/redlock\n\n\
+for zsh, into a directory of $fpath as `_redlock`; for fish, into \
+~/.config/fish/completions/redlock.fish.",
+    after_long_help = concat!(
+        "Exit codes:\n",
+        code_line!("0    ", "printed"),
+        code_line!("64   ", "usage: an unknown shell"),
+        code_line!("74   ", "standard output could not be written"),
+    )
+)]
+pub struct CompletionsArgs {
+    /// The shell: bash, elvish, fish, powershell or zsh.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+/// The hidden `redlock supervise`: what `run` starts to own the command
+/// (see `supervisor.rs`). Not for people: its interface may change.
+#[derive(Debug, Args)]
+pub struct SuperviseArgs {
+    /// The pipe (an inherited descriptor) that brings `run`'s messages.
+    #[arg(long)]
+    pub control_fd: i32,
+    /// The pipe (an inherited descriptor) to report to `run` on.
+    #[arg(long)]
+    pub report_fd: i32,
+    /// The pid of `run`: the supervisor's parent.
+    #[arg(long)]
+    pub parent: i32,
+    /// The lock's validity deadline: nanoseconds of the monotonic clock.
+    #[arg(long)]
+    pub deadline_ns: u64,
+    /// SIGTERM this many milliseconds before the deadline, if no later
+    /// deadline came.
+    #[arg(long)]
+    pub warn_ms: u64,
+    /// --kill-after, in milliseconds.
+    #[arg(long)]
+    pub kill_after_ms: u64,
+    /// The lock's name, for messages.
+    #[arg(long)]
+    pub resource: String,
+    #[arg(long)]
+    pub verbose: bool,
+    /// The command and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_parser = clap::value_parser!(OsString))]
+    pub command: Vec<OsString>,
+}
+
 /// `run`'s `--retry-delay`: the shared help, and what it is to the
 /// watchdog (run.rs gives the library's retry pause the same value).
 fn watchdog_pause(arg: clap::Arg) -> clap::Arg {
@@ -434,7 +561,7 @@ mod tests {
     #[test]
     fn positional_arguments_are_listed_under_arguments_in_their_order() {
         let expected: &[(&str, &[&str])] = &[
-            ("run", &["<RESOURCE>", "<COMMAND>..."]),
+            ("run", &["<RESOURCE>", "[COMMAND]..."]),
             ("acquire", &["<RESOURCE>"]),
             ("extend", &["<RESOURCE>", "<TOKEN>"]),
             ("release", &["<RESOURCE>", "<TOKEN>"]),

@@ -1,28 +1,39 @@
 //! Signals to the tool, as events its loops can wait for with a timeout:
-//! INT, TERM and HUP (to end a wait, or to pass on to the command) and
-//! CHLD (the command may have ended).
+//! INT, TERM and HUP (to end a wait, or to pass on to the command), CHLD
+//! (a child may have ended) and USR1 (the supervisor's parent-death
+//! signal); and the lines of a pipe ([`Events::read_lines`]).
 //!
 //! A thread blocks on `signal-hook`'s iterator and sends each signal down a
 //! channel, so that waiting for "the next signal, or this much time" is one
 //! `recv_timeout`, with no polling and no `unsafe`.
 
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::io::{BufRead, BufReader, Read};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant};
 
 use crate::exit::Failure;
 
 /// Something that happened to the tool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// A signal that asks the tool (and its command) to stop.
     Stop(i32),
     /// A child changed state: reap it.
     Child,
+    /// SIGUSR1: the supervisor's parent may have died.
+    Wake,
+    /// A line read by [`Events::read_lines`].
+    Line(String),
+    /// What [`Events::read_lines`] reads has ended (or failed).
+    Closed,
 }
 
 /// The signals asked for, delivered as [`Event`]s until dropped.
 pub struct Events {
     events: Receiver<Event>,
+    /// For [`read_lines`](Self::read_lines); also keeps the channel open
+    /// where no listener holds it.
+    tx: Sender<Event>,
     #[cfg(unix)]
     listener: Option<unix::Listener>,
 }
@@ -31,30 +42,51 @@ impl Events {
     /// Starts listening. From now on INT, TERM and HUP no longer end the
     /// tool by themselves: the tool decides.
     pub fn listen() -> Result<Events, Failure> {
+        Events::start(false)
+    }
+
+    /// As [`listen`](Self::listen), and SIGUSR1 comes as [`Event::Wake`].
+    #[cfg(unix)]
+    pub fn listen_waking() -> Result<Events, Failure> {
+        Events::start(true)
+    }
+
+    fn start(#[allow(unused_variables)] wake: bool) -> Result<Events, Failure> {
         let (tx, events) = mpsc::channel();
         #[cfg(unix)]
-        let listener = Some(unix::Listener::start(tx)?);
-        #[cfg(not(unix))]
-        drop(tx);
+        let listener = Some(unix::Listener::start(tx.clone(), wake)?);
         Ok(Events {
             events,
+            tx,
             #[cfg(unix)]
             listener,
         })
     }
 
+    /// Reads `from` line by line on a thread of its own, each line an
+    /// [`Event::Line`], and [`Event::Closed`] at its end.
+    #[cfg_attr(not(unix), allow(dead_code))] // only the supervisor reads
+    pub fn read_lines(&self, from: impl Read + Send + 'static) -> Result<(), Failure> {
+        let tx = self.tx.clone();
+        std::thread::Builder::new()
+            .name("redlock-lines".into())
+            .spawn(move || {
+                for line in BufReader::new(from).lines() {
+                    let Ok(line) = line else { break };
+                    if tx.send(Event::Line(line)).is_err() {
+                        return;
+                    }
+                }
+                let _ = tx.send(Event::Closed);
+            })
+            .map(drop)
+            .map_err(|e| Failure::system(format!("cannot start a thread: {e}")))
+    }
+
     /// The next event within `timeout`, if any.
     pub fn next(&self, timeout: Duration) -> Option<Event> {
-        match self.events.recv_timeout(timeout) {
-            Ok(event) => Some(event),
-            Err(RecvTimeoutError::Timeout) => None,
-            // No listener (not Unix): nothing will come, but the caller
-            // still wants its pause.
-            Err(RecvTimeoutError::Disconnected) => {
-                std::thread::sleep(timeout);
-                None
-            }
-        }
+        // `self.tx` keeps the channel open: only a timeout ends the wait.
+        self.events.recv_timeout(timeout).ok()
     }
 
     /// Waits up to `timeout` for a stop signal, passing over child events;
@@ -69,7 +101,7 @@ impl Events {
             let left = deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
             match self.next(left) {
                 Some(Event::Stop(signal)) => return Some(signal),
-                Some(Event::Child) if !left.is_zero() => continue,
+                Some(_) if !left.is_zero() => continue,
                 _ => return None,
             }
         }
@@ -79,7 +111,7 @@ impl Events {
     pub fn pending_stop(&self) -> Option<i32> {
         self.events.try_iter().find_map(|event| match event {
             Event::Stop(signal) => Some(signal),
-            Event::Child => None,
+            _ => None,
         })
     }
 }
@@ -98,7 +130,7 @@ mod unix {
     use std::sync::mpsc::Sender;
     use std::thread::JoinHandle;
 
-    use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM};
+    use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM, SIGUSR1};
     use signal_hook::iterator::{Handle, Signals};
 
     use super::Event;
@@ -111,8 +143,14 @@ mod unix {
     }
 
     impl Listener {
-        pub fn start(tx: Sender<Event>) -> Result<Listener, Failure> {
+        pub fn start(tx: Sender<Event>, wake: bool) -> Result<Listener, Failure> {
             let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP, SIGCHLD])
+                .and_then(|signals| {
+                    if wake {
+                        signals.add_signal(SIGUSR1)?;
+                    }
+                    Ok(signals)
+                })
                 .map_err(|e| Failure::system(format!("cannot handle signals: {e}")))?;
             let handle = signals.handle();
             let thread = std::thread::Builder::new()
@@ -121,6 +159,7 @@ mod unix {
                     for signal in signals.forever() {
                         let event = match signal {
                             SIGCHLD => Event::Child,
+                            SIGUSR1 => Event::Wake,
                             stop => Event::Stop(stop),
                         };
                         if tx.send(event).is_err() {

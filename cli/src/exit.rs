@@ -7,6 +7,7 @@
 //! "someone else holds it" from "the nodes are down" from "a typo".
 
 use std::fmt::Display;
+use std::io::{self, Write};
 use std::process::ExitStatus;
 use std::time::Duration;
 
@@ -18,9 +19,15 @@ use serde_json::{json, Value};
 pub const USAGE: u8 = 64;
 /// Too few nodes answered to decide (`EX_UNAVAILABLE`).
 pub const NODES: u8 = 69;
+/// The token could not be handed over: standard output is closed, a
+/// broken pipe, or full (`EX_IOERR`); `acquire` released the lock.
+pub const OUTPUT: u8 = 74;
 /// The operating system failed us: threads, randomness, signals
 /// (`EX_OSERR`).
 pub const SYSTEM: u8 = 71;
+/// Too many nodes refuse this client for a quorum: a wrong or missing
+/// password, a missing ACL permission (`EX_NOPERM`). Waiting cannot fix it.
+pub const REFUSED: u8 = 77;
 /// The lock is held by another client (`EX_TEMPFAIL`: try again later);
 /// the default of `--conflict-exit-code`.
 pub const CONFLICT: u8 = 75;
@@ -44,6 +51,8 @@ pub struct Failure {
     pub message: String,
     /// What each node answered, when nodes were asked.
     pub report: Option<Report>,
+    /// Nothing on standard error (a conflict with `-E` and without `-v`).
+    pub quiet: bool,
 }
 
 impl Failure {
@@ -53,6 +62,7 @@ impl Failure {
             kind,
             message: message.to_string(),
             report: None,
+            quiet: false,
         }
     }
 
@@ -91,6 +101,7 @@ impl Failure {
             kind,
             report: e.report().cloned(),
             message: e.to_string(),
+            quiet: false,
         }
     }
 
@@ -100,10 +111,18 @@ impl Failure {
         self
     }
 
+    /// The same failure, with what came of it after its message.
+    pub fn then(mut self, outcome: impl Display) -> Failure {
+        self.message = format!("{}; {outcome}", self.message);
+        self
+    }
+
     /// Prints the failure: a line on standard error, and with `json` an
     /// object on standard output.
     pub fn print(&self, json: bool) {
-        eprintln!("redlock: {}", self.message);
+        if !self.quiet {
+            say(format_args!("{}", self.message));
+        }
         if json {
             let mut out = json!({
                 "error": self.kind,
@@ -113,8 +132,35 @@ impl Failure {
             if let Some(report) = &self.report {
                 out["nodes"] = nodes_json(report);
             }
-            println!("{out}");
+            let _ = print_line(format_args!("{out}"));
         }
+    }
+}
+
+/// Says `message` on standard error, after `redlock: `. A standard error
+/// that cannot be written to (a closed pipe) is no reason to panic, nor to
+/// fail: the message is lost.
+pub fn say(message: impl Display) {
+    let _ = writeln!(io::stderr().lock(), "redlock: {message}");
+}
+
+/// Writes `line` and a newline on standard output, and flushes it. Unlike
+/// `println!`, never panics: a broken pipe or a full disk is an error for
+/// the caller to handle (see [`Failure::output`]).
+pub fn print_line(line: impl Display) -> io::Result<()> {
+    let mut stdout = io::stdout().lock();
+    writeln!(stdout, "{line}")?;
+    stdout.flush()
+}
+
+impl Failure {
+    /// Standard output could not be written: `e` says why.
+    pub fn output(e: &io::Error, what: &str) -> Failure {
+        Failure::new(
+            OUTPUT,
+            "output",
+            format!("cannot write {what} to standard output: {e}"),
+        )
     }
 }
 

@@ -9,12 +9,15 @@ use serde_json::json;
 
 use crate::args::{AcquireArgs, ExtendArgs, LockRef, NodeArgs, ReleaseArgs};
 use crate::events::Events;
-use crate::exit::{millis, nodes_json, Failure};
+use crate::exit::{millis, nodes_json, print_line, Failure};
 use crate::nodes;
-use crate::wait::{keep_trying, Patience};
+use crate::wait::{keep_trying, warn_refusals, Patience};
 
 /// Runs `redlock acquire`: prints the token; returns the exit code.
 pub fn acquire(args: &AcquireArgs) -> Result<u8, Failure> {
+    // Before anything opens a file: with standard output closed, the
+    // first one opened would take its place, and get the token.
+    stdout_is_open()?;
     let take = &args.acquisition;
     let locks = nodes::client(&args.nodes, |builder| builder.retry_count(0))?;
     let events = Events::listen()?;
@@ -27,29 +30,74 @@ pub fn acquire(args: &AcquireArgs) -> Result<u8, Failure> {
         }
         .into()
     })?;
+    warn_refusals(lock.report());
     if let Some(signal) = events.pending_stop() {
         // Asked to stop while the last attempt ran: nobody will see the token.
         let _ = locks.release(lock);
         return Err(Failure::interrupted(signal, "while taking the lock"));
     }
-    if args.nodes.json {
-        let out = json!({
+    let out = if args.nodes.json {
+        json!({
             "resource": resource,
             "token": lock.token().to_string(),
             "fencing_token": lock.fencing_token(),
             "validity_ms": millis(lock.validity()),
             "nodes": nodes_json(lock.report()),
-        });
-        println!("{out}");
+        })
+        .to_string()
     } else {
         match lock.fencing_token() {
-            Some(fencing) => println!("{} {fencing}", lock.token()),
-            None => println!("{}", lock.token()),
+            Some(fencing) => format!("{} {fencing}", lock.token()),
+            None => lock.token().to_string(),
         }
+    };
+    if let Err(e) = print_line(out) {
+        // Nobody got the token: nobody could release the lock.
+        let released = match locks.release(lock) {
+            Ok(_) => "the lock was released",
+            Err(_) => "releasing the lock failed: it expires after --ttl",
+        };
+        return Err(Failure::output(&e, "the token").then(released));
     }
     Ok(0)
 }
 
+/// Fails with [`crate::exit::OUTPUT`] if standard output is closed: a token
+/// printed nowhere would leave a lock that nobody can release.
+///
+/// The standard library puts `/dev/null`, opened for reading and writing,
+/// in place of a standard descriptor that was closed at start (`>&-`);
+/// `> /dev/null` opens it for writing only, and is taken at its word.
+fn stdout_is_open() -> Result<(), Failure> {
+    #[cfg(unix)]
+    {
+        use nix::fcntl::{fcntl, FcntlArg, OFlag};
+        use nix::sys::stat::{fstat, stat};
+        let stdout = std::io::stdout();
+        let closed = match fcntl(&stdout, FcntlArg::F_GETFL) {
+            Err(_) => true,
+            Ok(flags) => {
+                let read_write =
+                    OFlag::from_bits_truncate(flags) & OFlag::O_ACCMODE == OFlag::O_RDWR;
+                let null = match (fstat(&stdout), stat("/dev/null")) {
+                    (Ok(out), Ok(null)) => {
+                        out.st_rdev == null.st_rdev && out.st_mode == null.st_mode
+                    }
+                    _ => false,
+                };
+                read_write && null
+            }
+        };
+        if closed {
+            return Err(Failure::new(
+                crate::exit::OUTPUT,
+                "output",
+                "standard output is closed: the token would be printed nowhere; no lock was taken",
+            ));
+        }
+    }
+    Ok(())
+}
 /// Runs `redlock extend`; returns the exit code.
 pub fn extend(args: &ExtendArgs) -> Result<u8, Failure> {
     let (locks, mut lock) = rebuilt(&args.nodes, &args.lock)?;
@@ -60,7 +108,7 @@ pub fn extend(args: &ExtendArgs) -> Result<u8, Failure> {
             "validity_ms": millis(lock.validity()),
             "nodes": nodes_json(lock.report()),
         });
-        println!("{out}");
+        print_line(out).map_err(|e| Failure::output(&e, "the result"))?;
     }
     Ok(0)
 }
@@ -75,7 +123,7 @@ pub fn release(args: &ReleaseArgs) -> Result<u8, Failure> {
             "released": true,
             "nodes": nodes_json(&report),
         });
-        println!("{out}");
+        print_line(out).map_err(|e| Failure::output(&e, "the result"))?;
     }
     Ok(0)
 }

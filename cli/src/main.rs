@@ -28,11 +28,13 @@ mod nodes;
 #[cfg(unix)]
 mod run;
 mod status;
+#[cfg(unix)]
+mod supervisor;
 mod wait;
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 
 use args::{Cli, Command};
 use exit::Failure;
@@ -53,6 +55,12 @@ fn main() -> ExitCode {
         Command::Extend(args) => explicit::extend(args),
         Command::Release(args) => explicit::release(args),
         Command::Status(args) => status::status(args),
+        Command::Man(args) => man(args),
+        Command::Completions(args) => completions(args.shell),
+        #[cfg(unix)]
+        Command::Supervise(args) => Ok(supervisor::supervise(args)),
+        #[cfg(not(unix))]
+        Command::Supervise(_) => Err(Failure::usage("`redlock supervise` needs Unix")),
     };
     match outcome {
         Ok(code) => ExitCode::from(code),
@@ -81,6 +89,51 @@ fn run_command(_: &args::RunArgs) -> Result<u8, Failure> {
     ))
 }
 
+/// `redlock man`: the manual pages, made from the command line's
+/// definition.
+fn man(args: &args::ManArgs) -> Result<u8, Failure> {
+    let mut cli = Cli::command().disable_help_subcommand(true);
+    cli.build();
+    if let Some(dir) = &args.dir {
+        clap_mangen::generate_to(cli, dir).map_err(|e| {
+            Failure::output(&e, "the manual pages").context(format_args!("in {}", dir.display()))
+        })?;
+        return Ok(0);
+    }
+    let page = match &args.subcommand {
+        None => cli,
+        Some(name) => cli
+            .get_subcommands()
+            .find(|sub| sub.get_name() == name && !sub.is_hide_set())
+            .cloned()
+            .ok_or_else(|| Failure::usage(format_args!("no subcommand `{name}`")))?,
+    };
+    let mut text = Vec::new();
+    clap_mangen::Man::new(page)
+        .render(&mut text)
+        .map_err(|e| Failure::system(format!("cannot make the manual page: {e}")))?;
+    write_out(&text, "the manual page")
+}
+
+/// `redlock completions SHELL`: the completion script.
+fn completions(shell: clap_complete::Shell) -> Result<u8, Failure> {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "redlock", &mut script);
+    write_out(&script, "the completion script")
+}
+
+/// Writes `bytes` to standard output, flushed; a failure is the output
+/// code's.
+fn write_out(bytes: &[u8], what: &str) -> Result<u8, Failure> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(bytes)
+        .and_then(|()| stdout.flush())
+        .map_err(|e| Failure::output(&e, what))?;
+    Ok(0)
+}
+
 /// Help and version go to standard output with code 0; a command line
 /// that does not parse gets clap's message and the usage code (not clap's
 /// own 2), with `--json` also as an object.
@@ -97,7 +150,7 @@ fn usage_error(e: &clap::Error) -> ExitCode {
             "message": e.to_string().lines().next().unwrap_or_default(),
             "exit_code": failure.code,
         });
-        println!("{out}");
+        let _ = exit::print_line(out);
     }
     ExitCode::from(exit::USAGE)
 }

@@ -1,20 +1,21 @@
 //! `redlock run`: take the lock, run the command under it, keep the lock
 //! alive meanwhile, stop the command if the lock is lost, release it after.
 
-use std::ffi::{OsStr, OsString};
-use std::io;
-use std::process::{Child, ExitStatus};
+use std::ffi::OsString;
+use std::io::{self, PipeReader, PipeWriter, Write};
+use std::os::fd::{AsFd, AsRawFd};
+use std::process::ExitStatus;
 use std::time::{Duration, Instant, SystemTime};
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use redlock_sync::{LockError, LockGuard};
 
 use crate::args::RunArgs;
 use crate::events::{Event, Events};
-use crate::exit::{self, Failure};
+use crate::exit::{self, say, Failure};
 use crate::nodes;
-use crate::wait::{keep_trying, round_ms, Patience};
+use crate::supervisor::{monotonic_ns, Kill, Message, Report, Term};
+use crate::wait::{keep_trying, round_ms, warn_refusals, Patience};
 
 /// Runs `redlock run`; returns the exit code.
 pub fn run(args: &RunArgs) -> Result<u8, Failure> {
@@ -33,7 +34,8 @@ pub fn run(args: &RunArgs) -> Result<u8, Failure> {
     let events = Events::listen()?;
     let patience = Patience::new(take);
     let command = Command {
-        argv: &args.command,
+        argv: args.argv(),
+        warn: warning(take.ttl, args.kill_after),
         resource: &args.resource,
         kill_after: args.kill_after,
         // How often the lock is looked at while the command runs: often
@@ -57,6 +59,12 @@ pub fn run(args: &RunArgs) -> Result<u8, Failure> {
     // Released before any message is printed: whatever happened, the lock
     // is not kept a moment longer than the command.
     let released = guard.unlock();
+    if let Ok(report) = &released {
+        // A node that refuses this client did not stop the run, but
+        // will not help the next one: said at the end, as the lock's
+        // report is not at hand earlier.
+        warn_refusals(report);
+    }
     let status = status?;
     match released {
         // The command ended by itself, but the lock was lost at some
@@ -82,9 +90,12 @@ fn lost_at_the_end(resource: &str, reason: &str) -> Failure {
 
 /// The command to run, and how to watch over it.
 struct Command<'a> {
-    argv: &'a [OsString],
+    argv: Vec<OsString>,
     resource: &'a str,
     kill_after: Duration,
+    /// The group gets SIGTERM this long before the lock runs out, if it
+    /// was not extended by then (see [`warning`]).
+    warn: Duration,
     tick: Duration,
     verbose: bool,
 }
@@ -96,26 +107,53 @@ struct Loss {
     /// How long after the command started.
     after: Duration,
     reason: String,
-    /// When the command gets SIGKILL, if it has not ended by then; `None`:
-    /// never (a --kill-after too long for an `Instant` to hold).
-    kill_at: Option<Instant>,
-    killed: bool,
+}
+
+/// How long before the lock runs out the command gets SIGTERM if the lock
+/// was not extended by then: --kill-after, but at most a sixth of the TTL
+/// (the watchdog extends the lock when a third is left, and SIGTERM must
+/// not race a healthy extension). SIGKILL follows when the lock runs out.
+fn warning(ttl: Duration, kill_after: Duration) -> Duration {
+    kill_after.min(ttl / 6)
+}
+
+/// A duration in whole milliseconds, saturated, for the supervisor's
+/// command line.
+fn ms(d: Duration) -> String {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).to_string()
 }
 
 impl Command<'_> {
-    /// Starts the command with the lock's token in its environment, passes
-    /// stop signals on to it, and waits for it to end. If `guard`'s lock is
-    /// lost meanwhile (the watchdog keeps it alive until then), the command
-    /// gets SIGTERM, and SIGKILL `kill_after` later; that is a [`Failure`]
-    /// with the lock-lost code.
+    /// Starts the supervisor (see `supervisor.rs`), which starts the
+    /// command with the lock's token in its environment, in a process
+    /// group of its own; keeps it told of the lock's validity, and of a
+    /// loss (then the group gets SIGTERM, and SIGKILL `kill_after` later
+    /// or when the lock runs out); passes stop signals on; waits for it to
+    /// end. A loss is a [`Failure`] with the lock-lost code.
     fn supervise(&self, guard: &LockGuard, events: &Events) -> Result<ExitStatus, Failure> {
         if let Some(signal) = events.pending_stop() {
             return Err(Failure::interrupted(signal, "before the command started"));
         }
-        let program = &self.argv[0];
-        let mut command = std::process::Command::new(program);
+        let exe = std::env::current_exe()
+            .map_err(|e| Failure::system(format!("cannot find redlock's own binary: {e}")))?;
+        let pipes = Pipes::new()?;
+        let mut sent = monotonic_ns().saturating_add(nanos(guard.validity()));
+        let mut command = std::process::Command::new(exe);
         command
-            .args(&self.argv[1..])
+            .arg("supervise")
+            .args(["--control-fd", &pipes.control_fd.to_string()])
+            .args(["--report-fd", &pipes.report_fd.to_string()])
+            .args(["--parent", &std::process::id().to_string()])
+            .args(["--deadline-ns", &sent.to_string()])
+            .args(["--warn-ms", &ms(self.warn)])
+            .args(["--kill-after-ms", &ms(self.kill_after)])
+            .args(["--resource", self.resource]);
+        if self.verbose {
+            command.arg("--verbose");
+        }
+        command
+            .arg("--")
+            .args(&self.argv)
             .env("REDLOCK_RESOURCE", self.resource)
             .env("REDLOCK_TOKEN", guard.token().to_string());
         match guard.fencing_token() {
@@ -123,94 +161,120 @@ impl Command<'_> {
             // An outer run's token must not pass for this lock's.
             None => command.env_remove("REDLOCK_FENCING_TOKEN"),
         };
-        let mut child = command.spawn().map_err(|e| spawn_failure(program, &e))?;
-        if self.verbose {
-            eprintln!(
-                "redlock: holding `{}`; the command runs as pid {}",
-                self.resource,
-                child.id()
-            );
-        }
+        let mut supervisor = command
+            .spawn()
+            .map_err(|e| Failure::system(format!("cannot start redlock's supervisor: {e}")))?;
+        let (mut control, report) = pipes.ours();
+        let mut tell = |message: Message| {
+            // Gone already: its report says why.
+            let _ = control.write_all(message.line().as_bytes());
+        };
         let started = Instant::now();
         let mut loss: Option<Loss> = None;
         // Seen no longer extended while still held: the hold cap, not a
         // loss, will end it.
         let mut capped = false;
-        loop {
-            match child.try_wait() {
-                Ok(Some(status)) => {
-                    return match loss {
-                        None => Ok(status),
-                        Some(loss) => Err(self.lost(&loss, child.id(), status)),
-                    }
-                }
+        let status = loop {
+            match supervisor.try_wait() {
+                Ok(Some(status)) => break status,
                 Ok(None) => {}
                 Err(e) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
+                    // Not killed: the supervisor ends the command's group
+                    // as `stop` and our end of the pipe closing tell it.
+                    tell(Message::Stop);
                     return Err(Failure::system(format!("cannot wait for the command: {e}")));
                 }
             }
-            let now = Instant::now();
-            match &mut loss {
-                None if guard.is_held() => capped = capped || guard.is_ending(),
-                None => {
-                    send(&child, Signal::SIGTERM);
+            if loss.is_none() {
+                if guard.is_held() {
+                    capped = capped || guard.is_ending();
+                    let deadline = monotonic_ns().saturating_add(nanos(guard.validity()));
+                    if deadline > sent.saturating_add(1_000_000) {
+                        tell(Message::Deadline(deadline));
+                        sent = deadline;
+                    }
+                } else {
+                    tell(Message::Stop);
                     loss = Some(Loss {
                         at: SystemTime::now(),
-                        after: now - started,
-                        reason: if capped {
-                            "it was held for --max-hold and not extended further".to_string()
-                        } else {
-                            // Not held: `check` says why.
-                            guard
-                                .check()
-                                .err()
-                                .map(|e| e.to_string())
-                                .unwrap_or_default()
-                        },
-                        kill_at: now.checked_add(self.kill_after),
-                        killed: false,
+                        after: started.elapsed(),
+                        reason: self.reason(guard, capped),
                     });
                 }
-                Some(loss) if !loss.killed && loss.kill_at.is_some_and(|at| now >= at) => {
-                    send(&child, Signal::SIGKILL);
-                    loss.killed = true;
-                }
-                _ => {}
             }
-            let wait = match &loss {
-                Some(Loss {
-                    kill_at: Some(at),
-                    killed: false,
-                    ..
-                }) => self.tick.min(at.saturating_duration_since(now)),
-                _ => self.tick,
+            if let Some(Event::Stop(signal)) = events.next(self.tick) {
+                tell(Message::Signal(signal));
+            }
+        };
+        let report = Report::parse(&std::io::read_to_string(report).unwrap_or_default());
+        if let Some((code, why)) = report.cannot_run {
+            let kind = match code {
+                exit::NOT_FOUND => "not_found",
+                exit::CANNOT_RUN => "cannot_run",
+                _ => "system",
             };
-            if let Some(Event::Stop(signal)) = events.next(wait) {
-                if let Ok(signal) = Signal::try_from(signal) {
-                    send(&child, signal);
+            return Err(Failure::new(code, kind, why));
+        }
+        // The supervisor's own status says the same, if its report was lost.
+        let ended = report.ended.unwrap_or(status);
+        // The supervisor stopped the command itself: the lock was about to
+        // run out unextended, or ran out (`run` was stopped meanwhile).
+        let ran_out = matches!(report.term, Some(Term::Expiring | Term::ToolGone))
+            || report.kill == Some(Kill::Deadline);
+        let loss = loss.or_else(|| {
+            ran_out.then(|| Loss {
+                at: SystemTime::now(),
+                after: started.elapsed(),
+                reason: self.reason(guard, capped),
+            })
+        });
+        match loss {
+            Some(loss) => Err(self.lost(&loss, &report, ended)),
+            None => {
+                if report.term == Some(Term::Leftover) && self.verbose {
+                    say("the command ended and left processes in its group: they got SIGTERM");
                 }
+                Ok(ended)
             }
         }
     }
 
+    /// Why the lock is no longer kept: the hold cap, a loss, or the lock
+    /// not extended in time.
+    fn reason(&self, guard: &LockGuard, capped: bool) -> String {
+        if capped {
+            return "it was held for --max-hold and not extended further".to_string();
+        }
+        match guard.check() {
+            Err(e) => e.to_string(),
+            Ok(()) => format!(
+                "it was not extended in time, {} before it would run out",
+                humantime::format_duration(round_ms(self.warn))
+            ),
+        }
+    }
+
     /// The failure that reports a loss, once the command has ended.
-    fn lost(&self, loss: &Loss, pid: u32, status: ExitStatus) -> Failure {
-        let kill = if loss.killed {
-            format!(
+    fn lost(&self, loss: &Loss, report: &Report, status: ExitStatus) -> Failure {
+        let kill = match report.kill {
+            Some(Kill::After) => format!(
                 ", and SIGKILL {} later",
                 humantime::format_duration(self.kill_after)
-            )
+            ),
+            Some(Kill::Deadline) => ", and SIGKILL as the lock ran out".to_string(),
+            None => String::new(),
+        };
+        let term = if report.term.is_some() {
+            "SIGTERM"
         } else {
-            String::new()
+            "no signal"
         };
         Failure::new(
             exit::LOST,
             "lost",
             format!(
                 "the lock on `{}` was lost at {}, {} after the command started: {}; \
-                 sent the command (pid {pid}) SIGTERM{kill}; it ended with {status}",
+                 sent the command's process group {term}{kill}; the command ended with {status}",
                 self.resource,
                 humantime::format_rfc3339_millis(loss.at),
                 humantime::format_duration(round_ms(loss.after)),
@@ -220,28 +284,57 @@ impl Command<'_> {
     }
 }
 
-/// Sends `signal` to the command. Its pid cannot have been reused: the
-/// command is reaped only by `try_wait`, after which nothing is sent.
-fn send(child: &Child, signal: Signal) {
-    if let Ok(pid) = i32::try_from(child.id()) {
-        // It may have ended (a zombie) already: nothing to do then.
-        let _ = kill(Pid::from_raw(pid), signal);
+/// A duration in nanoseconds, saturated.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The two pipes between `run` and its supervisor. The supervisor's ends
+/// are left open across exec (they are named on its command line); ours
+/// are not, so that the supervisor sees the control pipe close when `run`
+/// dies, and the report pipe ends when the supervisor does.
+struct Pipes {
+    control: PipeWriter,
+    control_fd: i32,
+    control_theirs: PipeReader,
+    report: PipeReader,
+    report_fd: i32,
+    report_theirs: PipeWriter,
+}
+
+impl Pipes {
+    fn new() -> Result<Pipes, Failure> {
+        let fail = |e: io::Error| Failure::system(format!("cannot make a pipe: {e}"));
+        let (control_theirs, control) = io::pipe().map_err(fail)?;
+        let (report, report_theirs) = io::pipe().map_err(fail)?;
+        for theirs in [control_theirs.as_fd(), report_theirs.as_fd()] {
+            fcntl(theirs, FcntlArg::F_SETFD(FdFlag::empty()))
+                .map_err(|e| fail(io::Error::from(e)))?;
+        }
+        Ok(Pipes {
+            control_fd: control_theirs.as_raw_fd(),
+            report_fd: report_theirs.as_raw_fd(),
+            control,
+            control_theirs,
+            report,
+            report_theirs,
+        })
+    }
+
+    /// Our ends, once the supervisor has its own: the control pipe's
+    /// writer and the report pipe's reader.
+    fn ours(self) -> (PipeWriter, PipeReader) {
+        drop(self.control_theirs);
+        drop(self.report_theirs);
+        (self.control, self.report)
     }
 }
 
-/// Why the command could not start: the shell's 127 for not found, 126
-/// for anything else.
-fn spawn_failure(program: &OsStr, e: &io::Error) -> Failure {
-    let (code, kind) = match e.kind() {
-        io::ErrorKind::NotFound => (exit::NOT_FOUND, "not_found"),
-        _ => (exit::CANNOT_RUN, "cannot_run"),
-    };
-    Failure::new(
-        code,
-        kind,
-        format!(
-            "cannot run `{}` (the lock was released): {e}",
-            program.to_string_lossy()
-        ),
-    )
+/// The exit code for a command that could not start: the shell's 127
+/// for not found, 126 for anything else.
+pub fn spawn_code(e: &io::Error) -> u8 {
+    match e.kind() {
+        io::ErrorKind::NotFound => exit::NOT_FOUND,
+        _ => exit::CANNOT_RUN,
+    }
 }

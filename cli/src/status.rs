@@ -8,13 +8,14 @@
 //! counter (`GET redlock-sync:fence:<resource>`).
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use redlock_sync::FENCE_KEY_PREFIX;
 use serde_json::{json, Value};
 
 use crate::args::StatusArgs;
-use crate::exit::{self, Failure};
+use crate::exit::{self, print_line, say, Failure};
 use crate::nodes;
 
 /// How many characters of a token are shown: enough to tell holders
@@ -82,7 +83,7 @@ pub fn status(args: &StatusArgs) -> Result<u8, Failure> {
     // ("Held" needs a quorum of answers anyway.)
     let known = answered >= quorum;
 
-    if args.nodes.json {
+    let text = if args.nodes.json {
         let nodes: Vec<Value> = names
             .iter()
             .zip(&holdings)
@@ -97,34 +98,42 @@ pub fn status(args: &StatusArgs) -> Result<u8, Failure> {
             "answered": answered,
             "nodes": nodes,
         });
-        println!("{out}");
+        out.to_string()
     } else {
+        let mut text = String::new();
         match holder {
-            Some(token) => println!(
+            Some(token) => writeln!(
+                text,
                 "`{resource}`: held, token {token}..., on {} of {} nodes (quorum {quorum})",
                 top.map_or(0, |(_, n)| n),
                 names.len()
             ),
-            None if known => println!(
+            None if known => writeln!(
+                text,
                 "`{resource}`: not held (no token is on a quorum of {quorum} of {} nodes)",
                 names.len()
             ),
-            None => println!(
+            None => writeln!(
+                text,
                 "`{resource}`: unknown (only {answered} of {} nodes answered, fewer than a quorum of {quorum})",
                 names.len()
             ),
         }
+        .ok();
         let width = names.iter().map(|n| n.len()).max().unwrap_or(0);
         for (name, holding) in names.iter().zip(&holdings) {
-            println!("  {name:<width$}  {}", node_line(holding));
+            let _ = writeln!(text, "  {name:<width$}  {}", node_line(holding));
         }
-    }
+        text.truncate(text.trim_end().len());
+        text
+    };
+    print_line(text).map_err(|e| Failure::output(&e, "the status"))?;
     if !known {
-        eprintln!(
-            "redlock: only {answered} of {} nodes answered, fewer than a quorum of {quorum}: \
+        say(format_args!(
+            "only {answered} of {} nodes answered, fewer than a quorum of {quorum}: \
              whether `{resource}` is held cannot be told",
             names.len()
-        );
+        ));
         return Ok(exit::NODES);
     }
     Ok(0)

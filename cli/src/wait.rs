@@ -6,13 +6,14 @@
 //! (`try_acquire`, `try_lock` and their fenced forms) in this loop
 //! instead, and pauses by waiting for a signal with a timeout.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redlock_sync::{LockError, Token};
+use redlock_sync::{LockError, NodeError, NodeOutcome, Report, Token};
 
 use crate::args::Acquisition;
 use crate::events::Events;
-use crate::exit::Failure;
+use crate::exit::{self, say, Failure};
 
 /// How often, at most, a wait that keeps finding too few nodes says so
 /// again: said once only, a wait that lasts hours would look like a hang;
@@ -30,8 +31,9 @@ pub struct Patience {
     /// The fixed part of the pause; up to half as much again is added at
     /// random.
     delay: Duration,
-    /// The exit code when the lock is held by another client.
-    conflict: u8,
+    /// The exit code when the lock is held by another client, if given
+    /// (`-E`): then that says nothing, unless `verbose`.
+    conflict: Option<u8>,
     verbose: bool,
 }
 
@@ -49,8 +51,20 @@ impl Patience {
     }
 
     /// The failure for a library error, with this wait's conflict code.
+    /// A lock held by another client is said in one short line (with
+    /// `-v`: with each node's answer), or not at all with `-E` (and
+    /// without `-v`): cron mails whatever a job prints.
     pub fn failure(&self, e: LockError) -> Failure {
-        Failure::from_lock(e, self.conflict)
+        let held_by = match &e {
+            LockError::Contended { resource, .. } if !self.verbose => Some(resource.clone()),
+            _ => None,
+        };
+        let mut failure = Failure::from_lock(e, self.conflict.unwrap_or(exit::CONFLICT));
+        if let Some(resource) = held_by {
+            failure.message = format!("`{resource}` is held by another client");
+            failure.quiet = self.conflict.is_some();
+        }
+        failure
     }
 }
 
@@ -90,11 +104,15 @@ pub fn keep_trying<T>(
     let started = Instant::now();
     let mut said_waiting = false;
     let mut nodes_down = NodesDown::default();
+    let mut warned: Vec<Arc<str>> = Vec::new();
     loop {
         let e = match attempt() {
             Tried::Had(value) => return Ok(value),
             Tried::NotHad(e) => e,
         };
+        if let Some(report) = e.report() {
+            refusals(report, &mut warned)?;
+        }
         if !matches!(e, LockError::NoQuorum { .. }) {
             nodes_down.mended();
         }
@@ -124,13 +142,15 @@ pub fn keep_trying<T>(
         if matches!(e, LockError::NoQuorum { .. }) && nodes_down.due(Instant::now()) {
             if said_waiting {
                 let waited = humantime::format_duration(round_secs(started.elapsed()));
-                eprintln!("redlock: still waiting for `{resource}` after {waited}: {e}");
+                say(format_args!(
+                    "still waiting for `{resource}` after {waited}: {e}"
+                ));
             } else {
-                eprintln!("redlock: waiting for `{resource}`: {e}");
+                say(format_args!("waiting for `{resource}`: {e}"));
             }
             said_waiting = true;
         } else if patience.verbose && !said_waiting {
-            eprintln!("redlock: waiting for `{resource}`: {e}");
+            say(format_args!("waiting for `{resource}`: {e}"));
             said_waiting = true;
         }
         if let Some(signal) = events.stop_within(pause) {
@@ -140,6 +160,65 @@ pub fn keep_trying<T>(
             ));
         }
     }
+}
+
+/// Nodes that refuse this client (a wrong or missing password, a missing
+/// ACL permission) stay so however long it waits. If they leave too few
+/// nodes for a quorum, that is a failure (the refused code) at once;
+/// otherwise each is said once (added to `warned`) and the wait goes on
+/// with the others.
+///
+/// # Errors
+///
+/// The [`exit::REFUSED`] failure, naming each refusing node and its cause.
+fn refusals(report: &Report, warned: &mut Vec<Arc<str>>) -> Result<(), Failure> {
+    let refusing = refusing(report);
+    if !refusing.is_empty() && report.nodes.len() - refusing.len() < report.quorum {
+        let causes: Vec<String> = refusing.iter().map(|(_, cause)| cause.clone()).collect();
+        return Err(Failure::new(
+            exit::REFUSED,
+            "refused",
+            format!(
+                "{} of {} nodes refuse this client, which leaves too few for a quorum of {}; \
+                 waiting cannot fix that (fix the passwords in the node URLs, or the ACL \
+                 user's permissions): {}",
+                refusing.len(),
+                report.nodes.len(),
+                report.quorum,
+                causes.join("; ")
+            ),
+        ));
+    }
+    for (node, cause) in refusing {
+        if !warned.contains(node) {
+            say(format_args!("{cause}; going on with the other nodes"));
+            warned.push(node.clone());
+        }
+    }
+    Ok(())
+}
+
+/// Says each node of `report` that refuses this client: the lock was had
+/// without it, but it does not help the next time.
+pub fn warn_refusals(report: &Report) {
+    let _ = refusals(report, &mut Vec::new());
+}
+
+/// The nodes of `report` that refuse this client, each with its cause.
+fn refusing(report: &Report) -> Vec<(&Arc<str>, String)> {
+    report
+        .nodes
+        .iter()
+        .filter_map(|n| match &n.outcome {
+            // Its message names the node.
+            NodeOutcome::Failed(e @ NodeError::Auth { .. }) => Some((&n.node, e.to_string())),
+            NodeOutcome::Failed(NodeError::Server(reply)) if reply.starts_with("NOPERM") => Some((
+                &n.node,
+                format!("node `{}` refused a command: {reply}", n.node),
+            )),
+            _ => None,
+        })
+        .collect()
 }
 
 /// When a wait says that too few nodes answered: at the first attempt of

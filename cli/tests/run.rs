@@ -266,15 +266,18 @@ fn a_command_that_ignores_sigterm_gets_sigkill_after_kill_after() {
     let started = scratch(&cluster, "started");
     let mut tool = Tool::spawn(
         redlock("run", &cluster)
-            .args(["--ttl", "1s", "--kill-after", "200ms", "stubborn", "--"])
+            .args(["--ttl", "3s", "--kill-after", "200ms", "stubborn", "--"])
             .args(sh(&format!(
                 "trap '' TERM; echo started > '{}'; while :; do sleep 0.02; done",
                 started.display()
             ))),
     );
     wait_until("the command started", || started.exists());
-    cluster.node(1).kill().unwrap();
-    cluster.node(2).kill().unwrap();
+    // Another client's token on every node: the next extension is
+    // refused, a second before the lock would run out.
+    for node in cluster.nodes() {
+        node.set("stubborn", "another-clients-token").unwrap();
+    }
     let status = tool.wait(PATIENCE);
     let stderr = tool.stderr_text();
     assert_eq!(status.code(), Some(76), "{stderr}");

@@ -1,0 +1,495 @@
+//! The supervisor: the small process between `redlock run` and its
+//! command, so that the command never outlives the lock, however the tool
+//! ends.
+//!
+//! `run` re-executes its own binary as the hidden `redlock supervise`,
+//! which starts the command in a process group of its own and owns it:
+//!
+//! ```text
+//! redlock run ── pipe: deadlines, "stop", signals ──▶ redlock supervise ──▶ the command's group
+//!             ◀── pipe: what it did, how it ended ──
+//! ```
+//!
+//! - `run` sends each new validity deadline of the lock (nanoseconds of
+//!   the monotonic clock, which both processes read), `stop` when the lock
+//!   is lost or `--max-hold` is reached, and the INT, TERM and HUP it gets.
+//! - The group gets SIGTERM on `stop`, when `run` dies (its end of the pipe
+//!   closes; on Linux also the parent-death signal; elsewhere a poll of the
+//!   parent pid), or a little before the last deadline received if no
+//!   later one came (`run` stopped, or the lock not extended in time). It
+//!   gets SIGKILL `--kill-after` later, and at the last deadline at the
+//!   latest: also when `run` is stopped (SIGSTOP, a frozen cgroup) and
+//!   sends nothing more.
+//! - When the command ends, whatever it left in its group gets the same
+//!   treatment: the lock is released once the supervisor has exited.
+//! - It says what it did on the report pipe and exits as the command did
+//!   (its code, or 128 + the signal).
+//!
+//! - Ctrl-Z (SIGTSTP) does not suspend the command: it is continued at
+//!   once.
+//!
+//! Not covered: a process that leaves the group (`setsid`, a daemon), and
+//! the supervisor itself killed with SIGKILL.
+
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, ExitStatus};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::signal::{killpg, pthread_sigmask, SigSet, SigmaskHow, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::time::{clock_gettime, ClockId};
+use nix::unistd::{getpgrp, getppid, Pid};
+
+use crate::args::SuperviseArgs;
+use crate::events::{Event, Events};
+use crate::exit::{self, say};
+
+/// How often the parent pid is looked at (where no parent-death signal
+/// says it at once), and the longest sleep of the supervisor.
+const POLL: Duration = Duration::from_millis(100);
+
+/// How long processes that got SIGKILL may take to be gone before the
+/// supervisor stops waiting for them.
+const KILL_GRACE: Duration = Duration::from_secs(1);
+
+/// The monotonic clock (`CLOCK_MONOTONIC`), as `run` and the supervisor
+/// both read it: the deadlines they exchange are in its nanoseconds.
+pub fn monotonic_ns() -> u64 {
+    clock_gettime(ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+        let ns = Duration::from(t).as_nanos();
+        u64::try_from(ns).unwrap_or(u64::MAX)
+    })
+}
+
+/// A message from `run` to the supervisor, one line each.
+pub enum Message {
+    /// The lock is valid until this monotonic instant (nanoseconds).
+    Deadline(u64),
+    /// The lock is lost, or --max-hold reached: stop the command.
+    Stop,
+    /// Pass this signal on to the command's group.
+    Signal(i32),
+}
+
+impl Message {
+    pub fn line(&self) -> String {
+        match self {
+            Message::Deadline(ns) => format!("deadline {ns}\n"),
+            Message::Stop => "stop\n".to_string(),
+            Message::Signal(signal) => format!("signal {signal}\n"),
+        }
+    }
+
+    fn parse(line: &str) -> Option<Message> {
+        let (word, value) = line.split_once(' ').unwrap_or((line, ""));
+        match word {
+            "deadline" => value.parse().ok().map(Message::Deadline),
+            "stop" => Some(Message::Stop),
+            "signal" => value.parse().ok().map(Message::Signal),
+            _ => None,
+        }
+    }
+}
+
+/// Why the supervisor sent the group SIGTERM (the report's `term` line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Term {
+    /// `run` said `stop`.
+    Asked,
+    /// The deadline was near and no later one came.
+    Expiring,
+    /// `run` died.
+    ToolGone,
+    /// The command ended and left processes in its group.
+    Leftover,
+}
+
+/// Why the supervisor sent the group SIGKILL (the report's `kill` line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kill {
+    /// --kill-after passed since the SIGTERM.
+    After,
+    /// The lock's last deadline passed.
+    Deadline,
+}
+
+/// What the supervisor reports, read by `run` once it has exited.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// The command could not start: its exit code (126, 127) and why.
+    pub cannot_run: Option<(u8, String)>,
+    pub term: Option<Term>,
+    pub kill: Option<Kill>,
+    /// How the command ended.
+    pub ended: Option<ExitStatus>,
+}
+
+impl Report {
+    /// Reads the report's lines.
+    pub fn parse(text: &str) -> Report {
+        let mut report = Report::default();
+        for line in text.lines() {
+            let (word, value) = line.split_once(' ').unwrap_or((line, ""));
+            match word {
+                "cannot-run" => {
+                    let (code, why) = value.split_once(' ').unwrap_or((value, ""));
+                    report.cannot_run =
+                        Some((code.parse().unwrap_or(exit::CANNOT_RUN), why.into()));
+                }
+                "term" => {
+                    report.term = Some(match value {
+                        "asked" => Term::Asked,
+                        "expiring" => Term::Expiring,
+                        "leftover" => Term::Leftover,
+                        _ => Term::ToolGone,
+                    })
+                }
+                "kill" => {
+                    report.kill = Some(if value == "after" {
+                        Kill::After
+                    } else {
+                        Kill::Deadline
+                    })
+                }
+                "ended" => report.ended = value.parse().ok().map(ExitStatus::from_raw),
+                _ => {}
+            }
+        }
+        report
+    }
+}
+
+/// Runs `redlock supervise`; returns the exit code (the command's).
+pub fn supervise(args: &SuperviseArgs) -> u8 {
+    // Its own end of the report pipe first: everything after may fail.
+    let mut report = match open_inherited(args.report_fd, true) {
+        Ok(file) => Reporter(Some(file)),
+        Err(e) => {
+            say(format_args!("supervise: cannot open the report pipe: {e}"));
+            Reporter(None)
+        }
+    };
+    let control = open_inherited(args.control_fd, false);
+    let parent = Pid::from_raw(args.parent);
+    #[cfg(target_os = "linux")]
+    {
+        // Told at once when `run` dies; orphans of the command come to us,
+        // to be reaped (a zombie would keep its group alive).
+        let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGUSR1);
+        let _ = nix::sys::prctl::set_child_subreaper(true);
+    }
+    let events = match Events::listen_waking() {
+        Ok(events) => events,
+        Err(failure) => return report.cannot_run(exit::SYSTEM, &failure.message),
+    };
+    match control {
+        Ok(control) => {
+            if let Err(failure) = events.read_lines(control) {
+                return report.cannot_run(exit::SYSTEM, &failure.message);
+            }
+        }
+        Err(e) => {
+            return report.cannot_run(exit::SYSTEM, &format!("cannot open the control pipe: {e}"))
+        }
+    }
+    let child = match spawn(&args.command) {
+        Ok(child) => child,
+        Err(e) => {
+            let code = crate::run::spawn_code(&e);
+            let program = args.command[0].to_string_lossy();
+            return report.cannot_run(
+                code,
+                &format!("cannot run `{program}` (the lock was released): {e}"),
+            );
+        }
+    };
+    let mut group = Group::new(&child, args);
+    if args.verbose {
+        say(format_args!(
+            "holding `{}`; the command runs as pid {} in a process group of its own",
+            args.resource,
+            child.id()
+        ));
+    }
+    let terminal = Terminal::take(group.pgid);
+    let status = group.watch(&events, parent, &mut report, &terminal);
+    if let Some(terminal) = &terminal {
+        terminal.give_back(group.pgid);
+    }
+    report.line(format_args!("ended {}", status.into_raw()));
+    exit::status_code(status)
+}
+
+/// The report pipe; `None` if it could not be opened (then nothing is
+/// reported, and `run` goes by the exit status).
+struct Reporter(Option<File>);
+
+impl Reporter {
+    fn line(&mut self, line: std::fmt::Arguments) {
+        if let Some(file) = &mut self.0 {
+            let _ = writeln!(file, "{line}");
+        }
+    }
+
+    /// Reports that the command could not start; returns its exit code.
+    fn cannot_run(&mut self, code: u8, why: &str) -> u8 {
+        self.line(format_args!("cannot-run {code} {why}"));
+        code
+    }
+}
+
+/// Opens the pipe end that `run` left open as descriptor `fd`, as a file
+/// of our own (closed on exec, so the command does not get it), and
+/// closes `fd`. Opening `/dev/fd/N` gives the same pipe, without `unsafe`.
+fn open_inherited(fd: i32, write: bool) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .read(!write)
+        .write(write)
+        .open(format!("/dev/fd/{fd}"));
+    let _ = nix::unistd::close(fd);
+    file
+}
+
+/// Starts the command in a process group of its own, with the
+/// supervisor's standard input, output and error (the tool's).
+fn spawn(argv: &[OsString]) -> io::Result<Child> {
+    std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .process_group(0)
+        .spawn()
+}
+
+/// The command's process group, and what was done to it.
+struct Group {
+    /// The command's pid, which is the group's id.
+    pgid: Pid,
+    /// The lock is valid until this instant (the last deadline received).
+    deadline: Option<Instant>,
+    /// SIGTERM this long before the deadline, if no later one came.
+    warn: Duration,
+    kill_after: Duration,
+    /// When SIGTERM was sent, and why.
+    termed: Option<(Instant, Term)>,
+    /// When SIGKILL was sent.
+    killed: Option<Instant>,
+    /// How the command (the group's leader) ended.
+    status: Option<ExitStatus>,
+}
+
+impl Group {
+    fn new(child: &Child, args: &SuperviseArgs) -> Group {
+        let pgid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+        let mut group = Group {
+            pgid,
+            deadline: None,
+            warn: Duration::from_millis(args.warn_ms),
+            kill_after: Duration::from_millis(args.kill_after_ms),
+            termed: None,
+            killed: None,
+            status: None,
+        };
+        group.extend(args.deadline_ns);
+        group
+    }
+
+    /// The lock is valid until `ns` of the monotonic clock.
+    fn extend(&mut self, ns: u64) {
+        let left = Duration::from_nanos(ns.saturating_sub(monotonic_ns()));
+        let at = Instant::now().checked_add(left);
+        if at > self.deadline || self.deadline.is_none() {
+            self.deadline = at;
+        }
+    }
+
+    fn signal(&self, signal: Signal) {
+        let _ = killpg(self.pgid, signal);
+    }
+
+    fn term(&mut self, why: Term, report: &mut Reporter) {
+        if self.termed.is_none() {
+            self.signal(Signal::SIGTERM);
+            // A stopped command would not see it.
+            self.signal(Signal::SIGCONT);
+            self.termed = Some((Instant::now(), why));
+            report.line(format_args!("term {}", term_word(why)));
+        }
+    }
+
+    fn kill(&mut self, why: Kill, report: &mut Reporter) {
+        if self.killed.is_none() {
+            self.signal(Signal::SIGKILL);
+            self.killed = Some(Instant::now());
+            report.line(format_args!(
+                "kill {}",
+                if why == Kill::After {
+                    "after"
+                } else {
+                    "deadline"
+                }
+            ));
+        }
+    }
+
+    /// Whether any process is left in the group.
+    fn is_empty(&self) -> bool {
+        killpg(self.pgid, None) == Err(Errno::ESRCH)
+    }
+
+    /// Reaps every child that has ended (orphans of the command too, on
+    /// Linux), noting the command's status. A command stopped from the
+    /// terminal (Ctrl-Z: SIGTSTP) is continued at once: a suspended job
+    /// would hold the lock, and the terminal, for as long as it is
+    /// forgotten (and `run` would wait on).
+    fn reap(&mut self) {
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG | WaitPidFlag::WUNTRACED)) {
+                Ok(WaitStatus::Stopped(_, Signal::SIGTSTP)) => self.signal(Signal::SIGCONT),
+                Ok(WaitStatus::Exited(pid, code)) if pid == self.pgid => {
+                    self.status = Some(ExitStatus::from_raw((code & 0xff) << 8));
+                }
+                Ok(WaitStatus::Signaled(pid, signal, core)) if pid == self.pgid => {
+                    let raw = signal as i32 | if core { 0x80 } else { 0 };
+                    self.status = Some(ExitStatus::from_raw(raw));
+                }
+                Ok(WaitStatus::StillAlive) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// Watches over the group until it is empty (or SIGKILL did what it
+    /// could); returns how the command ended.
+    fn watch(
+        &mut self,
+        events: &Events,
+        parent: Pid,
+        report: &mut Reporter,
+        terminal: &Option<Terminal>,
+    ) -> ExitStatus {
+        let mut terminal_given_back = false;
+        loop {
+            self.reap();
+            if let Some(status) = self.status {
+                if !terminal_given_back {
+                    if let Some(terminal) = terminal {
+                        terminal.give_back(self.pgid);
+                    }
+                    terminal_given_back = true;
+                }
+                let gave_up = self.killed.is_some_and(|at| at.elapsed() >= KILL_GRACE);
+                if self.is_empty() || gave_up {
+                    return status;
+                }
+                self.term(Term::Leftover, report);
+            }
+            let now = Instant::now();
+            let warn_at = self
+                .deadline
+                .map(|d| d.checked_sub(self.warn).unwrap_or(now));
+            if warn_at.is_some_and(|at| now >= at) {
+                self.term(Term::Expiring, report);
+            }
+            let kill_at = self
+                .termed
+                .and_then(|(at, _)| at.checked_add(self.kill_after));
+            if self.deadline.is_some_and(|d| now >= d) {
+                self.kill(Kill::Deadline, report);
+            } else if kill_at.is_some_and(|at| now >= at) {
+                self.kill(Kill::After, report);
+            }
+            // Also where the parent-death signal came too late (the parent
+            // died before it was set) or does not exist (not Linux): our
+            // parent is another process then.
+            if getppid() != parent {
+                self.term(Term::ToolGone, report);
+            }
+            let next = [
+                warn_at.filter(|_| self.termed.is_none()),
+                self.deadline.filter(|_| self.killed.is_none()),
+                kill_at.filter(|_| self.killed.is_none()),
+            ]
+            .into_iter()
+            .flatten()
+            .map(|at| at.saturating_duration_since(now))
+            .fold(POLL, Duration::min);
+            match events.next(next) {
+                Some(Event::Line(line)) => match Message::parse(&line) {
+                    Some(Message::Deadline(ns)) => self.extend(ns),
+                    Some(Message::Stop) => self.term(Term::Asked, report),
+                    Some(Message::Signal(signal)) => {
+                        if let Ok(signal) = Signal::try_from(signal) {
+                            self.signal(signal);
+                        }
+                    }
+                    None => {}
+                },
+                // `run` is gone: nobody keeps the lock alive any more.
+                Some(Event::Closed) => self.term(Term::ToolGone, report),
+                // INT, TERM and HUP reach the supervisor as part of `run`'s
+                // process group (a Ctrl-C); `run` passes them on itself.
+                _ => {}
+            }
+        }
+    }
+}
+
+fn term_word(why: Term) -> &'static str {
+    match why {
+        Term::Asked => "asked",
+        Term::Expiring => "expiring",
+        Term::ToolGone => "tool-gone",
+        Term::Leftover => "leftover",
+    }
+}
+
+/// The controlling terminal, when standard input is it and our group is
+/// in its foreground: the command's group gets the foreground while it
+/// runs, so that it can read the terminal and Ctrl-C reaches it.
+struct Terminal {
+    /// The group that had the foreground: `run`'s (and ours).
+    ours: Pid,
+}
+
+impl Terminal {
+    fn take(command: Pid) -> Option<Terminal> {
+        let stdin = io::stdin();
+        let ours = getpgrp();
+        if nix::unistd::tcgetpgrp(&stdin).ok()? != ours {
+            return None;
+        }
+        without_sigttou(|| nix::unistd::tcsetpgrp(&stdin, command)).ok()?;
+        // Had it read the terminal before it was given the foreground,
+        // SIGTTIN stopped it.
+        let _ = killpg(command, Signal::SIGCONT);
+        Some(Terminal { ours })
+    }
+
+    /// Gives the foreground back to `run`'s group, if the command's group
+    /// still has it (after `run` died, its shell may have taken it back).
+    fn give_back(&self, command: Pid) {
+        let stdin = io::stdin();
+        if nix::unistd::tcgetpgrp(&stdin) == Ok(command) {
+            let _ = without_sigttou(|| nix::unistd::tcsetpgrp(&stdin, self.ours));
+        }
+    }
+}
+
+/// Runs `f` with SIGTTOU blocked: a process that is not in the terminal's
+/// foreground may change it only so.
+fn without_sigttou<T>(f: impl FnOnce() -> T) -> T {
+    let mut old = SigSet::empty();
+    let blocked = pthread_sigmask(
+        SigmaskHow::SIG_BLOCK,
+        Some(&SigSet::from(Signal::SIGTTOU)),
+        Some(&mut old),
+    );
+    let out = f();
+    if blocked.is_ok() {
+        let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
+    }
+    out
+}
