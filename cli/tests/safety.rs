@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use redlock_sync::testing::Cluster;
+use redlock_sync_testing::Cluster;
 
 /// Whether any process is left in process group `pgid`.
 fn group_alive(pgid: &str) -> bool {
@@ -468,7 +468,7 @@ fn scratch_file(name: &str, bytes: &[u8]) -> std::path::PathBuf {
 }
 
 /// Makes `node` ask for a password that the cluster's URLs do not give.
-fn require_a_password(node: &redlock_sync::testing::Node) {
+fn require_a_password(node: &redlock_sync_testing::Node) {
     node.query(&["CONFIG", "SET", "requirepass", "s3cret"])
         .expect("CONFIG SET requirepass");
 }
