@@ -174,8 +174,11 @@
 
 mod client;
 mod error;
+mod kind;
 mod lock;
 mod node;
+mod request;
+mod retry;
 mod round;
 mod script;
 mod wait;
@@ -191,7 +194,10 @@ pub use error::{
     ArgumentError, ConfigError, LockError, NodeError, NodeOutcome, NodeReport, ParseTokenError,
     Report,
 };
+pub use kind::Kind;
 pub use lock::{Lock, Token};
+pub use request::{Cancel, IntoResources, LockOptions, Patience};
+pub use retry::RetryPolicy;
 pub use with_lock::LockGuard;
 
 /// The README's code blocks, compiled (and, where they need no servers, run)

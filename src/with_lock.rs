@@ -23,9 +23,11 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::client::{resource_list, Redlock};
+use crate::client::Redlock;
 use crate::error::{LockError, Report};
+use crate::kind::Kind;
 use crate::lock::{Lock, Token};
+use crate::request::{Call, IntoResources, LockOptions};
 
 /// The deadline value that means the lock is lost, for good.
 const LOST: u64 = 0;
@@ -86,6 +88,7 @@ struct Lease {
     ending: AtomicBool,
     /// No extension reaches past this.
     hold_deadline: Option<Instant>,
+    kind: Kind,
     resources: Vec<String>,
     token: Token,
     fencing_token: Option<u64>,
@@ -107,6 +110,7 @@ impl Lease {
             deadline: AtomicU64::new(LOST),
             ending: AtomicBool::new(capped),
             hold_deadline,
+            kind: lock.kind,
             resources: lock.resources.clone(),
             token: lock.token,
             fencing_token: lock.fencing_token,
@@ -226,7 +230,7 @@ impl Lease {
     /// `when_left` of its validity is left, until told to stop, the lock is
     /// lost, or the hold cap is reached. A refused extension loses the lock;
     /// a failed one (too few nodes answered) is retried after the retry
-    /// pause while validity is left.
+    /// policy's pause while validity is left.
     fn watch(&self, client: &Redlock, lock: &mut Lock, ttl: Duration, when_left: f64) {
         // Measured on the validity each round leaves, not on the TTL: the
         // next extension is always some time away, whatever the fraction
@@ -238,6 +242,7 @@ impl Lease {
                 .unwrap_or(valid_until)
         };
         let mut due = next_due(lock.valid_until());
+        let mut failures = 0;
         loop {
             if !self.sleep_until(due) || !self.held() {
                 return;
@@ -258,8 +263,9 @@ impl Lease {
                     this_ttl = room;
                 }
             }
-            match client.extend_retrying(lock, this_ttl, 0) {
+            match client.extend_call(lock, this_ttl, &Call::default()) {
                 Ok(()) => {
+                    failures = 0;
                     self.set_report(lock.report());
                     // The shortened TTL was measured before the round began:
                     // never let the validity run past the cap.
@@ -284,9 +290,11 @@ impl Lease {
                         self.set_report(report);
                     }
                     // Never spin, even with a zero retry delay.
+                    failures += 1;
                     let pause = client
-                        .retry_pause()
-                        .unwrap_or(client.config().retry_delay)
+                        .config()
+                        .retry
+                        .pause(failures)
                         .max(Duration::from_millis(1));
                     due = Instant::now()
                         .checked_add(pause)
@@ -318,7 +326,7 @@ impl LockGuard {
     /// # use redlock_sync::{LockError, Redlock};
     /// # use std::time::Duration;
     /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// locks.with_lock_many(["a", "b"], Duration::from_secs(10), |guard| {
+    /// locks.with_lock(["a", "b"], Duration::from_secs(10), |guard| {
     ///     assert_eq!(guard.resources(), ["a", "b"]);
     ///     Ok::<(), LockError>(())
     /// })?;
@@ -345,18 +353,17 @@ impl LockGuard {
         &self.lease.token
     }
 
-    /// The fencing token, for a lock from [`lock_fenced`](Redlock::lock_fenced),
-    /// [`with_lock_fenced`](Redlock::with_lock_fenced) or their `try_`
-    /// forms; `None` for every other lock. It stays the same across
-    /// extensions. Pass it with every write to the protected resource, which
-    /// refuses a write whose token is lower than the highest it has seen
-    /// (see [`acquire_fenced`](Redlock::acquire_fenced)).
+    /// The fencing token, for a lock of [`Kind::Fenced`]; `None` for every
+    /// other lock. It stays the same across extensions. Pass it with every
+    /// write to the protected resource, which refuses a write whose token is
+    /// lower than the highest it has seen (see [`Kind`]).
     ///
     /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
+    /// # use redlock_sync::{Kind, LockError, LockOptions, Redlock};
     /// # use std::time::Duration;
     /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// locks.with_lock_fenced("ledger", Duration::from_secs(10), |guard| {
+    /// let fenced = LockOptions::new(Duration::from_secs(10)).kind(Kind::Fenced);
+    /// locks.with_lock("ledger", fenced, |guard| {
     ///     let token = guard.fencing_token().expect("a fenced lock has a token");
     ///     guard.check()?;
     ///     // storage.write_if_token_at_least(token, ...);
@@ -367,6 +374,20 @@ impl LockGuard {
     /// ```
     pub fn fencing_token(&self) -> Option<u64> {
         self.lease.fencing_token
+    }
+
+    /// The kind of lock held.
+    ///
+    /// ```no_run
+    /// # use redlock_sync::{Kind, LockError, Redlock};
+    /// # use std::time::Duration;
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// let guard = locks.lock("invoice:42", Duration::from_secs(10))?;
+    /// assert_eq!(guard.kind(), Kind::Plain);
+    /// # Ok::<(), LockError>(())
+    /// ```
+    pub fn kind(&self) -> Kind {
+        self.lease.kind
     }
 
     /// How long the lock is still valid, by the monotonic clock, as of the
@@ -522,7 +543,7 @@ impl LockGuard {
         // that panicked extends no more, and the lease says the rest.
         let _ = watchdog.join();
         let lease = &*self.lease;
-        let released = self.client.release_token(&lease.resources, &lease.token);
+        let released = (self.client).release_token(lease.kind, &lease.resources, &lease.token);
         Some(if held {
             released
         } else {
@@ -543,6 +564,7 @@ impl Drop for LockGuard {
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
+            .field("kind", &self.lease.kind)
             .field("resources", &self.lease.resources)
             .field("token", &self.lease.token)
             .field("fencing_token", &self.lease.fencing_token)
@@ -553,19 +575,25 @@ impl fmt::Debug for LockGuard {
 }
 
 impl Redlock {
-    /// Acquires a lock on `resource` for `ttl` (with the retry policy and
-    /// wait budget of [`acquire`](Self::acquire)) and returns a guard that
-    /// keeps it alive with a watchdog thread and releases it when dropped:
-    /// the form of [`with_lock`](Self::with_lock) for code that does not
-    /// fit in a closure.
+    /// Acquires a lock as [`acquire`](Self::acquire) does (waiting per the
+    /// options' patience) and returns a guard that keeps it alive with a
+    /// watchdog thread and releases it when dropped: the form of
+    /// [`with_lock`](Self::with_lock) for code that does not fit in a
+    /// closure.
     ///
     /// Unlike the [`Lock`] of [`acquire`](Self::acquire), which is yours
     /// for its validity only and which you release, the guard's lock is
-    /// extended for as long as the guard lives (up to the hold cap,
-    /// [`max_hold`](crate::RedlockBuilder::max_hold)), and released when
-    /// the guard goes out of scope: at the end of the block, on an early
-    /// return or `?`, while a panic unwinds. [`LockGuard::unlock`] releases
-    /// it and tells whether it was held throughout.
+    /// extended by the TTL each time only a share of its validity is left
+    /// ([`LockOptions::extend_when_left`], by default the client's
+    /// [`extend_when_left`](crate::RedlockBuilder::extend_when_left)), for
+    /// as long as the guard lives, up to the hold cap
+    /// ([`LockOptions::max_hold`], by default the client's
+    /// [`max_hold`](crate::RedlockBuilder::max_hold)); and it is released
+    /// when the guard goes out of scope: at the end of the block, on an
+    /// early return or `?`, while a panic unwinds. [`LockGuard::unlock`]
+    /// releases it and tells whether it was held throughout. A cancel
+    /// handle in the options ends the wait only: never the guard's
+    /// watchdog.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -587,18 +615,23 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// - As [`acquire`](Self::acquire).
+    /// - As [`acquire`](Self::acquire), and [`LockError::Argument`] for an
+    ///   `extend_when_left` outside `(0, 1)`.
     /// - [`LockError::Lost`] if the validity ran out before the guard could
     ///   be made (the lock is released).
     /// - [`LockError::Thread`] if the OS cannot start the watchdog thread
     ///   (the lock is released).
-    pub fn lock(&self, resource: &str, ttl: Duration) -> Result<LockGuard, LockError> {
-        let retries = self.config().retry_count;
-        let lock = self.acquire_retrying(vec![resource.to_string()], ttl, retries)?;
-        self.keep_alive(lock, ttl)
+    pub fn lock(
+        &self,
+        resources: impl IntoResources,
+        options: impl Into<LockOptions>,
+    ) -> Result<LockGuard, LockError> {
+        let options = options.into();
+        let acquired = self.acquire_with(resources.into_resources(), &options, false)?;
+        self.keep_alive(acquired, options.ttl)
     }
 
-    /// Like [`lock`](Self::lock), but one round only, as
+    /// Like [`lock`](Self::lock), but one attempt only, as
     /// [`try_acquire`](Self::try_acquire): no retry.
     ///
     /// ```no_run
@@ -616,125 +649,28 @@ impl Redlock {
     /// # Errors
     ///
     /// As [`lock`](Self::lock).
-    pub fn try_lock(&self, resource: &str, ttl: Duration) -> Result<LockGuard, LockError> {
-        let lock = self.acquire_retrying(vec![resource.to_string()], ttl, 0)?;
-        self.keep_alive(lock, ttl)
+    pub fn try_lock(
+        &self,
+        resources: impl IntoResources,
+        options: impl Into<LockOptions>,
+    ) -> Result<LockGuard, LockError> {
+        let options = options.into();
+        let acquired = self.acquire_with(resources.into_resources(), &options, true)?;
+        self.keep_alive(acquired, options.ttl)
     }
 
-    /// [`lock`](Self::lock) over several resources held as one lock, all or
-    /// nothing, as [`acquire_many`](Self::acquire_many) takes them.
+    /// Acquires a lock as [`lock`](Self::lock) does, runs `f` under it
+    /// while the guard's watchdog keeps extending it, and always releases
+    /// it afterwards: when `f` returns `Ok` or `Err`, and when it panics
+    /// (the lock is released as the panic unwinds).
     ///
-    /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// let guard = locks.lock_many(["account:alice", "account:bob"], Duration::from_secs(5))?;
-    /// guard.check()?;
-    /// // debit alice, credit bob
-    /// guard.unlock()?;
-    /// # Ok::<(), LockError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`lock`](Self::lock), and [`LockError::Argument`] for no
-    /// resources, an empty resource name, or a resource named twice.
-    pub fn lock_many<I, S>(&self, resources: I, ttl: Duration) -> Result<LockGuard, LockError>
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        let retries = self.config().retry_count;
-        let lock = self.acquire_retrying(resource_list(resources), ttl, retries)?;
-        self.keep_alive(lock, ttl)
-    }
-
-    /// Like [`lock_many`](Self::lock_many), but one round only: no retry.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// if let Ok(guard) = locks.try_lock_many(["shelf:3", "shelf:4"], Duration::from_secs(30)) {
-    ///     // rearrange both shelves
-    ///     guard.unlock()?;
-    /// }
-    /// # Ok::<(), LockError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`lock_many`](Self::lock_many).
-    pub fn try_lock_many<I, S>(&self, resources: I, ttl: Duration) -> Result<LockGuard, LockError>
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        let lock = self.acquire_retrying(resource_list(resources), ttl, 0)?;
-        self.keep_alive(lock, ttl)
-    }
-
-    /// [`lock`](Self::lock) with a fencing token, as
-    /// [`acquire_fenced`](Self::acquire_fenced) gets it: see
-    /// [`LockGuard::fencing_token`].
-    ///
-    /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// let guard = locks.lock_fenced("ledger", Duration::from_secs(10))?;
-    /// let token = guard.fencing_token().expect("a fenced lock has a token");
-    /// // UPDATE ledger SET ..., fence = $token WHERE id = 1 AND fence <= $token
-    /// # let _ = token;
-    /// guard.unlock()?;
-    /// # Ok::<(), LockError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`lock`](Self::lock) and [`acquire_fenced`](Self::acquire_fenced).
-    pub fn lock_fenced(&self, resource: &str, ttl: Duration) -> Result<LockGuard, LockError> {
-        let retries = self.config().retry_count;
-        let lock = self.acquire_fenced_retrying(resource, ttl, retries)?;
-        self.keep_alive(lock, ttl)
-    }
-
-    /// Like [`lock_fenced`](Self::lock_fenced), but one attempt only: no
-    /// retry.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// if let Ok(guard) = locks.try_lock_fenced("ledger", Duration::from_secs(10)) {
-    ///     println!("writing with fencing token {:?}", guard.fencing_token());
-    /// }
-    /// # Ok::<(), LockError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`lock_fenced`](Self::lock_fenced).
-    pub fn try_lock_fenced(&self, resource: &str, ttl: Duration) -> Result<LockGuard, LockError> {
-        let lock = self.acquire_fenced_retrying(resource, ttl, 0)?;
-        self.keep_alive(lock, ttl)
-    }
-
-    /// Acquires a lock on `resource` for `ttl` (with the retry policy and
-    /// wait budget of [`acquire`](Self::acquire)), runs `f` under it while a
-    /// watchdog thread keeps extending it, and always releases it
-    /// afterwards: when `f` returns `Ok` or `Err`, and when it panics (the
-    /// lock is released as the panic unwinds).
-    ///
-    /// The watchdog extends the lock by `ttl` each time only a share of its
-    /// validity is left ([`extend_when_left`](crate::RedlockBuilder::extend_when_left),
-    /// default 1/3), so `f` may run far longer than `ttl`, up to the hold
-    /// cap ([`max_hold`](crate::RedlockBuilder::max_hold)) if one is set. `f` gets
-    /// the [`LockGuard`] (the one [`lock`](Self::lock) would return): check
+    /// So `f` may run far longer than the TTL, up to the hold cap if one is
+    /// set. `f` gets the [`LockGuard`]: check
     /// [`is_held`](LockGuard::is_held) or [`check`](LockGuard::check)
     /// before each step of the work. The error type only needs
     /// `From<LockError>`, so `?` works on both the lock's errors and your
-    /// own.
+    /// own. A cancel handle in the options ends the wait for the lock only,
+    /// never `f`.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -781,21 +717,26 @@ impl Redlock {
     ///
     /// A release that reaches too few nodes is not an error: the work was
     /// done under a valid lock, and the keys left behind expire within
-    /// `ttl`.
+    /// the TTL.
     ///
     /// # Panics
     ///
     /// Only if `f` panics: the lock is released as the panic unwinds (with
     /// `panic = "abort"`, the keys expire within the TTL instead).
-    pub fn with_lock<T, E, F>(&self, resource: &str, ttl: Duration, f: F) -> Result<T, E>
+    pub fn with_lock<T, E, F>(
+        &self,
+        resources: impl IntoResources,
+        options: impl Into<LockOptions>,
+        f: F,
+    ) -> Result<T, E>
     where
         F: FnOnce(&LockGuard) -> Result<T, E>,
         E: From<LockError>,
     {
-        run_locked(self.lock(resource, ttl), f)
+        run_locked(self.lock(resources, options), f)
     }
 
-    /// Like [`with_lock`](Self::with_lock), but one round only, as
+    /// Like [`with_lock`](Self::with_lock), but one attempt only, as
     /// [`try_acquire`](Self::try_acquire): no retry, so it returns at once
     /// when another client holds the lock.
     ///
@@ -821,152 +762,27 @@ impl Redlock {
     /// # Panics
     ///
     /// Only if `f` panics, after releasing the lock.
-    pub fn try_with_lock<T, E, F>(&self, resource: &str, ttl: Duration, f: F) -> Result<T, E>
-    where
-        F: FnOnce(&LockGuard) -> Result<T, E>,
-        E: From<LockError>,
-    {
-        run_locked(self.try_lock(resource, ttl), f)
-    }
-
-    /// [`with_lock`](Self::with_lock) over several resources held as one
-    /// lock, all or nothing, as [`acquire_many`](Self::acquire_many) takes
-    /// them; they are extended and released together.
-    ///
-    /// ```no_run
-    /// # use std::time::Duration;
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// // Move credit between two accounts, holding both.
-    /// locks.with_lock_many(["account:alice", "account:bob"], Duration::from_secs(5), |guard| {
-    ///     guard.check()?;
-    ///     // debit alice, credit bob
-    ///     Ok::<(), LockError>(())
-    /// })?;
-    /// # Ok::<(), LockError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`with_lock`](Self::with_lock), and [`LockError::Argument`] for no
-    /// resources, an empty resource name, or a resource named twice.
-    ///
-    /// # Panics
-    ///
-    /// Only if `f` panics, after releasing the lock.
-    pub fn with_lock_many<I, S, T, E, F>(&self, resources: I, ttl: Duration, f: F) -> Result<T, E>
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-        F: FnOnce(&LockGuard) -> Result<T, E>,
-        E: From<LockError>,
-    {
-        run_locked(self.lock_many(resources, ttl), f)
-    }
-
-    /// Like [`with_lock_many`](Self::with_lock_many), but one round only: no
-    /// retry.
-    ///
-    /// ```no_run
-    /// # use std::time::Duration;
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// let moved = locks.try_with_lock_many(["shelf:3", "shelf:4"], Duration::from_secs(5), |guard| {
-    ///     guard.check()?;
-    ///     Ok::<_, LockError>(12) // books moved from one shelf to the other
-    /// });
-    /// # Ok::<(), LockError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`with_lock_many`](Self::with_lock_many).
-    ///
-    /// # Panics
-    ///
-    /// Only if `f` panics, after releasing the lock.
-    pub fn try_with_lock_many<I, S, T, E, F>(
+    pub fn try_with_lock<T, E, F>(
         &self,
-        resources: I,
-        ttl: Duration,
+        resources: impl IntoResources,
+        options: impl Into<LockOptions>,
         f: F,
     ) -> Result<T, E>
     where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
         F: FnOnce(&LockGuard) -> Result<T, E>,
         E: From<LockError>,
     {
-        run_locked(self.try_lock_many(resources, ttl), f)
-    }
-
-    /// [`with_lock`](Self::with_lock) with a fencing token, as
-    /// [`acquire_fenced`](Self::acquire_fenced) gets it: the guard's
-    /// [`fencing_token`](LockGuard::fencing_token) is `Some`, and stays the
-    /// same while the watchdog extends the lock.
-    ///
-    /// ```no_run
-    /// # use std::time::Duration;
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// locks.with_lock_fenced("ledger", Duration::from_secs(10), |guard| {
-    ///     let token = guard.fencing_token().expect("a fenced lock has a token");
-    ///     // UPDATE ledger SET ..., fence = $token WHERE id = 1 AND fence <= $token
-    /// #   let _ = token;
-    ///     Ok::<(), LockError>(())
-    /// })?;
-    /// # Ok::<(), LockError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`with_lock`](Self::with_lock) and
-    /// [`acquire_fenced`](Self::acquire_fenced).
-    ///
-    /// # Panics
-    ///
-    /// Only if `f` panics, after releasing the lock.
-    pub fn with_lock_fenced<T, E, F>(&self, resource: &str, ttl: Duration, f: F) -> Result<T, E>
-    where
-        F: FnOnce(&LockGuard) -> Result<T, E>,
-        E: From<LockError>,
-    {
-        run_locked(self.lock_fenced(resource, ttl), f)
-    }
-
-    /// Like [`with_lock_fenced`](Self::with_lock_fenced), but one attempt
-    /// only: no retry.
-    ///
-    /// ```no_run
-    /// # use std::time::Duration;
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// let written = locks.try_with_lock_fenced("ledger", Duration::from_secs(10), |guard| {
-    ///     Ok::<_, LockError>(guard.fencing_token())
-    /// });
-    /// # Ok::<(), LockError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`with_lock_fenced`](Self::with_lock_fenced).
-    ///
-    /// # Panics
-    ///
-    /// Only if `f` panics, after releasing the lock.
-    pub fn try_with_lock_fenced<T, E, F>(&self, resource: &str, ttl: Duration, f: F) -> Result<T, E>
-    where
-        F: FnOnce(&LockGuard) -> Result<T, E>,
-        E: From<LockError>,
-    {
-        run_locked(self.try_lock_fenced(resource, ttl), f)
+        run_locked(self.try_lock(resources, options), f)
     }
 
     /// Puts an acquired `lock` under a guard whose watchdog extends it by
-    /// `ttl`: the end of every `lock*` call.
-    fn keep_alive(&self, lock: Lock, ttl: Duration) -> Result<LockGuard, LockError> {
-        let config = *self.config();
-        let hold_deadline = config
+    /// `ttl` as `call` says: the end of `lock` and `try_lock`.
+    fn keep_alive(
+        &self,
+        (lock, call): (Lock, Call),
+        ttl: Duration,
+    ) -> Result<LockGuard, LockError> {
+        let hold_deadline = call
             .max_hold
             .and_then(|cap| Instant::now().checked_add(cap));
         let lease = Arc::new(Lease::new(&lock, hold_deadline));
@@ -979,7 +795,7 @@ impl Redlock {
             let (lease, client, mut lock) = (Arc::clone(&lease), self.clone(), lock);
             std::thread::Builder::new()
                 .name("redlock-watchdog".to_string())
-                .spawn(move || lease.watch(&client, &mut lock, ttl, config.extend_when_left))
+                .spawn(move || lease.watch(&client, &mut lock, ttl, call.extend_when_left))
         };
         match spawned {
             Ok(watchdog) => Ok(LockGuard {
@@ -988,7 +804,7 @@ impl Redlock {
                 watchdog: Some(watchdog),
             }),
             Err(e) => {
-                let _ = self.release_token(&lease.resources, &lease.token);
+                let _ = self.release_token(lease.kind, &lease.resources, &lease.token);
                 Err(LockError::Thread(e))
             }
         }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::error::ConfigError;
 use crate::node::Endpoint;
+use crate::retry::RetryPolicy;
 
 /// The largest TTL accepted: Redis rejects expiry times that overflow a
 /// signed 64-bit count of milliseconds since the epoch; half of that range
@@ -43,11 +44,9 @@ pub const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 2);
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// The settings of a [`Redlock`](crate::Redlock), with their defaults.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone)]
 pub(crate) struct Config {
-    pub(crate) retry_count: u32,
-    pub(crate) retry_delay: Duration,
-    pub(crate) retry_jitter: Duration,
+    pub(crate) retry: RetryPolicy,
     pub(crate) drift_factor: f64,
     pub(crate) io_timeout: Duration,
     pub(crate) connect_timeout: Duration,
@@ -65,9 +64,7 @@ pub(crate) struct Config {
 impl Default for Config {
     fn default() -> Config {
         Config {
-            retry_count: 3,
-            retry_delay: Duration::from_millis(200),
-            retry_jitter: Duration::from_millis(100),
+            retry: RetryPolicy::default(),
             drift_factor: 0.01,
             io_timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_millis(50),
@@ -84,9 +81,7 @@ impl Config {
     pub(crate) fn debug_fields(&self, out: &mut fmt::DebugStruct<'_, '_>) {
         // Destructured, so that a new setting cannot be left out.
         let Config {
-            retry_count,
-            retry_delay,
-            retry_jitter,
+            retry,
             drift_factor,
             io_timeout,
             connect_timeout,
@@ -95,9 +90,7 @@ impl Config {
             max_wait,
             restart_grace,
         } = self;
-        out.field("retry_count", retry_count)
-            .field("retry_delay", retry_delay)
-            .field("retry_jitter", retry_jitter)
+        out.field("retry_policy", retry)
             .field("drift_factor", drift_factor)
             .field("io_timeout", io_timeout)
             .field("connect_timeout", connect_timeout)
@@ -166,14 +159,14 @@ impl RedlockBuilder {
     /// hears of a release (see [`acquire`](crate::Redlock::acquire)). The
     /// `try_*` calls run one round. Defaults to 3.
     pub fn retry_count(mut self, count: u32) -> Self {
-        self.config.retry_count = count;
+        self.config.retry.retries = count;
         self
     }
 
     /// Sets the fixed part of the pause between two rounds. Zero is
     /// allowed. Defaults to 200 ms.
     pub fn retry_delay(mut self, delay: Duration) -> Self {
-        self.config.retry_delay = delay;
+        self.config.retry.delay = delay;
         self
     }
 
@@ -181,7 +174,17 @@ impl RedlockBuilder {
     /// drawn from `[retry_delay, retry_delay + retry_jitter)`, so that
     /// contending clients spread out. Zero is allowed. Defaults to 100 ms.
     pub fn retry_jitter(mut self, jitter: Duration) -> Self {
-        self.config.retry_jitter = jitter;
+        self.config.retry.jitter = jitter;
+        self
+    }
+
+    /// Sets the whole retry policy at once, a backoff of your own included
+    /// (see [`RetryPolicy`]); [`retry_count`](Self::retry_count),
+    /// [`retry_delay`](Self::retry_delay) and
+    /// [`retry_jitter`](Self::retry_jitter) change one part of it. Defaults
+    /// to [`RetryPolicy::default`].
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.config.retry = policy;
         self
     }
 
