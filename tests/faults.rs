@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use common::{
     builder, cluster, holders, no_quorum_within, values, wait_until, wait_until_gone, SETTLE,
 };
-use redlock_sync::{Lock, LockError, NodeOutcome, Redlock};
+use redlock_sync::{Kind, Lock, LockError, NodeOutcome, Redlock};
 
 const TTL: Duration = Duration::from_secs(10);
 const IO_TIMEOUT: Duration = Duration::from_millis(100);
@@ -301,7 +301,7 @@ fn extend_with_too_few_nodes_stops_retrying_when_the_lock_is_no_longer_valid_or_
         .io_timeout(IO_TIMEOUT)
         .build()
         .unwrap();
-    let mut from_token = Lock::from_token("long", *long.token()).unwrap();
+    let mut from_token = Lock::from_token("long", *long.token(), Kind::Plain).unwrap();
     match rebuilt.extend(&mut from_token, TTL) {
         Err(LockError::NoQuorum { attempts, .. }) => assert_eq!(attempts, 3),
         other => panic!("expected NoQuorum after 2 retries, got {other:?}"),

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{
     client, cluster, holders, values, wait_until, wait_until_gone, wait_until_held_by, SETTLE,
 };
-use redlock_sync::{Lock, LockError, NodeError, NodeOutcome, Redlock, Token};
+use redlock_sync::{Kind, Lock, LockError, NodeError, NodeOutcome, Redlock, Token};
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -199,7 +199,7 @@ fn a_resource_and_token_carried_to_another_client_release_and_extend_the_lock_th
 
     let other = client(&nodes);
     let token: Token = token_text.parse().expect("a printed token parses");
-    let mut carried = Lock::from_token(resource.clone(), token).unwrap();
+    let mut carried = Lock::from_token(resource.clone(), token, Kind::Plain).unwrap();
     assert!(carried.validity().is_zero(), "unknown validity is zero");
 
     other
@@ -215,7 +215,7 @@ fn a_resource_and_token_carried_to_another_client_release_and_extend_the_lock_th
 
     // A made-up token releases nothing that someone else holds.
     let held = acquiring.acquire("nightly", TTL).unwrap();
-    let forged = Lock::from_token("nightly", Token::random().unwrap()).unwrap();
+    let forged = Lock::from_token("nightly", Token::random().unwrap(), Kind::Plain).unwrap();
     assert!(matches!(other.release(forged), Err(LockError::Lost { .. })));
     assert_eq!(holders(&nodes, &held), 3, "the holder's keys are untouched");
     acquiring.release(held).unwrap();

@@ -20,7 +20,9 @@ pub fn acquire(args: &AcquireArgs) -> Result<u8, Failure> {
     let events = Events::listen()?;
     let resource = args.resource.as_str();
     let lock = keep_trying(&Patience::new(take), &events, resource, || {
-        locks.try_acquire(resource, LockOptions::new(take.ttl).kind(kind(take.fenced))).into()
+        locks
+            .try_acquire(resource, LockOptions::new(take.ttl).kind(kind(take.fenced)))
+            .into()
     })?;
     if let Some(signal) = events.pending_stop() {
         // Asked to stop while the last attempt ran: nobody will see the token.

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use redlock_sync::testing::Cluster;
-use redlock_sync::{Lock, LockError, Redlock, RedlockBuilder, Report};
+use redlock_sync::{Kind, Lock, LockError, LockOptions, Redlock, RedlockBuilder, Report};
 
 /// How long a test waits for what a decided round left in flight (replies
 /// past the quorum, fire-and-forget clean-up) to land on the nodes.
@@ -170,4 +170,9 @@ pub fn wait_until_held_by(cluster: &Cluster, lock: &Lock, n: usize) {
     wait_until(SETTLE, &format!("{n} nodes hold the lock"), || {
         holders(cluster, lock) == n
     });
+}
+
+/// Options for a fenced lock with this TTL.
+pub fn fenced(ttl: Duration) -> LockOptions {
+    LockOptions::new(ttl).kind(Kind::Fenced)
 }
