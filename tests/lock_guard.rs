@@ -195,9 +195,14 @@ fn a_guard_shows_its_lock_in_debug_with_the_token_redacted() {
     let shown = format!("{guard:?}");
     let token = guard.token().to_string();
     assert!(shown.contains("\"shown\""), "{shown}");
-    assert!(shown.contains(&format!("Token({}…)", &token[..8])), "{shown}");
+    assert!(
+        shown.contains(&format!("Token({}…)", &token[..8])),
+        "{shown}"
+    );
     assert!(!shown.contains(&token[8..]), "{shown}");
-    let lock = locks.try_acquire("shown-too", Duration::from_secs(10)).unwrap();
+    let lock = locks
+        .try_acquire("shown-too", Duration::from_secs(10))
+        .unwrap();
     let token = lock.token().to_string();
     let shown = format!("{lock:?}");
     assert!(!shown.contains(&token[8..]), "{shown}");

@@ -439,7 +439,7 @@ fn password_and_db_in_the_url_are_used() {
 
     let without_password = Redlock::new(nodes.urls()).unwrap();
     match without_password.try_acquire("x", TTL) {
-        Err(LockError::NoQuorum { report, .. }) => {
+        Err(LockError::Unusable { report, .. }) => {
             assert!(report.failed() >= 2, "{report}");
             assert!(!report.to_string().contains("s3cret"));
         }

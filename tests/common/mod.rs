@@ -21,7 +21,12 @@ pub fn cluster(n: usize) -> Cluster {
 /// an I/O timeout roomy enough that a busy 2-core CI machine does not fail
 /// a healthy node (tests about timeouts set their own).
 pub fn builder(cluster: &Cluster) -> RedlockBuilder {
-    Redlock::builder(cluster.urls())
+    builder_over(cluster.urls())
+}
+
+/// [`builder`] over these node URLs.
+pub fn builder_over(urls: Vec<String>) -> RedlockBuilder {
+    Redlock::builder(urls)
         .retry_count(3)
         .retry_delay(Duration::from_millis(10))
         .retry_jitter(Duration::from_millis(10))
