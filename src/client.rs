@@ -68,11 +68,11 @@ struct Inner {
 /// setting.
 impl fmt::Debug for Redlock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut out = f.debug_struct("Redlock");
-        out.field("nodes", &self.nodes())
-            .field("quorum", &self.inner.quorum);
-        self.inner.config.debug_fields(&mut out);
-        out.finish()
+        (f.debug_struct("Redlock"))
+            .field("nodes", &self.nodes())
+            .field("quorum", &self.inner.quorum)
+            .field("settings", &self.inner.config)
+            .finish()
     }
 }
 

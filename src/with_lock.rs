@@ -10,16 +10,14 @@
 //! (`mem::forget`) leaves its watchdog extending the lock up to the hold
 //! cap, or as long as the process lives.
 //!
-//! The guard's view of the lock is one atomic: the validity deadline in
-//! nanoseconds since a base instant, or [`LOST`]. It only moves forward
-//! while the lock is held, and once it is `LOST` it stays so: whoever first
-//! sees the deadline passed (the guard or the watchdog) swaps it for `LOST`,
-//! and the watchdog publishes an extension only by swapping the deadline it
-//! saw, before that deadline, for the new one.
+//! The guard's view of the lock is its validity deadline, under a mutex
+//! the watchdog takes only to publish a round's outcome: it only moves
+//! forward while the lock is held, and once lost (whoever first sees it
+//! passed, the guard or the watchdog, marks it) it stays so; an extension
+//! that ended after the deadline passed does not revive it.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -28,9 +26,6 @@ use crate::error::{LockError, Report};
 use crate::kind::Kind;
 use crate::lock::{Lock, Token};
 use crate::request::{Call, IntoResources, LockOptions};
-
-/// The deadline value that means the lock is lost, for good.
-const LOST: u64 = 0;
 
 /// A lock held until the guard is dropped or [unlocked](Self::unlock),
 /// and kept alive meanwhile by a watchdog thread: what [`Redlock::lock`]
@@ -44,7 +39,8 @@ const LOST: u64 = 0;
 /// passes (extensions kept failing, or the hold cap stopped them),
 /// whichever comes first; from then on [`is_held`](Self::is_held) is false
 /// and [`check`](Self::check) returns [`LockError::Lost`], for good. Both
-/// are cheap (an atomic load and a read of the monotonic clock): call them
+/// are cheap (a mutex the watchdog holds only for a moment, and a read of the
+/// monotonic clock): call them
 /// before each step of the work.
 ///
 /// Dropping the guard stops the watchdog and releases the lock, also on an
@@ -75,155 +71,120 @@ pub struct LockGuard {
     watchdog: Option<JoinHandle<()>>,
 }
 
-/// The lease as the guard and the watchdog share it: its validity
-/// deadline, whether it will be extended again, and how to stop the
-/// watchdog.
+/// The lease as the guard and the watchdog share it: what it holds, and
+/// its state under one lock.
 struct Lease {
-    /// The instant `deadline` counts from.
-    base: Instant,
-    /// The validity deadline, in nanoseconds since `base` (at least 1), or
-    /// [`LOST`].
-    deadline: AtomicU64,
-    /// The watchdog will not extend any more.
-    ending: AtomicBool,
     /// No extension reaches past this.
     hold_deadline: Option<Instant>,
     kind: Kind,
     resources: Vec<String>,
     token: Token,
     fencing_token: Option<u64>,
+    state: Mutex<State>,
+    /// Wakes the watchdog when the guard is done.
+    wake: Condvar,
+}
+
+/// The lease's state.
+struct State {
+    /// The validity deadline; `None` once the lock is lost, for good. It
+    /// only moves forward, and only while it has not passed.
+    deadline: Option<Instant>,
+    /// The watchdog will not extend any more.
+    ending: bool,
     /// What the nodes answered in the watchdog's last round (at first, in
     /// the acquisition's): the report of the lost-lock error.
-    report: Mutex<Report>,
-    /// Set when the closure has ended: the watchdog stops.
-    done: Mutex<bool>,
-    wake: Condvar,
+    report: Report,
+    /// The guard is done: the watchdog stops.
+    done: bool,
 }
 
 impl Lease {
     fn new(lock: &Lock, hold_deadline: Option<Instant>) -> Lease {
-        // A cap the acquisition's validity already reaches leaves no
-        // extension to come.
-        let capped = hold_deadline.is_some_and(|hold| hold <= lock.valid_until);
-        let lease = Lease {
-            base: Instant::now(),
-            deadline: AtomicU64::new(LOST),
-            ending: AtomicBool::new(capped),
+        Lease {
             hold_deadline,
             kind: lock.kind,
             resources: lock.resources.clone(),
             token: lock.token,
             fencing_token: lock.fencing_token,
-            report: Mutex::new(lock.report.clone()),
-            done: Mutex::new(false),
+            state: Mutex::new(State {
+                deadline: Some(lock.valid_until),
+                // A cap the acquisition's validity already reaches leaves
+                // no extension to come.
+                ending: hold_deadline.is_some_and(|hold| hold <= lock.valid_until),
+                report: lock.report.clone(),
+                done: false,
+            }),
             wake: Condvar::new(),
-        };
-        let first = lease.nanos(lock.valid_until).max(1);
-        lease.deadline.store(first, Ordering::Release);
-        lease
+        }
     }
 
-    /// `t` in nanoseconds since `base` (0 for earlier instants).
-    fn nanos(&self, t: Instant) -> u64 {
-        u64::try_from(t.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The validity deadline, unless the lock is lost. It may be past: see
-    /// [`held`](Self::held).
+    /// The validity deadline while the lock is held; marks the lock lost
+    /// for good once its deadline has passed.
     fn deadline(&self) -> Option<Instant> {
-        match self.deadline.load(Ordering::Acquire) {
-            LOST => None,
-            nanos => self.base.checked_add(Duration::from_nanos(nanos)),
-        }
+        let mut state = self.state();
+        state.deadline = state.deadline.filter(|&d| Instant::now() < d);
+        state.deadline
     }
 
-    /// Whether the lock is held now; marks it lost for good if its deadline
-    /// has passed.
     fn held(&self) -> bool {
-        let now = self.nanos(Instant::now());
-        loop {
-            let deadline = self.deadline.load(Ordering::Acquire);
-            if deadline == LOST {
-                return false;
-            }
-            if now < deadline {
-                return true;
-            }
-            if self
-                .deadline
-                .compare_exchange(deadline, LOST, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                return false;
-            }
-        }
+        self.deadline().is_some()
     }
 
     /// Publishes an extension's new deadline, if the lock is still held:
     /// an extension that ended after the old deadline passed does not
-    /// revive the lock. Returns whether the lock is held.
-    fn extended(&self, valid_until: Instant) -> bool {
-        let new = self.nanos(valid_until).max(1);
-        let now = self.nanos(Instant::now());
-        loop {
-            let old = self.deadline.load(Ordering::Acquire);
-            if old == LOST {
-                return false;
-            }
-            let next = if now < old { new } else { LOST };
-            if self
-                .deadline
-                .compare_exchange(old, next, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                return next != LOST;
-            }
+    /// revive the lock. Returns whether the lock is held and will be
+    /// extended again.
+    fn extended(&self, valid_until: Instant, report: &Report) -> bool {
+        let mut state = self.state();
+        state.report = report.clone();
+        state.deadline = (state.deadline)
+            .filter(|&d| Instant::now() < d)
+            .map(|_| valid_until);
+        state.deadline.is_some() && !state.ending
+    }
+
+    /// Takes in a failed extension's report; a refused one loses the lock.
+    fn failed(&self, report: &Report, lost: bool) {
+        let mut state = self.state();
+        state.report = report.clone();
+        if lost {
+            state.deadline = None;
+            state.ending = true;
         }
-    }
-
-    fn mark_lost(&self) {
-        self.deadline.store(LOST, Ordering::Release);
-        self.ending.store(true, Ordering::Release);
-    }
-
-    fn set_report(&self, report: &Report) {
-        *self.report.lock().unwrap_or_else(PoisonError::into_inner) = report.clone();
     }
 
     fn lost_error(&self) -> LockError {
         LockError::Lost {
             resource: self.resources[0].clone(),
-            report: self
-                .report
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone(),
+            report: self.state().report.clone(),
         }
     }
 
     /// Tells the watchdog to stop, and wakes it.
     fn stop(&self) {
-        *self.done.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.state().done = true;
         self.wake.notify_all();
     }
 
     /// Sleeps until `until`, or until told to stop; returns false if told
     /// to stop.
     fn sleep_until(&self, until: Instant) -> bool {
-        let mut done = self.done.lock().unwrap_or_else(PoisonError::into_inner);
-        loop {
-            if *done {
-                return false;
-            }
-            let now = Instant::now();
-            if now >= until {
+        let mut state = self.state();
+        while !state.done {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 return true;
             }
-            done = match self.wake.wait_timeout(done, until - now) {
-                Ok((done, _)) => done,
-                Err(poisoned) => poisoned.into_inner().0,
-            };
+            state = (self.wake.wait_timeout(state, left))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
+        false
     }
 
     /// The watchdog: extends `lock` by `ttl` each time only the share
@@ -243,10 +204,7 @@ impl Lease {
         };
         let mut due = next_due(lock.valid_until());
         let mut failures = 0;
-        loop {
-            if !self.sleep_until(due) || !self.held() {
-                return;
-            }
+        while self.sleep_until(due) {
             let Some(deadline) = self.deadline() else {
                 return;
             };
@@ -256,7 +214,7 @@ impl Lease {
                 let room = hold.saturating_duration_since(now);
                 if room < ttl {
                     // The last extension: shortened to end at the cap.
-                    self.ending.store(true, Ordering::Release);
+                    self.state().ending = true;
                     if room <= deadline.saturating_duration_since(now) {
                         return;
                     }
@@ -266,38 +224,27 @@ impl Lease {
             match client.extend_call(lock, this_ttl, &Call::default()) {
                 Ok(()) => {
                     failures = 0;
-                    self.set_report(lock.report());
                     // The shortened TTL was measured before the round began:
                     // never let the validity run past the cap.
-                    let valid_until = self
-                        .hold_deadline
+                    let valid_until = (self.hold_deadline)
                         .map_or(lock.valid_until(), |hold| hold.min(lock.valid_until()));
-                    if !self.extended(valid_until) || self.ending.load(Ordering::Acquire) {
+                    if !self.extended(valid_until, lock.report()) {
                         return;
                     }
                     due = next_due(lock.valid_until());
                 }
-                Err(LockError::Lost { report, .. }) => {
-                    self.set_report(&report);
-                    self.mark_lost();
-                    return;
-                }
+                Err(LockError::Lost { report, .. }) => return self.failed(&report, true),
                 // Only a shortened last TTL can be refused as an argument:
                 // it was too short to extend anything.
                 Err(LockError::Argument(_)) => return,
                 Err(e) => {
                     if let Some(report) = e.report() {
-                        self.set_report(report);
+                        self.failed(report, false);
                     }
                     // Never spin, even with a zero retry delay.
                     failures += 1;
-                    let pause = client
-                        .config()
-                        .retry
-                        .pause(failures)
-                        .max(Duration::from_millis(1));
-                    due = Instant::now()
-                        .checked_add(pause)
+                    let pause = client.config().retry.pause(failures);
+                    due = (Instant::now().checked_add(pause.max(Duration::from_millis(1))))
                         .map_or(deadline, |t| t.min(deadline));
                 }
             }
@@ -404,10 +351,7 @@ impl LockGuard {
     /// # Ok::<(), LockError>(())
     /// ```
     pub fn validity(&self) -> Duration {
-        if !self.lease.held() {
-            return Duration::ZERO;
-        }
-        self.lease.deadline().map_or(Duration::ZERO, |d| {
+        (self.lease.deadline()).map_or(Duration::ZERO, |d| {
             d.saturating_duration_since(Instant::now())
         })
     }
@@ -481,7 +425,7 @@ impl LockGuard {
     /// # Ok::<(), LockError>(())
     /// ```
     pub fn is_ending(&self) -> bool {
-        self.lease.ending.load(Ordering::Acquire) || !self.lease.held()
+        !self.lease.held() || self.lease.state().ending
     }
 
     /// The instant (monotonic clock) past which the lock is never extended,

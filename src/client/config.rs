@@ -77,29 +77,6 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Adds every setting to a `Debug` output, by its builder name.
-    pub(crate) fn debug_fields(&self, out: &mut fmt::DebugStruct<'_, '_>) {
-        // Destructured, so that a new setting cannot be left out.
-        let Config {
-            retry,
-            drift_factor,
-            io_timeout,
-            connect_timeout,
-            extend_when_left,
-            max_hold,
-            max_wait,
-            restart_grace,
-        } = self;
-        out.field("retry_policy", retry)
-            .field("drift_factor", drift_factor)
-            .field("io_timeout", io_timeout)
-            .field("connect_timeout", connect_timeout)
-            .field("max_wait", max_wait)
-            .field("extend_when_left", extend_when_left)
-            .field("max_hold", max_hold)
-            .field("restart_grace", restart_grace);
-    }
-
     /// How long a node waits to connect again after a connect timed out: ten
     /// round deadlines, within [100 ms, 2 s]. A node that accepts connections
     /// but never answers then costs one round in ten a deadline, not every one.
@@ -142,10 +119,10 @@ pub struct RedlockBuilder {
 impl fmt::Debug for RedlockBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let urls: Vec<String> = self.urls.iter().map(|u| Endpoint::redact(u)).collect();
-        let mut out = f.debug_struct("RedlockBuilder");
-        out.field("nodes", &urls);
-        self.config.debug_fields(&mut out);
-        out.finish()
+        (f.debug_struct("RedlockBuilder"))
+            .field("nodes", &urls)
+            .field("settings", &self.config)
+            .finish()
     }
 }
 
