@@ -328,7 +328,7 @@ impl Redlock {
     ///   failed with errors that waiting cannot fix (a refused password, a
     ///   missing ACL permission, a TLS failure, a host that does not exist)
     ///   and too few are left for a quorum.
-    /// - [`LockError::Cancelled`] when the options' [`Cancel`] was
+    /// - [`LockError::Cancelled`] when the options' [`Cancel`](crate::Cancel) was
     ///   cancelled (a lock won meanwhile is released).
     ///
     /// The resource named in an error is the first one.
