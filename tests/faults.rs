@@ -49,7 +49,7 @@ fn a_minority_of_dead_nodes_does_not_stop_acquire_but_a_majority_gives_the_quoru
             break;
         }
         let lock = locks
-            .acquire(&format!("two-dead:{i}"), TTL)
+            .acquire(format!("two-dead:{i}"), TTL)
             .expect("3 of 5 nodes are a quorum");
         let report = locks.release(lock).expect("release on the live quorum");
         assert!(
@@ -82,7 +82,7 @@ fn a_paused_node_costs_at_most_the_io_timeout_and_its_late_replies_are_never_tak
     let locks = builder(&nodes).io_timeout(IO_TIMEOUT).build().unwrap();
     // Warm the pool: node 0's idle connections must be dropped, not reused.
     for i in 0..4 {
-        let lock = locks.acquire(&format!("warm-{i}"), TTL).unwrap();
+        let lock = locks.acquire(format!("warm-{i}"), TTL).unwrap();
         locks.release(lock).unwrap();
     }
 
@@ -210,7 +210,7 @@ fn a_fresh_client_whose_first_node_hangs_still_locks_with_default_timeouts() {
     let locks = Redlock::new(nodes.urls()).unwrap();
     for i in 0..10 {
         let lock = locks
-            .try_acquire(&format!("first-hangs-{i}"), TTL)
+            .try_acquire(format!("first-hangs-{i}"), TTL)
             .unwrap_or_else(|e| panic!("attempt {i}: nodes 1 and 2 answer, yet: {e}"));
         assert!(lock.report().granted() >= 2, "{}", lock.report());
         locks.release(lock).unwrap();

@@ -201,11 +201,11 @@ fn an_acquisition_of_a_counter_key_fenced_or_not_is_refused() {
             other => panic!("expected the reserved-resource error, got {other:?}"),
         }
     }
-    reserved(locks.try_acquire(&fence_key("x"), fenced(TTL)));
-    reserved(locks.try_acquire(&fence_key("x"), TTL));
+    reserved(locks.try_acquire(fence_key("x"), fenced(TTL)));
+    reserved(locks.try_acquire(fence_key("x"), TTL));
     reserved(locks.acquire(["y".to_string(), fence_key("x")], TTL));
-    reserved(locks.with_lock(&fence_key("x"), TTL, |_| Ok::<_, LockError>(())));
-    reserved(locks.try_lock(&fence_key("x"), TTL));
+    reserved(locks.with_lock(fence_key("x"), TTL, |_| Ok::<_, LockError>(())));
+    reserved(locks.try_lock(fence_key("x"), TTL));
     assert!(nodes.node(0).keys().unwrap().is_empty(), "nothing written");
 }
 

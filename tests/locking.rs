@@ -251,7 +251,7 @@ fn after_script_flush_release_falls_back_to_eval_and_later_rounds_heal() {
     // (32: a node always read last is still read every 32 rounds) is
     // drained; from then on releases work on every node.
     for i in 0..20 {
-        let lock = locks.acquire(&format!("flush-{i}"), TTL).unwrap();
+        let lock = locks.acquire(format!("flush-{i}"), TTL).unwrap();
         locks.release(lock).unwrap();
     }
     let lock = locks.acquire("flush-last", TTL).unwrap();
@@ -273,7 +273,7 @@ fn a_clean_up_after_script_flush_never_undoes_a_later_grant() {
         .build()
         .unwrap();
     for i in 0..9 {
-        let lock = locks.acquire(&format!("warm{i}"), TTL).unwrap();
+        let lock = locks.acquire(format!("warm{i}"), TTL).unwrap();
         locks.release(lock).unwrap();
     }
     // Another client holds the resource on y (briefly) and z (longer), and

@@ -54,7 +54,7 @@ fn every_form_of_resources_names_the_same_lock() {
         locks.try_acquire(owned.clone(), TTL),
         locks.try_acquire(slice, TTL),
         locks.try_acquire(["forms:b", "forms:a"], TTL),
-        locks.try_acquire(&["forms:a"], TTL),
+        locks.try_acquire(["forms:a"], TTL),
         locks.try_acquire(&list, TTL),
         locks.try_acquire(list.clone(), TTL),
     ] {
