@@ -187,10 +187,10 @@ impl LockError {
 /// `token.parse()?` works in a function returning `LockError`.
 ///
 /// ```
-/// use redlock_sync::{ArgumentError, Lock, LockError};
+/// use redlock_sync::{ArgumentError, Kind, Lock, LockError};
 ///
 /// fn lock_from(resource: &str, token: &str) -> Result<Lock, LockError> {
-///     Lock::from_token(resource, token.parse()?)
+///     Lock::from_token(resource, token.parse()?, Kind::Plain)
 /// }
 ///
 /// assert!(matches!(

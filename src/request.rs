@@ -108,7 +108,7 @@ pub enum Patience {
 /// let guard = locks.lock("leader", leader)?;
 /// # Ok::<(), redlock_sync::LockError>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 #[must_use]
 pub struct LockOptions {
     pub(crate) ttl: Duration,
@@ -131,11 +131,7 @@ impl LockOptions {
     pub fn new(ttl: Duration) -> LockOptions {
         LockOptions {
             ttl,
-            kind: Kind::Plain,
-            patience: None,
-            max_hold: None,
-            extend_when_left: None,
-            cancel: None,
+            ..LockOptions::default()
         }
     }
 

@@ -334,25 +334,16 @@ impl RedlockBuilder {
                 value: config.extend_when_left,
             });
         }
-        if config.io_timeout.is_zero() {
-            return Err(ConfigError::ZeroTimeout {
-                which: "io_timeout",
-            });
-        }
-        if config.connect_timeout.is_zero() {
-            return Err(ConfigError::ZeroTimeout {
-                which: "connect_timeout",
-            });
-        }
         for (which, timeout) in [
             ("io_timeout", config.io_timeout),
             ("connect_timeout", config.connect_timeout),
         ] {
+            if timeout.is_zero() {
+                return Err(ConfigError::ZeroTimeout { which });
+            }
             if timeout > MAX_TIMEOUT {
-                return Err(ConfigError::TimeoutTooLarge {
-                    which,
-                    max: MAX_TIMEOUT,
-                });
+                let max = MAX_TIMEOUT;
+                return Err(ConfigError::TimeoutTooLarge { which, max });
             }
         }
         if self.urls.is_empty() {
