@@ -381,3 +381,40 @@ fn one_unusable_node_of_three_leaves_a_quorum_and_the_lock_is_won() {
     assert!(lock.report().granted() >= 2, "{}", lock.report());
     locks.release(lock).unwrap();
 }
+
+#[test]
+fn an_extend_retrying_against_unreachable_nodes_stops_when_cancelled_and_keeps_the_lock() {
+    let nodes = cluster(3);
+    let locks = common::builder(&nodes)
+        .io_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let mut lock = locks.acquire("extend-retrying", TTL).unwrap();
+    let valid_until = lock.valid_until();
+    // Two of three nodes stop answering: every extension round lacks a
+    // quorum, and an endless patience retries until cancelled.
+    nodes.node(0).pause().unwrap();
+    nodes.node(1).pause().unwrap();
+    let cancel = Cancel::new();
+    let options = LockOptions::new(TTL)
+        .patience(Patience::Forever)
+        .cancel(&cancel);
+    let (late, extended) = cancelled_after(Duration::from_millis(500), &cancel, || {
+        locks.extend(&mut lock, options)
+    });
+    nodes.node(0).resume().unwrap();
+    nodes.node(1).resume().unwrap();
+    assert!(
+        matches!(extended, Err(LockError::Cancelled { .. })),
+        "{extended:?}"
+    );
+    // At most the round under way (one io_timeout) after the cancel.
+    assert!(
+        late < Duration::from_secs(1),
+        "returned {late:?} after the cancel"
+    );
+    assert_eq!(lock.valid_until(), valid_until, "the lock is as it was");
+    // The paused nodes' connections are in their reconnect backoff: the
+    // keys expire with the cluster.
+    let _ = locks.release(lock);
+}
