@@ -101,32 +101,18 @@ impl RedlockBuilder {
     /// ```
     pub fn build(self) -> Result<Redlock, LockError> {
         let (urls, config) = self.checked()?;
-        let endpoints = urls
-            .iter()
+        let endpoints: Vec<Endpoint> = (urls.iter())
             .map(|url| Endpoint::parse(url))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<_, _>>()?;
         let mut seen = HashSet::new();
-        for endpoint in &endpoints {
-            if !seen.insert(&endpoint.identity) {
-                return Err(ConfigError::DuplicateNode {
-                    node: endpoint.name.to_string(),
-                }
-                .into());
-            }
+        if let Some(twice) = endpoints.iter().find(|e| !seen.insert(&e.identity)) {
+            let node = twice.name.to_string();
+            return Err(ConfigError::DuplicateNode { node }.into());
         }
         let servers = Arc::default();
-        let nodes: Vec<Node> = endpoints
-            .into_iter()
-            .enumerate()
-            .map(|(index, endpoint)| {
-                Node::new(
-                    endpoint,
-                    index,
-                    Arc::clone(&servers),
-                    config.restart_grace,
-                    config.reconnect_backoff(),
-                )
-            })
+        let (grace, backoff) = (config.restart_grace, config.reconnect_backoff());
+        let nodes: Vec<Node> = (endpoints.into_iter().enumerate())
+            .map(|(i, endpoint)| Node::new(endpoint, i, Arc::clone(&servers), grace, backoff))
             .collect();
         let quorum = Kind::Plain.quorum(nodes.len());
         Ok(Redlock {

@@ -203,8 +203,10 @@ impl RedlockBuilder {
     /// after the call began. [`extend`](crate::Redlock::extend) starts no
     /// retry past it either. The first attempt always runs, so a zero budget
     /// means one attempt. The retry count still applies as well; set it high
-    /// to let the budget alone decide. Defaults to none: the retry count
-    /// alone decides.
+    /// to let the budget alone decide. These are the defaults of every call:
+    /// a call's [`LockOptions::patience`](crate::LockOptions::patience)
+    /// replaces both for that call. Defaults to none: the retry count alone
+    /// decides.
     ///
     /// ```no_run
     /// # use redlock_sync::Redlock;
