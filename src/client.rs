@@ -365,8 +365,8 @@ impl Redlock {
         let kind = options.kind;
         kind.check_acquirable(&resources)?;
         let ttl_ms = self.check_ttl(options.ttl)?;
-        let call = options.resolve(&self.inner.config, Instant::now())?;
-        let call = if once { call.once() } else { call };
+        let mut call = options.resolve(&self.inner.config, Instant::now())?;
+        call.retries = if once { 0 } else { call.retries };
         let lock = self.acquire_loop(kind, resources, ttl_ms, &call)?;
         Ok((lock, call))
     }
@@ -437,7 +437,7 @@ impl Redlock {
                     inner.config.io_timeout,
                 ),
             };
-            let Some(planned) = planned else {
+            let Some(wake_at) = planned else {
                 return Err(error);
             };
             // Wait, for the pause or news of a release.
@@ -446,13 +446,13 @@ impl Redlock {
                 &inner.config,
                 &resources,
                 watch,
-                planned.wake_at(),
+                wake_at,
                 pause.deaf_to_clean_ups(),
                 &|| call.cancelled(),
             );
             // Decide: the same pause goes on, or the next attempt counts,
             // unless the wait budget is used up.
-            if !pause.woken(&planned, wake) {
+            if !pause.woken(wake) {
                 return Err(error);
             }
         }

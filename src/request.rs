@@ -215,12 +215,6 @@ pub(crate) struct Call {
 }
 
 impl Call {
-    /// One attempt only: the `try_` forms.
-    pub(crate) fn once(mut self) -> Call {
-        self.retries = 0;
-        self
-    }
-
     /// Whether the call was cancelled.
     pub(crate) fn cancelled(&self) -> bool {
         self.cancel.as_ref().is_some_and(Cancel::is_cancelled)

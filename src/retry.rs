@@ -113,9 +113,10 @@ impl RetryPolicy {
 /// the wake-up state of `acquire`'s loop, kept apart from the loop.
 #[derive(Debug, Default)]
 pub(crate) struct Pause {
-    /// The pause under way, if a wake-up cut it short: its end, and whether
-    /// the wait budget ends it.
+    /// The pause under way: its end, and whether the wait budget ends it.
     under_way: Option<(Instant, bool)>,
+    /// The wait under way ends soon after news, before the pause does.
+    soon: bool,
     /// A clean-up's message woke this pause once already, in vain: the rest
     /// of the pause waits for a holder's release only.
     deaf_to_clean_ups: bool,
@@ -129,22 +130,6 @@ pub(crate) struct Pause {
     /// after the rest of the pause, since the other nodes' news never
     /// reaches this listener.
     after_news: bool,
-}
-
-/// What to wait for after a failed attempt.
-pub(crate) struct Planned {
-    /// The end of the pause.
-    pub(crate) until: Instant,
-    /// When to wake before that (to try again soon after news), if at all.
-    pub(crate) soon: Option<Instant>,
-    last: bool,
-}
-
-impl Planned {
-    /// Where the wait itself ends.
-    pub(crate) fn wake_at(&self) -> Instant {
-        self.soon.unwrap_or(self.until)
-    }
 }
 
 impl Pause {
@@ -164,14 +149,15 @@ impl Pause {
 
     /// Plans the wait after the failed attempt number `attempts`: the rest
     /// of the pause under way, or a new one from `policy`, never past
-    /// `deadline`; `None` when the retries are used up.
+    /// `deadline`. Returns when the wait ends, or `None` when the retries
+    /// are used up.
     pub(crate) fn plan(
-        &self,
+        &mut self,
         policy: &RetryPolicy,
         (attempts, retries): (u32, u32),
         deadline: Option<Instant>,
         io: Duration,
-    ) -> Option<Planned> {
+    ) -> Option<Instant> {
         let (until, last) = match self.under_way {
             Some(under_way) if Instant::now() < under_way.0 => under_way,
             _ if attempts > retries => return None,
@@ -183,25 +169,30 @@ impl Pause {
                 }
             }
         };
+        self.under_way = Some((until, last));
         // Spread over half an io_timeout more: the waiters that one
         // subscription woke together do not all come back together.
-        let soon = self
-            .after_news
+        let soon = (self.after_news)
             .then(|| later(Instant::now(), io + random_below(io / 2)))
             .filter(|&soon| soon < until);
-        Some(Planned { until, soon, last })
+        self.soon = soon.is_some();
+        Some(soon.unwrap_or(until))
     }
 
-    /// Takes in why the wait of `planned` ended; returns false when the
-    /// wait budget is used up: no attempt starts past it, even one that
-    /// news woke.
-    pub(crate) fn woken(&mut self, planned: &Planned, wake: Wake) -> bool {
+    /// Takes in why the planned wait ended; returns false when the wait
+    /// budget is used up: no attempt starts past it, even one that news
+    /// woke.
+    pub(crate) fn woken(&mut self, wake: Wake) -> bool {
         self.deaf_to_clean_ups |= wake == Wake::CleanedUp;
         self.after_news = matches!(wake, Wake::Released | Wake::ReleasedHere | Wake::Subscribed);
+        let Some((until, last)) = self.under_way else {
+            return true;
+        };
         // Woken, or back soon after news: the same pause goes on.
-        self.under_way = (wake != Wake::TimedOut || planned.soon.is_some())
-            .then_some((planned.until, planned.last));
-        !(planned.last && Instant::now() >= planned.until)
+        if wake == Wake::TimedOut && !self.soon {
+            self.under_way = None;
+        }
+        !(last && Instant::now() >= until)
     }
 
     /// Whether clean-up messages are to be ignored for the rest of the

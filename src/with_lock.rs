@@ -570,9 +570,7 @@ impl Redlock {
         resources: impl IntoResources,
         options: impl Into<LockOptions>,
     ) -> Result<LockGuard, LockError> {
-        let options = options.into();
-        let acquired = self.acquire_with(resources.into_resources(), &options, false)?;
-        self.keep_alive(acquired, options.ttl)
+        self.keep_alive(resources.into_resources(), &options.into(), false)
     }
 
     /// Like [`lock`](Self::lock), but one attempt only, as
@@ -598,9 +596,7 @@ impl Redlock {
         resources: impl IntoResources,
         options: impl Into<LockOptions>,
     ) -> Result<LockGuard, LockError> {
-        let options = options.into();
-        let acquired = self.acquire_with(resources.into_resources(), &options, true)?;
-        self.keep_alive(acquired, options.ttl)
+        self.keep_alive(resources.into_resources(), &options.into(), true)
     }
 
     /// Acquires a lock as [`lock`](Self::lock) does, runs `f` under it
@@ -719,13 +715,16 @@ impl Redlock {
         run_locked(self.try_lock(resources, options), f)
     }
 
-    /// Puts an acquired `lock` under a guard whose watchdog extends it by
-    /// `ttl` as `call` says: the end of `lock` and `try_lock`.
+    /// Acquires as `options` say (one attempt if `once`), and puts the lock
+    /// under a guard whose watchdog extends it by the TTL: `lock` and
+    /// `try_lock`.
     fn keep_alive(
         &self,
-        (lock, call): (Lock, Call),
-        ttl: Duration,
+        resources: Vec<String>,
+        options: &LockOptions,
+        once: bool,
     ) -> Result<LockGuard, LockError> {
+        let (lock, call) = self.acquire_with(resources, options, once)?;
         let hold_deadline = call
             .max_hold
             .and_then(|cap| Instant::now().checked_add(cap));
@@ -737,6 +736,7 @@ impl Redlock {
         }
         let spawned = {
             let (lease, client, mut lock) = (Arc::clone(&lease), self.clone(), lock);
+            let ttl = options.ttl;
             std::thread::Builder::new()
                 .name("redlock-watchdog".to_string())
                 .spawn(move || lease.watch(&client, &mut lock, ttl, call.extend_when_left))
