@@ -81,7 +81,9 @@ impl Failure {
         let (code, kind) = match &e {
             LockError::Config(_) | LockError::Argument(_) => (USAGE, "usage"),
             LockError::Contended { .. } => (conflict, "conflict"),
-            LockError::NoQuorum { .. } => (NODES, "no_quorum"),
+            // Nodes that cannot serve this client (a wrong password, ...)
+            // leave no quorum either, as the tool has always said.
+            LockError::NoQuorum { .. } | LockError::Unusable { .. } => (NODES, "no_quorum"),
             LockError::TooSlow { .. } => (NODES, "too_slow"),
             LockError::Lost { .. } => (LOST, "lost"),
             _ => (SYSTEM, "system"),
