@@ -165,10 +165,18 @@ impl Tally {
     /// The error for a round that did not succeed: unusable nodes if the
     /// nodes that failed for good alone rule out a quorum; too slow if a
     /// quorum granted but no validity was left; no quorum if the failed
-    /// nodes alone rule one out; else contended (a node refused, and it was
-    /// that refusal that made the difference). Judged on the nodes read,
-    /// whether or not the round stopped early.
-    pub(crate) fn error(self, resource: &str, attempts: u32, ttl: Duration) -> LockError {
+    /// nodes alone rule one out, or for an extension (not refused by enough
+    /// nodes to be lost, nor granted by enough to be held: too few answered
+    /// to tell); else contended (a node refused, and it was that refusal
+    /// that made the difference). Judged on the nodes read, whether or not
+    /// the round stopped early.
+    pub(crate) fn error(
+        self,
+        resource: &str,
+        attempts: u32,
+        ttl: Duration,
+        held: bool,
+    ) -> LockError {
         let resource = resource.to_string();
         let report = self.report;
         let spare = report.nodes.len() - report.quorum;
@@ -180,7 +188,7 @@ impl Tally {
                 ttl,
                 report,
             }
-        } else if report.failed() <= spare {
+        } else if report.failed() <= spare && !held {
             LockError::Contended {
                 resource,
                 attempts,
@@ -424,7 +432,7 @@ impl Redlock {
             // late or not awaited.
             self.clean_up(kind, &resources, &token, ttl, &tally.report);
             // Plan the pause with the policy, unless waiting cannot help.
-            let error = tally.error(&resources[0], attempts, ttl);
+            let error = tally.error(&resources[0], attempts, ttl, false);
             if call.cancelled() {
                 return Err(cancelled(&resources));
             }
@@ -559,20 +567,7 @@ impl Redlock {
                 });
             }
             let quorum_granted = tally.report.granted() >= self.quorum();
-            let error = match tally.error(&lock.resources[0], attempt, ttl) {
-                // Not refused by enough nodes to be lost, not granted by
-                // enough to be held: too few answered to tell.
-                LockError::Contended {
-                    resource,
-                    attempts,
-                    report,
-                } => LockError::NoQuorum {
-                    resource,
-                    attempts,
-                    report,
-                },
-                other => other,
-            };
+            let error = tally.error(&lock.resources[0], attempt, ttl, true);
             let pause = (attempt <= call.retries
                 && !quorum_granted
                 && !matches!(error, LockError::Unusable { .. }))

@@ -165,7 +165,7 @@ mod tests {
         let ttl = Duration::from_millis(4);
         let both = won_then_refused(&locks, ttl, ttl);
         assert!(!both.granted());
-        match both.error("r", 1, ttl) {
+        match both.error("r", 1, ttl, false) {
             LockError::TooSlow {
                 resource, ttl: t, ..
             } => assert_eq!((&*resource, t), ("r", ttl)),
@@ -182,7 +182,7 @@ mod tests {
         let both = won_then_refused(&locks, ttl, Duration::from_millis(1));
         assert!(!both.granted());
         assert!(!matches!(
-            both.error("r", 1, ttl),
+            both.error("r", 1, ttl, false),
             LockError::TooSlow { .. }
         ));
     }
