@@ -455,7 +455,7 @@ impl Redlock {
                 &resources,
                 watch,
                 wake_at,
-                pause.deaf_to_clean_ups(),
+                pause.deaf_to_clean_ups,
                 &|| call.cancelled(),
             );
             // Decide: the same pause goes on, or the next attempt counts,

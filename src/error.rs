@@ -537,7 +537,8 @@ impl NodeError {
     /// the client needs (a `NOPERM` reply), failed TLS (a certificate it or
     /// this client does not accept, no crypto provider), or its host name
     /// does not exist. Such a node keeps failing until its configuration
-    /// is fixed.
+    /// is fixed. (It reads the error's text where the error has no variant
+    /// of its own: a `NOPERM` reply, a TLS or name lookup failure.)
     ///
     /// ```
     /// use redlock_sync::NodeError;
@@ -552,7 +553,8 @@ impl NodeError {
                 text.starts_with("NOPERM")
                     || text.contains("certificate")
                     || text.contains("TLS")
-                    || (text.starts_with("could not resolve") && !text.contains("emporar"))
+                    // A lookup the resolver may answer later says so (EAI_AGAIN).
+                    || (text.starts_with("could not resolve") && !text.contains("Temporary failure"))
             }
             _ => false,
         }

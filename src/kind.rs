@@ -173,11 +173,9 @@ impl Kind {
         let (hex, number) = (token.hex(), ttl_ms.to_string());
         let args: &[&[u8]] = &[&hex, number.as_bytes()];
         match (self, resources) {
-            (Kind::Fenced, [one]) => Command::script(
-                &script::FENCE_ACQUIRE,
-                &[one.clone(), format!("{FENCE_KEY_PREFIX}{one}")],
-                args,
-            ),
+            (Kind::Fenced, [one]) => {
+                Command::script(&script::FENCE_ACQUIRE, &fence_keys(one), args)
+            }
             (_, [one]) => Command::acquire(one, token, ttl_ms),
             (_, many) => Command::script(&script::ACQUIRE_MANY, many, args),
         }
@@ -186,10 +184,7 @@ impl Kind {
     /// A fenced acquisition's second round: raise the counter to `fence`
     /// where the lock still holds `token`.
     pub(crate) fn confirm(self, resources: &[String], token: &Token, fence: u64) -> Command {
-        let keys = [
-            resources[0].clone(),
-            format!("{FENCE_KEY_PREFIX}{}", resources[0]),
-        ];
+        let keys = fence_keys(&resources[0]);
         let (hex, number) = (token.hex(), fence.to_string());
         let args: &[&[u8]] = &[&hex, number.as_bytes()];
         Command::script(&script::FENCE_CONFIRM, &keys, args)
@@ -214,6 +209,14 @@ impl Kind {
         let args: &[&[u8]] = &[&hex, number.as_bytes()];
         Command::script(&script::EXTEND, resources, args)
     }
+}
+
+/// The keys of a fenced lock's scripts: the lock, and its counter.
+fn fence_keys(resource: &str) -> [String; 2] {
+    [
+        resource.to_string(),
+        format!("{FENCE_KEY_PREFIX}{resource}"),
+    ]
 }
 
 /// A reply to an acquisition as a vote (`Ok((granted, counter))`, or `Err`

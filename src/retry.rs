@@ -119,7 +119,7 @@ pub(crate) struct Pause {
     soon: bool,
     /// A clean-up's message woke this pause once already, in vain: the rest
     /// of the pause waits for a holder's release only.
-    deaf_to_clean_ups: bool,
+    pub(crate) deaf_to_clean_ups: bool,
     /// The last attempt followed a release heard from one node, or the
     /// subscription coming up. A release reaches the nodes at slightly
     /// different times, and the node listened on may have said so (it
@@ -193,12 +193,6 @@ impl Pause {
             self.under_way = None;
         }
         !(last && Instant::now() >= until)
-    }
-
-    /// Whether clean-up messages are to be ignored for the rest of the
-    /// pause.
-    pub(crate) fn deaf_to_clean_ups(&self) -> bool {
-        self.deaf_to_clean_ups
     }
 }
 
