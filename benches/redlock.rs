@@ -96,7 +96,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     let ours_lat = latencies(
         |i| {
             let lock = locks
-                .try_acquire(&format!("lat:{}", i % 64), TTL)
+                .try_acquire(format!("lat:{}", i % 64), TTL)
                 .or_panic("uncontended acquire");
             locks.release(lock).or_panic("release");
         },
@@ -144,7 +144,7 @@ fn run() -> Result<(), Box<dyn Error>> {
                 let locks = &locks;
                 move |i| {
                     let lock = locks
-                        .try_acquire(&format!("tp:{t}:{}", i % 64), TTL)
+                        .try_acquire(format!("tp:{t}:{}", i % 64), TTL)
                         .or_panic("uncontended acquire");
                     locks.release(lock).or_panic("release");
                 }
@@ -235,7 +235,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     let delayed_lat = latencies(
         |i| {
             let lock = slow_locks
-                .try_acquire(&format!("delay:{}", i % 8), TTL)
+                .try_acquire(format!("delay:{}", i % 8), TTL)
                 .or_panic("acquire behind the proxy");
             slow_locks.release(lock).or_panic("release");
         },

@@ -16,7 +16,7 @@ use std::error::Error;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use redlock_sync::{Lock, LockError, Redlock};
+use redlock_sync::{Kind, Lock, LockError, Redlock};
 
 fn main() -> ExitCode {
     common::exit_code(run())
@@ -61,7 +61,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     //    and the token, as text.
     let (resource, token) = (lock.resource().to_string(), lock.token().to_string());
     drop(lock);
-    let carried = Lock::from_token(resource, token.parse()?)?;
+    let carried = Lock::from_token(resource, token.parse()?, Kind::Plain)?;
     let report = rival.release(carried)?;
     println!("released by the rival client from (resource, token): {report}\n");
 

@@ -13,12 +13,14 @@ use config::{Config, RedlockBuilder, MAX_TTL};
 use crate::error::{
     ArgumentError, ConfigError, Failure, LockError, NodeError, NodeOutcome, NodeReport, Report,
 };
+use crate::kind::{acquire_vote, release_vote, script_vote, Kind};
 use crate::lock::{Lock, Token};
 use crate::node::{Endpoint, Node};
+use crate::request::{Call, IntoResources, LockOptions};
+use crate::retry::{later, Pause};
 use crate::round::{self, Reply};
 use crate::script::{self, Command};
-use crate::wait::{random_below, Waiters, Wake};
-use fencing::check_acquirable;
+use crate::wait::Waiters;
 
 pub(crate) mod config;
 pub(crate) mod fencing;
@@ -59,18 +61,18 @@ struct Inner {
     quorum: usize,
     config: Config,
     /// The threads waiting for a release, and the line they listen on.
-    waiters: Waiters,
+    waiters: Arc<Waiters>,
 }
 
 /// The nodes by address (never with a password), the quorum, and every
 /// setting.
 impl fmt::Debug for Redlock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut out = f.debug_struct("Redlock");
-        out.field("nodes", &self.nodes())
-            .field("quorum", &self.inner.quorum);
-        self.inner.config.debug_fields(&mut out);
-        out.finish()
+        (f.debug_struct("Redlock"))
+            .field("nodes", &self.nodes())
+            .field("quorum", &self.inner.quorum)
+            .field("settings", &self.inner.config)
+            .finish()
     }
 }
 
@@ -99,37 +101,23 @@ impl RedlockBuilder {
     /// ```
     pub fn build(self) -> Result<Redlock, LockError> {
         let (urls, config) = self.checked()?;
-        let endpoints = urls
-            .iter()
+        let endpoints: Vec<Endpoint> = (urls.iter())
             .map(|url| Endpoint::parse(url))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<_, _>>()?;
         let mut seen = HashSet::new();
-        for endpoint in &endpoints {
-            if !seen.insert(&endpoint.identity) {
-                return Err(ConfigError::DuplicateNode {
-                    node: endpoint.name.to_string(),
-                }
-                .into());
-            }
+        if let Some(twice) = endpoints.iter().find(|e| !seen.insert(&e.identity)) {
+            let node = twice.name.to_string();
+            return Err(ConfigError::DuplicateNode { node }.into());
         }
         let servers = Arc::default();
-        let nodes: Vec<Node> = endpoints
-            .into_iter()
-            .enumerate()
-            .map(|(index, endpoint)| {
-                Node::new(
-                    endpoint,
-                    index,
-                    Arc::clone(&servers),
-                    config.restart_grace,
-                    config.reconnect_backoff(),
-                )
-            })
+        let (grace, backoff) = (config.restart_grace, config.reconnect_backoff());
+        let nodes: Vec<Node> = (endpoints.into_iter().enumerate())
+            .map(|(i, endpoint)| Node::new(endpoint, i, Arc::clone(&servers), grace, backoff))
             .collect();
-        let quorum = nodes.len() / 2 + 1;
+        let quorum = Kind::Plain.quorum(nodes.len());
         Ok(Redlock {
             inner: Arc::new(Inner {
-                waiters: Waiters::new(nodes.len()),
+                waiters: Arc::new(Waiters::new(nodes.len())),
                 nodes,
                 quorum,
                 config,
@@ -138,29 +126,34 @@ impl RedlockBuilder {
     }
 }
 
-/// How long a round reads replies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Reading {
-    /// Until a quorum granted, or can no longer grant.
+/// Which nodes a round asks, and how long it reads their replies.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Ask<'a> {
+    /// Every node, until a quorum granted, or can no longer grant.
     UntilDecided,
-    /// Every reply, until the deadline.
+    /// Every node, every reply, until the deadline.
     EveryReply,
+    /// Only the nodes whose entry is true (the others show as not awaited,
+    /// and count as not granting), until decided.
+    Only(&'a [bool]),
 }
 
 /// What the nodes of one round said, counted.
-struct Tally {
-    report: Report,
+pub(crate) struct Tally {
+    pub(crate) report: Report,
     /// Validity left after the round, measured from its start.
-    validity: Option<Duration>,
-    start: Instant,
+    pub(crate) validity: Option<Duration>,
+    pub(crate) start: Instant,
     /// A quorum granted, but no validity was left (for a fenced attempt:
     /// round one won, and none was left after round two, whose refusals
     /// then only say that the keys had expired).
-    too_slow: bool,
+    pub(crate) too_slow: bool,
+    /// The largest fencing counter among the nodes that granted.
+    pub(crate) fence: u64,
 }
 
 impl Tally {
-    fn granted(&self) -> bool {
+    pub(crate) fn granted(&self) -> bool {
         self.report.granted() >= self.report.quorum && self.validity.is_some()
     }
 
@@ -169,21 +162,33 @@ impl Tally {
         self.report.refused() > self.report.nodes.len() - self.report.quorum
     }
 
-    /// The error for a round that did not succeed: too slow if a quorum
-    /// granted but no validity was left; no quorum if the failed nodes
-    /// alone rule one out; else contended (a node refused, and it was that
-    /// refusal that made the difference). Judged on the nodes read, whether
-    /// or not the round stopped early.
-    fn error(self, resource: &str, attempts: u32, ttl: Duration) -> LockError {
+    /// The error for a round that did not succeed: unusable nodes if the
+    /// nodes that failed for good alone rule out a quorum; too slow if a
+    /// quorum granted but no validity was left; no quorum if the failed
+    /// nodes alone rule one out, or for an extension (not refused by enough
+    /// nodes to be lost, nor granted by enough to be held: too few answered
+    /// to tell); else contended (a node refused, and it was that refusal
+    /// that made the difference). Judged on the nodes read, whether or not
+    /// the round stopped early.
+    pub(crate) fn error(
+        self,
+        resource: &str,
+        attempts: u32,
+        ttl: Duration,
+        held: bool,
+    ) -> LockError {
         let resource = resource.to_string();
         let report = self.report;
-        if self.too_slow {
+        let spare = report.nodes.len() - report.quorum;
+        if report.unusable().count() > spare {
+            LockError::Unusable { resource, report }
+        } else if self.too_slow {
             LockError::TooSlow {
                 resource,
                 ttl,
                 report,
             }
-        } else if report.failed() <= report.nodes.len() - report.quorum {
+        } else if report.failed() <= spare && !held {
             LockError::Contended {
                 resource,
                 attempts,
@@ -271,16 +276,22 @@ impl Redlock {
         self.inner.nodes.iter().map(|n| &**n.name()).collect()
     }
 
-    /// Acquires a lock on `resource` for `ttl`, retrying after a jittered
-    /// pause while it is held by another client or too few nodes answer, up
-    /// to the retry count and within the wait budget
-    /// ([`max_wait`](RedlockBuilder::max_wait)), whichever ends first.
-    /// A pause ends early when a node says the resource was released: the
+    /// Acquires a lock on `resources` (one, or several held as one lock:
+    /// see [`IntoResources`]) for the options' TTL, waiting while it is
+    /// held by another client or too few nodes answer, for as long as the
+    /// options' [`Patience`](crate::Patience) allows (by default the
+    /// client's retry policy within its
+    /// [`max_wait`](RedlockBuilder::max_wait)). A pause between two
+    /// attempts ends early when a node says the resource was released: the
     /// attempts made then come on top of the retry count, within the pause
     /// (see the README's "Waiting for a release").
     ///
-    /// The returned lock is valid for `ttl` minus the time the winning round
-    /// took minus the drift term; see [`Lock::validity`].
+    /// The lock is of the options' [`Kind`] (plain unless set). Several
+    /// resources are held all or nothing: on each node one script sets every
+    /// key only if none of them is held. Two locks that share a resource
+    /// exclude each other. The returned lock is valid for the TTL minus the
+    /// time the winning round took minus the drift term; see
+    /// [`Lock::validity`].
     ///
     /// ```no_run
     /// # use redlock_sync::Redlock;
@@ -289,27 +300,43 @@ impl Redlock {
     /// let lock = locks.acquire("invoice:42", Duration::from_secs(10))?;
     /// assert!(lock.validity() > Duration::from_secs(9));
     /// locks.release(lock)?;
+    /// // Move credit between two accounts: hold both, or neither.
+    /// let both = locks.acquire(["account:alice", "account:bob"], Duration::from_secs(10))?;
+    /// locks.release(both)?;
     /// # Ok::<(), redlock_sync::LockError>(())
     /// ```
     ///
     /// # Errors
     ///
-    /// - [`LockError::Argument`] for an empty resource or a TTL that is zero,
-    ///   not longer than the drift term, or above [`MAX_TTL`].
+    /// - [`LockError::Argument`] for no resources, an empty resource name, a
+    ///   resource named twice or under
+    ///   [`FENCE_KEY_PREFIX`](crate::FENCE_KEY_PREFIX), a fenced lock over
+    ///   several resources, or a TTL that is zero, not longer than the drift
+    ///   term, or above [`MAX_TTL`].
     /// - [`LockError::Contended`] when the last round found the lock held by
     ///   another client.
     /// - [`LockError::NoQuorum`] when too few nodes answered the last round.
     /// - [`LockError::TooSlow`] when a quorum granted it but no validity was
     ///   left.
-    pub fn acquire(&self, resource: &str, ttl: Duration) -> Result<Lock, LockError> {
-        self.acquire_retrying(
-            vec![resource.to_string()],
-            ttl,
-            self.inner.config.retry_count,
-        )
+    /// - [`LockError::Unusable`] at once, whatever the patience, when nodes
+    ///   failed with errors that waiting cannot fix (a refused password, a
+    ///   missing ACL permission, a TLS failure, a host that does not exist)
+    ///   and too few are left for a quorum.
+    /// - [`LockError::Cancelled`] when the options' [`Cancel`](crate::Cancel) was
+    ///   cancelled (a lock won meanwhile is released).
+    ///
+    /// The resource named in an error is the first one.
+    pub fn acquire(
+        &self,
+        resources: impl IntoResources,
+        options: impl Into<LockOptions>,
+    ) -> Result<Lock, LockError> {
+        self.acquire_with(resources.into_resources(), &options.into(), false)
+            .map(|(lock, _)| lock)
     }
 
-    /// Like [`acquire`](Self::acquire), but one round only: no retry.
+    /// Like [`acquire`](Self::acquire), but one attempt only, whatever the
+    /// options' patience: one round (two for a fenced lock), no retry.
     ///
     /// ```no_run
     /// # use redlock_sync::{LockError, Redlock};
@@ -326,223 +353,145 @@ impl Redlock {
     /// # Errors
     ///
     /// As [`acquire`](Self::acquire).
-    pub fn try_acquire(&self, resource: &str, ttl: Duration) -> Result<Lock, LockError> {
-        self.acquire_retrying(vec![resource.to_string()], ttl, 0)
+    pub fn try_acquire(
+        &self,
+        resources: impl IntoResources,
+        options: impl Into<LockOptions>,
+    ) -> Result<Lock, LockError> {
+        self.acquire_with(resources.into_resources(), &options.into(), true)
+            .map(|(lock, _)| lock)
     }
 
-    /// Acquires one lock over several resources, all or nothing: on each
-    /// node one script sets every key only if none of them is held, so a
-    /// node grants all the resources or none. Retries as
-    /// [`acquire`](Self::acquire) does. The lock is extended and released as
-    /// one ([`extend`](Self::extend), [`release`](Self::release)).
-    ///
-    /// Two multi-resource locks that share a resource exclude each other;
-    /// so do a multi-resource lock and a single-resource lock on one of its
-    /// resources.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::Redlock;
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// // Move credit between two accounts: hold both, or neither.
-    /// let lock = locks.acquire_many(["account:alice", "account:bob"], Duration::from_secs(10))?;
-    /// assert_eq!(lock.resources(), ["account:alice", "account:bob"]);
-    /// // ... debit one, credit the other ...
-    /// locks.release(lock)?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`acquire`](Self::acquire), where the resource named in an error
-    /// is the first one; and [`LockError::Argument`] for no resources, an
-    /// empty resource name, or a resource named twice.
-    pub fn acquire_many<I, S>(&self, resources: I, ttl: Duration) -> Result<Lock, LockError>
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        let retries = self.inner.config.retry_count;
-        self.acquire_retrying(resource_list(resources), ttl, retries)
-    }
-
-    /// Like [`acquire_many`](Self::acquire_many), but one round only: no
-    /// retry.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// match locks.try_acquire_many(["shelf:3", "shelf:4"], Duration::from_secs(30)) {
-    ///     Ok(lock) => { /* rearrange both shelves */ locks.release(lock)?; }
-    ///     Err(LockError::Contended { .. }) => println!("one of them is busy"),
-    ///     Err(e) => return Err(e),
-    /// }
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`acquire_many`](Self::acquire_many).
-    pub fn try_acquire_many<I, S>(&self, resources: I, ttl: Duration) -> Result<Lock, LockError>
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        self.acquire_retrying(resource_list(resources), ttl, 0)
-    }
-
-    /// Acquires a lock over `resources`, with up to `retries` retries and
-    /// within the wait budget.
-    pub(crate) fn acquire_retrying(
+    /// Every acquisition: checks the call, then waits per its options (one
+    /// attempt if `once`). Returns the lock and the call's resolved options.
+    pub(crate) fn acquire_with(
         &self,
         resources: Vec<String>,
-        ttl: Duration,
-        retries: u32,
-    ) -> Result<Lock, LockError> {
-        check_acquirable(&resources)?;
-        let ttl_ms = self.check_ttl(ttl)?;
-        self.acquire_loop(resources, ttl_ms, retries, |resources, token, ttl| {
-            let cmd = match resources {
-                [one] => Command::acquire(one, token, ttl_ms),
-                many => Command::script(
-                    &script::ACQUIRE_MANY,
-                    many,
-                    &[&token.hex(), ttl_ms.to_string().as_bytes()],
-                ),
-            };
-            (self.round(&cmd, ttl, acquire_vote), None)
-        })
+        options: &LockOptions,
+        once: bool,
+    ) -> Result<(Lock, Call), LockError> {
+        let kind = options.kind;
+        kind.check_acquirable(&resources)?;
+        let ttl_ms = self.check_ttl(options.ttl)?;
+        let mut call = options.resolve(&self.inner.config, Instant::now())?;
+        call.retries = if once { 0 } else { call.retries };
+        let lock = self.acquire_loop(kind, resources, ttl_ms, &call)?;
+        Ok((lock, call))
     }
 
-    /// The retry loop of every acquisition: `attempt` runs one attempt with
-    /// a fresh token and returns its tally (and fencing token). After a
-    /// failed attempt the lock is released wherever it may have landed; the
-    /// loop stops after `retries` more attempts, or before one that would
-    /// start past the wait budget.
+    /// The retry loop of every acquisition, in phases: attempt (with a fresh
+    /// token), clean up after a failed one, plan the pause with the retry
+    /// policy, wait (for the pause, or news of a release), decide.
     fn acquire_loop(
         &self,
+        kind: Kind,
         resources: Vec<String>,
         ttl_ms: u64,
-        retries: u32,
-        mut attempt: impl FnMut(&[String], &Token, Duration) -> (Tally, Option<u64>),
+        call: &Call,
     ) -> Result<Lock, LockError> {
-        let started = Instant::now();
+        let inner = &*self.inner;
         // Redis is given whole milliseconds: measure validity on the same.
         let ttl = Duration::from_millis(ttl_ms);
-        // Attempts as the retry policy counts them: the first, and one at
-        // the end of each pause. Attempts made at news during a pause (a
-        // release heard of, the subscription coming up, and the retry soon
-        // after one of those that lost) come on top, within the same pause.
-        let mut attempts = 0;
-        // The pause under way, if a wake-up cut it short: its end, and
-        // whether the wait budget ends it.
-        let mut pause: Option<(Instant, bool)> = None;
-        // A clean-up's message woke this pause once already, in vain: the
-        // rest of the pause waits for a holder's release only.
-        let mut deaf_to_clean_ups = false;
-        // The last attempt followed a release heard from one node, or the
-        // subscription coming up. A release reaches the nodes at slightly
-        // different times, and the node listened on may have said so (it
-        // publishes where the key is absent too) before the nodes that held
-        // the key deleted it; and news that came just as the subscription
-        // came up, before the attempt it set off started, wakes nobody
-        // after that attempt. An attempt that then lost is tried once more
-        // soon, not after the rest of the pause, since the other nodes'
-        // news never reaches this listener.
-        let mut after_news = false;
+        let waiters = Arc::clone(&inner.waiters);
+        let _wakes_waiters =
+            (call.cancel.as_ref()).map(|c| c.on_cancel(Arc::new(move || waiters.nudge())));
+        // Attempts as the retry policy counts them.
+        let mut attempts = 0u32;
+        // The pause under way, as news cuts it short.
+        let mut pause = Pause::default();
         loop {
-            // An attempt that starts once the pause is over is the retry
-            // the policy counts, however it was woken.
-            if pause.is_none_or(|(end, _)| Instant::now() >= end) {
-                pause = None;
-                deaf_to_clean_ups = false;
-                attempts += 1;
+            // Attempt. A fresh token each time: no attempt can be mistaken
+            // for an earlier one (a key of ours still on a node, a late
+            // clean-up), and a token is set at most once on a node (fencing
+            // relies on it).
+            attempts = attempts.saturating_add(pause.counts_next_attempt().into());
+            if call.cancelled() {
+                return Err(cancelled(&resources));
             }
-            // A fresh token each attempt: no attempt can be mistaken for an
-            // earlier one (a key of ours still on a node, a late clean-up),
-            // and a token is set at most once on a node (fencing relies on
-            // it).
             let token = Token::random()?;
-            let watch = self.inner.waiters.watch(&resources);
-            let (tally, fencing_token) = attempt(&resources, &token, ttl);
+            let watch = inner.waiters.watch(&resources);
+            let tally = self.attempt(kind, &resources, &token, ttl, ttl_ms);
             if tally.granted() {
-                return Ok(Lock {
+                let lock = Lock {
                     valid_until: tally.start + tally.validity.unwrap_or_default(),
                     timed: true,
+                    kind,
                     resources,
                     token,
+                    fencing_token: kind.confirms().then_some(tally.fence),
                     report: tally.report,
-                    fencing_token,
-                });
-            }
-            // The lock may have landed where the reply was lost, late or not
-            // awaited: release there before trying again or giving up.
-            self.clean_up(&resources, &token, ttl, &tally.report);
-            let nodes = &tally.report.nodes;
-            let echo = [script::CLEAN_UP_MARK, &token.hex()].concat();
-            (self.inner.waiters).cleaned_up(&resources, &echo, |i| {
-                nodes[i].outcome != NodeOutcome::Refused
-            });
-            // Wait out the pause, or less if a release is heard of first;
-            // never past the wait budget, whose end only a release can cut
-            // short. After a wake-up, the rest of the same pause.
-            let (until, last) = match pause {
-                Some(under_way) if Instant::now() < under_way.0 => under_way,
-                _ => {
-                    if attempts > retries {
-                        return Err(tally.error(&resources[0], attempts, ttl));
-                    }
-                    let end = later(Instant::now(), self.retry_pause()?);
-                    match self
-                        .inner
-                        .config
-                        .max_wait
-                        .map(|budget| later(started, budget))
-                    {
-                        Some(budget_end) if budget_end <= end => (budget_end, true),
-                        _ => (end, false),
-                    }
+                };
+                if call.cancelled() {
+                    let error = cancelled(&lock.resources);
+                    let _ = self.release(lock);
+                    return Err(error);
                 }
+                return Ok(lock);
+            }
+            // Clean up: the lock may have landed where the reply was lost,
+            // late or not awaited.
+            self.clean_up(kind, &resources, &token, ttl, &tally.report);
+            // Plan the pause with the policy, unless waiting cannot help.
+            let error = tally.error(&resources[0], attempts, ttl, false);
+            if call.cancelled() {
+                return Err(cancelled(&resources));
+            }
+            let planned = match error {
+                LockError::Unusable { .. } => None,
+                _ => pause.plan(
+                    &inner.config.retry,
+                    (attempts, call.retries),
+                    call.deadline,
+                    inner.config.io_timeout,
+                ),
             };
-            let inner = &*self.inner;
-            // Spread over half an io_timeout more: the waiters that one
-            // subscription woke together do not all come back together.
-            let soon = after_news
-                .then(|| {
-                    let io = inner.config.io_timeout;
-                    later(Instant::now(), io + random_below(io / 2))
-                })
-                .filter(|&soon| soon < until);
+            let Some(wake_at) = planned else {
+                return Err(error);
+            };
+            // Wait, for the pause or news of a release.
             let wake = (inner.waiters).wait(
                 &inner.nodes,
                 &inner.config,
                 &resources,
                 watch,
-                soon.unwrap_or(until),
-                deaf_to_clean_ups,
+                wake_at,
+                pause.deaf_to_clean_ups,
+                &|| call.cancelled(),
             );
-            deaf_to_clean_ups |= wake == Wake::CleanedUp;
-            after_news = matches!(wake, Wake::Released | Wake::ReleasedHere | Wake::Subscribed);
-            // Woken, or back soon after news: the same pause goes on.
-            pause = (wake != Wake::TimedOut || soon.is_some()).then_some((until, last));
-            // The wait budget is used up: no attempt starts past it, even
-            // one that news woke (which `wait` returns at once, however
-            // late).
-            if last && Instant::now() >= until {
-                return Err(tally.error(&resources[0], attempts, ttl));
+            // Decide: the same pause goes on, or the next attempt counts,
+            // unless the wait budget is used up.
+            if !pause.woken(wake) {
+                return Err(error);
             }
         }
     }
 
-    /// Extends `lock` to expire `ttl` from now, if a quorum of nodes still
-    /// holds its token. On success, the lock's validity and report are
-    /// measured anew from this round. Too few nodes answering is retried per
-    /// the retry policy ([`retry_count`](RedlockBuilder::retry_count) and
-    /// its pauses), but no retry starts after the lock's validity is over
-    /// (unknown for a lock rebuilt with [`Lock::from_token`] that no
-    /// extension timed yet) or [`max_wait`](RedlockBuilder::max_wait) is
-    /// used up; a refusal by too many nodes is final.
+    /// One attempt by the kind's round plan: one round, or a fenced
+    /// acquisition's two.
+    fn attempt(
+        &self,
+        kind: Kind,
+        resources: &[String],
+        token: &Token,
+        ttl: Duration,
+        ttl_ms: u64,
+    ) -> Tally {
+        let cmd = kind.acquire(resources, token, ttl_ms);
+        if kind.confirms() {
+            return self.fenced_rounds(kind, &cmd, resources, token, ttl);
+        }
+        self.round(kind, &cmd, ttl, acquire_vote, Ask::UntilDecided)
+    }
+
+    /// Extends `lock` to expire the options' TTL from now, if a quorum of
+    /// nodes still holds its token. On success, the lock's validity and
+    /// report are measured anew from this round. Too few nodes answering is
+    /// retried as the options' patience allows (by default the client's
+    /// retry policy within [`max_wait`](RedlockBuilder::max_wait)), but no
+    /// retry starts after the lock's validity is over (unknown for a lock
+    /// rebuilt with [`Lock::from_token`] that no extension timed yet); a
+    /// refusal by too many nodes is final. The options' kind is not used:
+    /// the lock's own is.
     ///
     /// ```no_run
     /// # use redlock_sync::Redlock;
@@ -560,47 +509,51 @@ impl Redlock {
     /// - [`LockError::Lost`] when too many nodes no longer hold the token:
     ///   the lock expired (and may have been taken). Stop the protected work.
     /// - [`LockError::NoQuorum`] when too few nodes answered, after the
-    ///   retries that fit in the lock's validity (and `max_wait`).
+    ///   retries that fit in the lock's validity and the patience.
     /// - [`LockError::TooSlow`] when the round used up the whole TTL.
+    /// - [`LockError::Unusable`] and [`LockError::Cancelled`] as for
+    ///   [`acquire`](Self::acquire).
     /// - [`LockError::Argument`] for a bad TTL.
     ///
     /// On error the lock is left as it was: its validity still counts down
     /// from the last successful round.
-    pub fn extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), LockError> {
-        self.extend_retrying(lock, ttl, self.inner.config.retry_count)
+    pub fn extend(
+        &self,
+        lock: &mut Lock,
+        options: impl Into<LockOptions>,
+    ) -> Result<(), LockError> {
+        let options = options.into();
+        let call = options.resolve(&self.inner.config, Instant::now())?;
+        self.extend_call(lock, options.ttl, &call)
     }
 
-    /// [`extend`](Self::extend) with up to `retries` retries of a round that
-    /// too few nodes answered.
-    pub(crate) fn extend_retrying(
+    /// [`extend`](Self::extend) as `call` says.
+    pub(crate) fn extend_call(
         &self,
         lock: &mut Lock,
         ttl: Duration,
-        retries: u32,
+        call: &Call,
     ) -> Result<(), LockError> {
         let ttl_ms = self.check_ttl(ttl)?;
         self.inner.waiters.close_if_idle();
         // Redis is given whole milliseconds: measure validity on the same.
         let ttl = Duration::from_millis(ttl_ms);
-        let cmd = Command::script(
-            &script::EXTEND,
-            &lock.resources,
-            &[&lock.token.hex(), ttl_ms.to_string().as_bytes()],
-        );
-        // No retry starts once the lock's validity is over (nor past
-        // `max_wait`): a lock that could not be extended while it was valid
-        // is not held any more, whatever a later round may find. A lock
-        // rebuilt from its token has no validity known here.
-        let started = Instant::now();
-        let budget_end = (self.inner.config.max_wait).map(|budget| later(started, budget));
-        let retry_until = match (lock.timed.then_some(lock.valid_until), budget_end) {
-            (Some(valid), Some(budget)) => Some(valid.min(budget)),
-            (valid, budget) => valid.or(budget),
+        let cmd = lock.kind.extend(&lock.resources, &lock.token, ttl_ms);
+        // No retry starts once the lock's validity is over (nor past the
+        // call's deadline): a lock that could not be extended while it was
+        // valid is not held any more, whatever a later round may find. A
+        // lock rebuilt from its token has no validity known here.
+        let retry_until = match (lock.timed.then_some(lock.valid_until), call.deadline) {
+            (Some(valid), Some(deadline)) => Some(valid.min(deadline)),
+            (valid, deadline) => valid.or(deadline),
         };
         let mut attempt = 0;
         loop {
+            if call.cancelled() {
+                return Err(cancelled(&lock.resources));
+            }
             attempt += 1;
-            let tally = self.round(&cmd, ttl, script_vote);
+            let tally = self.round(lock.kind, &cmd, ttl, script_vote, Ask::UntilDecided);
             if tally.granted() {
                 lock.valid_until = tally.start + tally.validity.unwrap_or_default();
                 lock.timed = true;
@@ -613,30 +566,17 @@ impl Redlock {
                     report: tally.report,
                 });
             }
-            let pause = if attempt > retries || tally.report.granted() >= self.quorum() {
-                None
-            } else {
-                Some(self.retry_pause()?).filter(|&pause| {
-                    retry_until.is_none_or(|until| later(Instant::now(), pause) < until)
-                })
+            let quorum_granted = tally.report.granted() >= self.quorum();
+            let error = tally.error(&lock.resources[0], attempt, ttl, true);
+            let pause = (attempt <= call.retries
+                && !quorum_granted
+                && !matches!(error, LockError::Unusable { .. }))
+            .then(|| later(Instant::now(), self.inner.config.retry.pause(attempt)))
+            .filter(|&end| retry_until.is_none_or(|until| end < until));
+            let Some(end) = pause else {
+                return Err(error);
             };
-            let Some(pause) = pause else {
-                return Err(match tally.error(&lock.resources[0], attempt, ttl) {
-                    // Not refused by enough nodes to be lost, not granted by
-                    // enough to be held: too few answered to tell.
-                    LockError::Contended {
-                        resource,
-                        attempts,
-                        report,
-                    } => LockError::NoQuorum {
-                        resource,
-                        attempts,
-                        report,
-                    },
-                    other => other,
-                });
-            };
-            std::thread::sleep(pause);
+            call.sleep_until(end);
         }
     }
 
@@ -661,18 +601,26 @@ impl Redlock {
     /// - [`LockError::NoQuorum`] when too few nodes answered to tell. The
     ///   keys that were not deleted expire at the end of their TTL.
     pub fn release(&self, lock: Lock) -> Result<Report, LockError> {
-        self.release_token(&lock.resources, &lock.token)
+        self.release_token(lock.kind, &lock.resources, &lock.token)
     }
 
-    /// [`release`](Self::release) of the lock over `resources` that `token`
-    /// holds.
+    /// [`release`](Self::release) of the lock of `kind` over `resources`
+    /// that `token` holds.
     pub(crate) fn release_token(
         &self,
+        kind: Kind,
         resources: &[String],
         token: &Token,
     ) -> Result<Report, LockError> {
         self.inner.waiters.close_if_idle();
-        let tally = self.release_round(resources, token);
+        let cmd = kind.release(resources, token, false);
+        let tally = self.round(
+            kind,
+            &cmd,
+            Duration::ZERO,
+            release_vote(resources.len()),
+            Ask::UntilDecided,
+        );
         if tally.report.granted() > 0 {
             // This client's own waiters need not hear it from a node.
             let nodes = &tally.report.nodes;
@@ -696,115 +644,82 @@ impl Redlock {
         }
     }
 
-    /// One release round over every node (no validity involved).
-    fn release_round(&self, resources: &[String], token: &Token) -> Tally {
-        let cmd = Command::script(&script::RELEASE, resources, &[&token.hex()]);
-        self.round(&cmd, Duration::ZERO, release_vote(resources.len()))
-    }
-
-    /// After a failed attempt: sends the release to every node that may hold
-    /// our key (all but those that refused), without waiting for replies.
-    /// The next attempt's command follows it on the same connections. A
-    /// node it cannot reach now gets it first thing when next reached,
-    /// while a key set with `ttl` could still be there.
-    fn clean_up(&self, resources: &[String], token: &Token, ttl: Duration, report: &Report) {
+    /// After a failed attempt: sends the kind's release, marked as a
+    /// clean-up, to every node that may hold our key (all but those that
+    /// refused), without waiting for replies. The next attempt's command
+    /// follows it on the same connections. A node it cannot reach now gets
+    /// it first thing when next reached, while a key set with `ttl` could
+    /// still be there.
+    fn clean_up(
+        &self,
+        kind: Kind,
+        resources: &[String],
+        token: &Token,
+        ttl: Duration,
+        report: &Report,
+    ) {
         let inner = &*self.inner;
-        // Marked, so that waiters tell it from a holder's release.
-        let cmd = Command::script(
-            &script::RELEASE,
-            resources,
-            &[&token.hex(), script::CLEAN_UP_MARK],
-        );
+        let cmd = kind.release(resources, token, true);
         let now = Instant::now();
+        let may_hold = |i: usize| report.nodes[i].outcome != NodeOutcome::Refused;
         round::send_only(
             &inner.nodes,
             &cmd,
             now + inner.config.io_timeout,
             inner.config.connect_timeout,
             later(now, ttl),
-            |i| report.nodes[i].outcome != NodeOutcome::Refused,
+            may_hold,
         );
+        // Its messages are no news to this client's waiters.
+        let echo = [script::CLEAN_UP_MARK, &token.hex()].concat();
+        (inner.waiters).cleaned_up(resources, &echo, may_hold);
     }
 
-    /// Runs one round on every node and counts the votes. `vote` reads one
-    /// node's reply: `Ok(true)` granted, `Ok(false)` refused, `Err`
-    /// unexpected. The round stops waiting as soon as a quorum granted, or
-    /// can no longer grant.
-    fn round(
+    /// Runs one round of `cmd` on the nodes `ask` names and counts the
+    /// votes by `kind`'s quorum. `vote` reads one node's reply.
+    pub(crate) fn round(
         &self,
+        kind: Kind,
         cmd: &Command,
         ttl: Duration,
-        vote: impl Fn(&Value) -> Result<bool, &Value>,
-    ) -> Tally {
-        self.counted_round(cmd, ttl, vote, |_| true, Reading::UntilDecided)
-    }
-
-    /// Like [`round`](Self::round), but reads every reply (until the
-    /// deadline), also once the outcome is decided.
-    fn round_reading_every_reply(
-        &self,
-        cmd: &Command,
-        ttl: Duration,
-        vote: impl Fn(&Value) -> Result<bool, &Value>,
-    ) -> Tally {
-        self.counted_round(cmd, ttl, vote, |_| true, Reading::EveryReply)
-    }
-
-    /// Like [`round`](Self::round), but asks only the nodes whose entry in
-    /// `asked` is true; the others show as not awaited, and count as not
-    /// granting.
-    fn round_asking_only(
-        &self,
-        asked: &[bool],
-        cmd: &Command,
-        ttl: Duration,
-        vote: impl Fn(&Value) -> Result<bool, &Value>,
-    ) -> Tally {
-        self.counted_round(cmd, ttl, vote, |i| asked[i], Reading::UntilDecided)
-    }
-
-    /// One round on the nodes for which `ask` is true, its votes counted.
-    fn counted_round(
-        &self,
-        cmd: &Command,
-        ttl: Duration,
-        vote: impl Fn(&Value) -> Result<bool, &Value>,
-        ask: impl Fn(usize) -> bool,
-        reading: Reading,
+        vote: impl Fn(&Value) -> Result<(bool, u64), &Value>,
+        ask: Ask<'_>,
     ) -> Tally {
         let inner = &*self.inner;
-        let (n, quorum) = (inner.nodes.len(), inner.quorum);
-        let (mut yes, mut no) = (0, 0);
+        let n = inner.nodes.len();
+        let quorum = kind.quorum(n);
+        let (mut yes, mut no, mut fence) = (0, 0, 0);
+        let every_reply = matches!(ask, Ask::EveryReply);
         let start = Instant::now();
-        let deadline = start + inner.config.io_timeout;
         let replies = round::run(
             &inner.nodes,
             cmd,
             start,
-            deadline,
+            start + inner.config.io_timeout,
             inner.config.connect_timeout,
-            ask,
+            |i| !matches!(ask, Ask::Only(asked) if !asked[i]),
             (
                 // The fewest replies that can decide: a quorum of grants,
                 // or enough refusals that no quorum is left.
-                match reading {
-                    Reading::UntilDecided => quorum.min(n - quorum + 1),
-                    Reading::EveryReply => n,
+                if every_reply {
+                    n
+                } else {
+                    quorum.min(n - quorum + 1)
                 },
                 |result| {
-                    match result {
-                        Ok(value) if vote(value) == Ok(true) => yes += 1,
+                    match result.as_ref().map(&vote) {
+                        Ok(Ok((true, counter))) => {
+                            yes += 1;
+                            fence = fence.max(counter);
+                        }
                         _ => no += 1,
                     }
-                    reading == Reading::UntilDecided && (yes >= quorum || no > n - quorum)
+                    !every_reply && (yes >= quorum || no > n - quorum)
                 },
             ),
         );
         let elapsed = start.elapsed();
-        let nodes = inner
-            .nodes
-            .iter()
-            .zip(replies)
+        let nodes = (inner.nodes.iter().zip(replies))
             .map(
                 |(
                     node,
@@ -819,7 +734,6 @@ impl Redlock {
             )
             .collect();
         let validity = self.validity(ttl, elapsed);
-        let granted = yes >= quorum;
         Tally {
             report: Report {
                 nodes,
@@ -828,13 +742,14 @@ impl Redlock {
             },
             validity,
             start,
-            too_slow: granted && validity.is_none(),
+            too_slow: yes >= quorum && validity.is_none(),
+            fence,
         }
     }
 
     /// The validity a round that took `elapsed` leaves of `ttl`: none if
     /// `ttl - elapsed - drift` is not positive.
-    fn validity(&self, ttl: Duration, elapsed: Duration) -> Option<Duration> {
+    pub(crate) fn validity(&self, ttl: Duration, elapsed: Duration) -> Option<Duration> {
         ttl.checked_sub(elapsed)
             .and_then(|v| v.checked_sub(self.drift(ttl)))
             .filter(|v| !v.is_zero())
@@ -865,67 +780,18 @@ impl Redlock {
     pub(crate) fn config(&self) -> &Config {
         &self.inner.config
     }
-
-    /// A pause drawn from `[retry_delay, retry_delay + retry_jitter)`.
-    pub(crate) fn retry_pause(&self) -> Result<Duration, LockError> {
-        let config = &self.inner.config;
-        let jitter_ns = u64::try_from(config.retry_jitter.as_nanos()).unwrap_or(u64::MAX);
-        let extra = if jitter_ns == 0 {
-            0
-        } else {
-            getrandom::u64().map_err(LockError::random)? % jitter_ns
-        };
-        Ok(config
-            .retry_delay
-            .saturating_add(Duration::from_nanos(extra)))
-    }
 }
 
-/// Resource names as the owned list the operations work on.
-pub(crate) fn resource_list<I, S>(resources: I) -> Vec<String>
-where
-    I: IntoIterator<Item = S>,
-    S: AsRef<str>,
-{
-    resources
-        .into_iter()
-        .map(|r| r.as_ref().to_string())
-        .collect()
-}
-
-/// A `SET NX` (or the multi-resource script) reply as a vote.
-fn acquire_vote(value: &Value) -> Result<bool, &Value> {
-    match value {
-        Value::Okay => Ok(true),
-        Value::Int(1) => Ok(true),
-        Value::Nil | Value::Int(0) => Ok(false),
-        other => Err(other),
-    }
-}
-
-/// A release script's reply (how many keys it deleted) as a vote: granted
-/// if it deleted all `resources` keys.
-fn release_vote(resources: usize) -> impl Fn(&Value) -> Result<bool, &Value> {
-    let wanted = resources as i64;
-    move |value| match value {
-        Value::Int(n) if *n == wanted => Ok(true),
-        Value::Int(_) => Ok(false),
-        other => Err(other),
-    }
-}
-
-/// A 1-or-0 script reply as a vote.
-fn script_vote(value: &Value) -> Result<bool, &Value> {
-    match value {
-        Value::Int(1) => Ok(true),
-        Value::Int(0) => Ok(false),
-        other => Err(other),
+/// The error of a cancelled call on `resources`.
+fn cancelled(resources: &[String]) -> LockError {
+    LockError::Cancelled {
+        resource: resources[0].clone(),
     }
 }
 
 fn outcome(
     result: Result<Value, Failure>,
-    vote: &impl Fn(&Value) -> Result<bool, &Value>,
+    vote: &impl Fn(&Value) -> Result<(bool, u64), &Value>,
 ) -> NodeOutcome {
     match result {
         Err(Failure::TimedOut | Failure::ConnectTimedOut) => NodeOutcome::TimedOut,
@@ -937,18 +803,11 @@ fn outcome(
             e.details().unwrap_or("")
         ))),
         Ok(value) => match vote(&value) {
-            Ok(true) => NodeOutcome::Granted,
-            Ok(false) => NodeOutcome::Refused,
+            Ok((true, _)) => NodeOutcome::Granted,
+            Ok((false, _)) => NodeOutcome::Refused,
             Err(other) => NodeOutcome::Failed(NodeError::Protocol(format!("{other:?}"))),
         },
     }
-}
-
-/// `t + d`, or a year after `t` where that is past the clock's range (a
-/// `Duration::MAX` retry delay, wait budget or TTL).
-fn later(t: Instant, d: Duration) -> Instant {
-    t.checked_add(d)
-        .unwrap_or_else(|| t + Duration::from_secs(365 * 86_400))
 }
 
 #[cfg(test)]

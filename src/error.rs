@@ -17,6 +17,8 @@ use std::time::Duration;
 /// | [`NoQuorum`](Self::NoQuorum) | too few nodes answered to decide | check the nodes in the report |
 /// | [`TooSlow`](Self::TooSlow) | a quorum agreed, but no validity was left | use a longer TTL |
 /// | [`Lost`](Self::Lost) | the lock had expired or was taken | assume your critical section may have overlapped another's |
+/// | [`Unusable`](Self::Unusable) | too few nodes can serve this client at all | fix the nodes named (URL, password, ACL, TLS, host name) |
+/// | [`Cancelled`](Self::Cancelled) | the call's [`Cancel`](crate::Cancel) was cancelled | stop, as whoever cancelled asked |
 /// | [`Random`](Self::Random) | the OS random source failed | retry; check the system |
 /// | [`Thread`](Self::Thread) | no thread for the watchdog of `with_lock` or `lock` | retry; check the system's thread limits |
 ///
@@ -113,6 +115,37 @@ pub enum LockError {
         report: Report,
     },
 
+    /// Too few nodes are left for a quorum once those that failed with
+    /// errors that waiting cannot fix are set aside: each refused this
+    /// client's credentials, lacks an ACL permission this client needs
+    /// (`NOPERM`), failed TLS, or names a host that does not exist (see
+    /// [`NodeError::is_permanent`]). Every wait ends at once with it,
+    /// whatever its patience.
+    #[error(
+        "too few nodes can serve `{resource}` for a quorum: {} failed with errors that waiting \
+         cannot fix (fix their URL, password, ACL permissions, TLS setup or host name); \
+         last round: {report}",
+        report.unusable().map(|n| &*n.node).collect::<Vec<_>>().join(", ")
+    )]
+    #[non_exhaustive]
+    Unusable {
+        /// The resource asked for (the first one, for a multi-resource lock).
+        resource: String,
+        /// What each node answered in the last round: the nodes that failed
+        /// for good are those whose error [`is_permanent`](NodeError::is_permanent).
+        report: Report,
+    },
+
+    /// The call's [`Cancel`](crate::Cancel) was cancelled: it stopped
+    /// waiting. A lock won meanwhile was released; a cancelled `extend`
+    /// left the lock as it was.
+    #[error("waiting for `{resource}` was cancelled")]
+    #[non_exhaustive]
+    Cancelled {
+        /// The resource asked for (the first one, for a multi-resource lock).
+        resource: String,
+    },
+
     /// The operating system's random source failed while making a token or
     /// a retry delay. The error is the OS error where there is one
     /// ([`raw_os_error`](std::io::Error::raw_os_error)).
@@ -154,10 +187,10 @@ impl LockError {
 /// `token.parse()?` works in a function returning `LockError`.
 ///
 /// ```
-/// use redlock_sync::{ArgumentError, Lock, LockError};
+/// use redlock_sync::{ArgumentError, Kind, Lock, LockError};
 ///
 /// fn lock_from(resource: &str, token: &str) -> Result<Lock, LockError> {
-///     Lock::from_token(resource, token.parse()?)
+///     Lock::from_token(resource, token.parse()?, Kind::Plain)
 /// }
 ///
 /// assert!(matches!(
@@ -184,6 +217,7 @@ impl LockError {
             Self::Contended { report, .. }
             | Self::NoQuorum { report, .. }
             | Self::TooSlow { report, .. }
+            | Self::Unusable { report, .. }
             | Self::Lost { report, .. } => Some(report),
             _ => None,
         }
@@ -264,7 +298,7 @@ pub enum ConfigError {
 }
 
 /// An invalid argument to one operation.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 ///
 /// ```
@@ -316,6 +350,18 @@ pub enum ArgumentError {
     /// A token string is not 40 lowercase hex characters.
     #[error(transparent)]
     Token(#[from] ParseTokenError),
+
+    /// A fenced lock was asked for over several resources: a fencing
+    /// token covers one resource.
+    #[error("a fenced lock covers one resource; lock the others with a plain lock, or fence each on its own")]
+    FencedMany,
+
+    /// A call's `extend_when_left` is not a fraction in `(0, 1)`.
+    #[error("extend_when_left {value} is outside (0, 1): it is the share of the validity left when a guard extends")]
+    ExtendWhenLeft {
+        /// The value given.
+        value: f64,
+    },
 
     /// An acquisition named a resource under the prefix reserved for
     /// fencing counters ([`FENCE_KEY_PREFIX`](crate::FENCE_KEY_PREFIX)).
@@ -485,7 +531,44 @@ pub struct Report {
     pub elapsed: Duration,
 }
 
+impl NodeError {
+    /// Whether waiting cannot fix this error: the node refused this
+    /// client's credentials ([`Auth`](Self::Auth)), lacks an ACL permission
+    /// the client needs (a `NOPERM` reply), failed TLS (a certificate it or
+    /// this client does not accept, no crypto provider), or its host name
+    /// does not exist. Such a node keeps failing until its configuration
+    /// is fixed. (It reads the error's text where the error has no variant
+    /// of its own: a `NOPERM` reply, a TLS or name lookup failure.)
+    ///
+    /// ```
+    /// use redlock_sync::NodeError;
+    /// assert!(NodeError::Server("NOPERM no permissions to run the 'evalsha' command".into()).is_permanent());
+    /// assert!(!NodeError::Io("Connection reset by peer".into()).is_permanent());
+    /// ```
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            NodeError::Auth { .. } => true,
+            NodeError::Server(text) => text.starts_with("NOPERM"),
+            NodeError::Connect(text) => {
+                text.starts_with("NOPERM")
+                    || text.contains("certificate")
+                    || text.contains("TLS")
+                    // A lookup the resolver may answer later says so (EAI_AGAIN).
+                    || (text.starts_with("could not resolve") && !text.contains("Temporary failure"))
+            }
+            _ => false,
+        }
+    }
+}
+
 impl Report {
+    /// The nodes that failed with an error that waiting cannot fix (see
+    /// [`NodeError::is_permanent`]).
+    pub fn unusable(&self) -> impl Iterator<Item = &NodeReport> {
+        (self.nodes.iter())
+            .filter(|n| matches!(&n.outcome, NodeOutcome::Failed(e) if e.is_permanent()))
+    }
+
     /// How many nodes answered [`NodeOutcome::Granted`].
     ///
     /// ```no_run

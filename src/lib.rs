@@ -52,11 +52,16 @@
 //!   every thread that shared it: a connection with a reply still in flight
 //!   is never reused, and replies are matched to requests by sequence
 //!   number, so a late `OK` can never be mistaken for a grant.
-//! - [`acquire_many`](Redlock::acquire_many) takes several resources as one
-//!   lock, all or nothing on each node (one Lua script sets every key only
-//!   if none is held); `extend` and `release` then act on all of them.
-//! - [`max_wait`](RedlockBuilder::max_wait) bounds the total time `acquire`
-//!   waits, besides the retry count.
+//! - Every acquisition takes several resources as well as one
+//!   ([`IntoResources`]): one lock, all or nothing on each node (one Lua
+//!   script sets every key only if none is held); `extend` and `release`
+//!   then act on all of them.
+//! - The [`RetryPolicy`] plans every pause; a call's [`Patience`] says how
+//!   long it waits (by default the retry count, within
+//!   [`max_wait`](RedlockBuilder::max_wait)); a [`Cancel`] handle ends a
+//!   wait from another thread; errors that waiting cannot fix (a wrong
+//!   password, a missing ACL permission, TLS, a host that does not exist)
+//!   end every wait at once ([`LockError::Unusable`]).
 //! - A waiting `acquire` does not sleep out its pause blindly: the release
 //!   script also `PUBLISH`es on the resource's channel (no extra round
 //!   trip), a client's waiting threads share one subscription connection to
@@ -108,10 +113,35 @@
 //! # Ok::<(), LockError>(())
 //! ```
 //!
-//! Each comes as the acquisitions do: `try_` for one round with no retry
-//! ([`try_with_lock`](Redlock::try_with_lock), [`try_lock`](Redlock::try_lock)),
-//! `_many` for several resources as one lock, `_fenced` with a fencing token
-//! ([`LockGuard::fencing_token`]).
+//! Each has its `try_` form for one attempt with no retry
+//! ([`try_with_lock`](Redlock::try_with_lock), [`try_lock`](Redlock::try_lock)).
+//!
+//! # One door per operation
+//!
+//! Six methods acquire: [`acquire`](Redlock::acquire) and
+//! [`try_acquire`](Redlock::try_acquire) (a [`Lock`]), `lock` and
+//! `try_lock` (a guard), `with_lock` and `try_with_lock` (a closure). Each
+//! takes what to lock (one resource or several, see [`IntoResources`]) and
+//! how: a [`LockOptions`], of which a bare `Duration` is the TTL alone. The
+//! options carry the [`Kind`] of lock (plain, or fenced with a fencing
+//! token), the [`Patience`] of the waiting forms, a guard's hold cap and
+//! extension point, and a [`Cancel`] handle; what they leave unset comes
+//! from the client's builder.
+//!
+//! ```no_run
+//! # use std::time::Duration;
+//! use redlock_sync::{Cancel, Kind, LockOptions, Patience, Redlock};
+//!
+//! # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+//! let shutdown = Cancel::new(); // shutdown.cancel() from a signal-handling thread
+//! let leader = LockOptions::new(Duration::from_secs(10))
+//!     .kind(Kind::Fenced)
+//!     .patience(Patience::Forever)
+//!     .cancel(&shutdown);
+//! let guard = locks.lock("leader", leader)?; // Err(Cancelled) once cancelled
+//! let job = locks.try_acquire(["job:17", "job:18"], Duration::from_secs(30)); // one attempt
+//! # Ok::<(), redlock_sync::LockError>(())
+//! ```
 //!
 //! A [`Token`] is 160 random bits from the operating system. A lock acquired
 //! in one process can be released or extended in another that knows only
@@ -145,8 +175,8 @@
 //!   must itself reject stale holders: a fencing token checked by the
 //!   resource, or a consensus system (etcd, ZooKeeper) with a transaction
 //!   that includes the check. This crate gives fencing tokens:
-//!   [`Redlock::acquire_fenced`] (where the safety argument is), and
-//!   [`Redlock::with_lock_fenced`] or [`Redlock::lock_fenced`]. Check
+//!   [`Kind::Fenced`] (where the safety argument is), with any of the
+//!   doors. Check
 //!   [`Lock::validity`] before each write, and treat [`LockError::Lost`]
 //!   from `release` as "my critical section may have overlapped another's".
 //!
@@ -179,8 +209,11 @@
 
 mod client;
 mod error;
+mod kind;
 mod lock;
 mod node;
+mod request;
+mod retry;
 mod round;
 mod script;
 mod wait;
@@ -193,7 +226,10 @@ pub use error::{
     ArgumentError, ConfigError, LockError, NodeError, NodeOutcome, NodeReport, ParseTokenError,
     Report,
 };
+pub use kind::Kind;
 pub use lock::{Lock, Token};
+pub use request::{Cancel, IntoResources, LockOptions, Patience};
+pub use retry::RetryPolicy;
 pub use with_lock::LockGuard;
 
 /// The crate's socket `write` and `read` calls so far, for its benchmark

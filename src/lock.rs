@@ -5,6 +5,8 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use crate::error::{ArgumentError, LockError, ParseTokenError, Report};
+use crate::kind::Kind;
+use crate::request::IntoResources;
 
 /// How many random bytes a token has: 160 bits.
 const TOKEN_BYTES: usize = 20;
@@ -83,9 +85,19 @@ impl fmt::Display for Token {
     }
 }
 
+/// Only the first 8 hex characters, as `redlock status` shows them: the
+/// whole token is enough to release or extend the lock from anywhere, and
+/// `Debug` output ends up in logs. `Display` shows all of it.
+///
+/// ```
+/// # use redlock_sync::Token;
+/// let token: Token = "00112233445566778899aabbccddeeff00112233".parse()?;
+/// assert_eq!(format!("{token:?}"), "Token(00112233…)");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Token({self})")
+        write!(f, "Token({}…)", &self.to_string()[..8])
     }
 }
 
@@ -133,11 +145,14 @@ impl FromStr for Token {
 /// locks.release(lock)?;
 /// # Ok::<(), redlock_sync::LockError>(())
 /// ```
+///
+/// Its `Debug` output shows the token redacted (see [`Token`]).
 #[derive(Debug)]
 #[must_use = "a lock stays held until its TTL runs out unless released: pass it to Redlock::release when done"]
 pub struct Lock {
     pub(crate) resources: Vec<String>,
     pub(crate) token: Token,
+    pub(crate) kind: Kind,
     pub(crate) valid_until: Instant,
     /// Whether a round of this process measured `valid_until`: false for a
     /// lock rebuilt from its token until an extension succeeds.
@@ -148,22 +163,24 @@ pub struct Lock {
 }
 
 impl Lock {
-    /// A lock rebuilt from its resource and token, for releasing or
-    /// extending in another process (or another [`Redlock`](crate::Redlock)
-    /// value) a lock that was acquired elsewhere.
+    /// A lock rebuilt from its resource(s), token and kind, for releasing
+    /// or extending in another process (or another
+    /// [`Redlock`](crate::Redlock) value) a lock that was acquired
+    /// elsewhere.
     ///
     /// This process did not time the acquisition, so it cannot know how much
     /// validity is left: [`validity`](Self::validity) is zero until a
     /// successful [`extend`](crate::Redlock::extend) measures it anew.
-    /// The nodes decide whether the token still holds the lock.
+    /// The nodes decide whether the token still holds the lock. A fenced
+    /// lock rebuilt here has no [`fencing_token`](Self::fencing_token).
     ///
     /// ```no_run
-    /// use redlock_sync::{Lock, Redlock, Token};
+    /// use redlock_sync::{Kind, Lock, Redlock, Token};
     ///
     /// // In the process that acquired it, print `resource` and `token`;
     /// // in another, given both on the command line:
     /// let token: Token = "0123456789abcdef0123456789abcdef01234567".parse()?;
-    /// let lock = Lock::from_token("nightly-report", token)?;
+    /// let lock = Lock::from_token("nightly-report", token, Kind::Plain)?;
     /// let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
     /// locks.release(lock)?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -171,35 +188,20 @@ impl Lock {
     ///
     /// # Errors
     ///
-    /// [`ArgumentError::EmptyResource`] if `resource` is empty.
-    pub fn from_token(resource: impl Into<String>, token: Token) -> Result<Lock, LockError> {
-        Self::from_token_many([resource.into()], token)
-    }
-
-    /// Like [`from_token`](Self::from_token), for a lock over several
-    /// resources acquired together.
-    ///
-    /// # Errors
-    ///
-    /// [`ArgumentError::NoResources`], [`ArgumentError::EmptyResource`] or
-    /// [`ArgumentError::DuplicateResource`] for a bad list of resources.
-    ///
-    /// ```
-    /// use redlock_sync::{Lock, Token};
-    /// let lock = Lock::from_token_many(["account:alice", "account:bob"], Token::random()?)?;
-    /// assert_eq!(lock.resources(), ["account:alice", "account:bob"]);
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
-    pub fn from_token_many<I, S>(resources: I, token: Token) -> Result<Lock, LockError>
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        let resources: Vec<String> = resources.into_iter().map(Into::into).collect();
-        check_resources(&resources)?;
+    /// [`ArgumentError::NoResources`], [`ArgumentError::EmptyResource`],
+    /// [`ArgumentError::DuplicateResource`] or
+    /// [`ArgumentError::FencedMany`] for a bad list of resources.
+    pub fn from_token(
+        resources: impl IntoResources,
+        token: Token,
+        kind: Kind,
+    ) -> Result<Lock, LockError> {
+        let resources = resources.into_resources();
+        kind.check(&resources)?;
         Ok(Lock {
             resources,
             token,
+            kind,
             valid_until: Instant::now(),
             timed: false,
             report: Report::default(),
@@ -207,12 +209,24 @@ impl Lock {
         })
     }
 
+    /// The kind of lock.
+    ///
+    /// ```
+    /// # use redlock_sync::{Kind, Lock, Token};
+    /// let lock = Lock::from_token("r", Token::random()?, Kind::Fenced)?;
+    /// assert_eq!(lock.kind(), Kind::Fenced);
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
     /// The resource this lock holds (the first one, for a lock over several).
     ///
     /// ```
-    /// # use redlock_sync::{Lock, Token};
+    /// # use redlock_sync::{Kind, Lock, Token};
     /// # let token: Token = "00112233445566778899aabbccddeeff00112233".parse()?;
-    /// let lock = Lock::from_token("invoice:42", token)?;
+    /// let lock = Lock::from_token("invoice:42", token, Kind::Plain)?;
     /// assert_eq!(lock.resource(), "invoice:42");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -223,9 +237,9 @@ impl Lock {
     /// Every resource this lock holds, in the order given.
     ///
     /// ```
-    /// # use redlock_sync::{Lock, Token};
+    /// # use redlock_sync::{Kind, Lock, Token};
     /// # let token: Token = "00112233445566778899aabbccddeeff00112233".parse()?;
-    /// let lock = Lock::from_token_many(["a", "b"], token)?;
+    /// let lock = Lock::from_token(["a", "b"], token, Kind::Plain)?;
     /// assert_eq!(lock.resources(), ["a", "b"]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -236,9 +250,9 @@ impl Lock {
     /// The token that proves ownership.
     ///
     /// ```
-    /// # use redlock_sync::{Lock, Token};
+    /// # use redlock_sync::{Kind, Lock, Token};
     /// # let token: Token = "00112233445566778899aabbccddeeff00112233".parse()?;
-    /// let lock = Lock::from_token("r", token)?;
+    /// let lock = Lock::from_token("r", token, Kind::Plain)?;
     /// assert_eq!(lock.token().to_string(), "00112233445566778899aabbccddeeff00112233");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -251,10 +265,10 @@ impl Lock {
     /// above zero.
     ///
     /// ```
-    /// # use redlock_sync::{Lock, Token};
+    /// # use redlock_sync::{Kind, Lock, Token};
     /// # let token: Token = "00112233445566778899aabbccddeeff00112233".parse()?;
     /// // A lock rebuilt from its token has no validity measured yet.
-    /// let lock = Lock::from_token("r", token)?;
+    /// let lock = Lock::from_token("r", token, Kind::Plain)?;
     /// assert!(lock.validity().is_zero());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -265,9 +279,9 @@ impl Lock {
     /// Whether some validity is left.
     ///
     /// ```
-    /// # use redlock_sync::{Lock, Token};
+    /// # use redlock_sync::{Kind, Lock, Token};
     /// # let token: Token = "00112233445566778899aabbccddeeff00112233".parse()?;
-    /// let lock = Lock::from_token("r", token)?;
+    /// let lock = Lock::from_token("r", token, Kind::Plain)?;
     /// assert!(!lock.is_valid());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -278,9 +292,9 @@ impl Lock {
     /// The instant (monotonic clock) at which the validity runs out.
     ///
     /// ```
-    /// # use redlock_sync::{Lock, Token};
+    /// # use redlock_sync::{Kind, Lock, Token};
     /// # let token: Token = "00112233445566778899aabbccddeeff00112233".parse()?;
-    /// let lock = Lock::from_token("r", token)?;
+    /// let lock = Lock::from_token("r", token, Kind::Plain)?;
     /// assert!(lock.valid_until() <= std::time::Instant::now());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -292,9 +306,9 @@ impl Lock {
     /// this lock (empty for a lock made by [`from_token`](Self::from_token)).
     ///
     /// ```
-    /// # use redlock_sync::{Lock, Token};
+    /// # use redlock_sync::{Kind, Lock, Token};
     /// # let token: Token = "00112233445566778899aabbccddeeff00112233".parse()?;
-    /// let lock = Lock::from_token("r", token)?;
+    /// let lock = Lock::from_token("r", token, Kind::Plain)?;
     /// assert!(lock.report().nodes.is_empty());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -302,20 +316,18 @@ impl Lock {
         &self.report
     }
 
-    /// The fencing token, for a lock from
-    /// [`acquire_fenced`](crate::Redlock::acquire_fenced) or
-    /// [`try_acquire_fenced`](crate::Redlock::try_acquire_fenced); `None`
+    /// The fencing token, for a lock acquired as [`Kind::Fenced`]; `None`
     /// for every other lock. It stays the same across extensions.
     ///
     /// Pass it with every write to the protected resource, and have the
     /// resource reject a write whose token is lower than the highest it has
-    /// seen (see [`acquire_fenced`](crate::Redlock::acquire_fenced)).
+    /// seen (see [`Kind`]).
     ///
     /// ```no_run
-    /// # use redlock_sync::Redlock;
+    /// # use redlock_sync::{Kind, LockOptions, Redlock};
     /// # use std::time::Duration;
     /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// let lock = locks.acquire_fenced("ledger", Duration::from_secs(10))?;
+    /// let lock = locks.acquire("ledger", LockOptions::new(Duration::from_secs(10)).kind(Kind::Fenced))?;
     /// let token = lock.fencing_token().expect("a fenced lock has a token");
     /// // storage.write_if_token_at_least(token, ...);
     /// # let _ = token;

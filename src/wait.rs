@@ -310,8 +310,11 @@ impl Waiters {
     }
 
     /// Waits until a release of one of `resources` is heard of (after the
-    /// attempt that `watch` began), or until `until`. Never past `until`,
-    /// give or take a read's socket timeout.
+    /// attempt that `watch` began), or until `until`, or until `stop` says
+    /// so (then as if timed out; whoever makes `stop` true calls
+    /// [`nudge`](Self::nudge) after). Never past `until`, give or take a
+    /// read's socket timeout.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn wait(
         &self,
         nodes: &[Node],
@@ -320,11 +323,16 @@ impl Waiters {
         watch: Watch,
         until: Instant,
         deaf_to_clean_ups: bool,
+        stop: &dyn Fn() -> bool,
     ) -> Wake {
         let mut st = self.lock();
         if st.unsupported {
-            drop(st);
-            std::thread::sleep(until.saturating_duration_since(Instant::now()));
+            while !stop() && Instant::now() < until {
+                let left = until.saturating_duration_since(Instant::now());
+                st = (self.changed.wait_timeout(st, left))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
             return Wake::TimedOut;
         }
         self.active.store(true, Ordering::Release);
@@ -338,7 +346,7 @@ impl Waiters {
                 break wake;
             }
             let now = Instant::now();
-            if now >= until {
+            if now >= until || stop() {
                 break Wake::TimedOut;
             }
             if st.line.is_none() && st.may_connect(now) {
@@ -377,6 +385,12 @@ impl Waiters {
             std::thread::sleep(spread.min(left));
         }
         wake
+    }
+
+    /// Wakes every waiting thread to look at its `stop` again.
+    pub(crate) fn nudge(&self) {
+        let _st = self.lock();
+        self.changed.notify_all();
     }
 
     /// Opens a line to the next node, outside the lock. A connect that the

@@ -10,25 +10,22 @@
 //! (`mem::forget`) leaves its watchdog extending the lock up to the hold
 //! cap, or as long as the process lives.
 //!
-//! The guard's view of the lock is one atomic: the validity deadline in
-//! nanoseconds since a base instant, or [`LOST`]. It only moves forward
-//! while the lock is held, and once it is `LOST` it stays so: whoever first
-//! sees the deadline passed (the guard or the watchdog) swaps it for `LOST`,
-//! and the watchdog publishes an extension only by swapping the deadline it
-//! saw, before that deadline, for the new one.
+//! The guard's view of the lock is its validity deadline, under a mutex
+//! the watchdog takes only to publish a round's outcome: it only moves
+//! forward while the lock is held, and once lost (whoever first sees it
+//! passed, the guard or the watchdog, marks it) it stays so; an extension
+//! that ended after the deadline passed does not revive it.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::client::{resource_list, Redlock};
+use crate::client::Redlock;
 use crate::error::{LockError, Report};
+use crate::kind::Kind;
 use crate::lock::{Lock, Token};
-
-/// The deadline value that means the lock is lost, for good.
-const LOST: u64 = 0;
+use crate::request::{Call, IntoResources, LockOptions};
 
 /// A lock held until the guard is dropped or [unlocked](Self::unlock),
 /// and kept alive meanwhile by a watchdog thread: what [`Redlock::lock`]
@@ -42,7 +39,8 @@ const LOST: u64 = 0;
 /// passes (extensions kept failing, or the hold cap stopped them),
 /// whichever comes first; from then on [`is_held`](Self::is_held) is false
 /// and [`check`](Self::check) returns [`LockError::Lost`], for good. Both
-/// are cheap (an atomic load and a read of the monotonic clock): call them
+/// are cheap (a mutex the watchdog holds only for a moment, and a read of the
+/// monotonic clock): call them
 /// before each step of the work.
 ///
 /// Dropping the guard stops the watchdog and releases the lock, also on an
@@ -73,160 +71,127 @@ pub struct LockGuard {
     watchdog: Option<JoinHandle<()>>,
 }
 
-/// The lease as the guard and the watchdog share it: its validity
-/// deadline, whether it will be extended again, and how to stop the
-/// watchdog.
+/// The lease as the guard and the watchdog share it: what it holds, and
+/// its state under one lock.
 struct Lease {
-    /// The instant `deadline` counts from.
-    base: Instant,
-    /// The validity deadline, in nanoseconds since `base` (at least 1), or
-    /// [`LOST`].
-    deadline: AtomicU64,
-    /// The watchdog will not extend any more.
-    ending: AtomicBool,
     /// No extension reaches past this.
     hold_deadline: Option<Instant>,
+    kind: Kind,
     resources: Vec<String>,
     token: Token,
     fencing_token: Option<u64>,
+    state: Mutex<State>,
+    /// Wakes the watchdog when the guard is done.
+    wake: Condvar,
+}
+
+/// The lease's state.
+struct State {
+    /// The validity deadline; `None` once the lock is lost, for good. It
+    /// only moves forward, and only while it has not passed.
+    deadline: Option<Instant>,
+    /// The watchdog will not extend any more.
+    ending: bool,
     /// What the nodes answered in the watchdog's last round (at first, in
     /// the acquisition's): the report of the lost-lock error.
-    report: Mutex<Report>,
-    /// Set when the closure has ended: the watchdog stops.
-    done: Mutex<bool>,
-    wake: Condvar,
+    report: Report,
+    /// The guard is done: the watchdog stops.
+    done: bool,
 }
 
 impl Lease {
     fn new(lock: &Lock, hold_deadline: Option<Instant>) -> Lease {
-        // A cap the acquisition's validity already reaches leaves no
-        // extension to come.
-        let capped = hold_deadline.is_some_and(|hold| hold <= lock.valid_until);
-        let lease = Lease {
-            base: Instant::now(),
-            deadline: AtomicU64::new(LOST),
-            ending: AtomicBool::new(capped),
+        Lease {
             hold_deadline,
+            kind: lock.kind,
             resources: lock.resources.clone(),
             token: lock.token,
             fencing_token: lock.fencing_token,
-            report: Mutex::new(lock.report.clone()),
-            done: Mutex::new(false),
+            state: Mutex::new(State {
+                deadline: Some(lock.valid_until),
+                // A cap the acquisition's validity already reaches leaves
+                // no extension to come.
+                ending: hold_deadline.is_some_and(|hold| hold <= lock.valid_until),
+                report: lock.report.clone(),
+                done: false,
+            }),
             wake: Condvar::new(),
-        };
-        let first = lease.nanos(lock.valid_until).max(1);
-        lease.deadline.store(first, Ordering::Release);
-        lease
+        }
     }
 
-    /// `t` in nanoseconds since `base` (0 for earlier instants).
-    fn nanos(&self, t: Instant) -> u64 {
-        u64::try_from(t.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The validity deadline, unless the lock is lost. It may be past: see
-    /// [`held`](Self::held).
+    /// The validity deadline while the lock is held; marks the lock lost
+    /// for good once its deadline has passed.
     fn deadline(&self) -> Option<Instant> {
-        match self.deadline.load(Ordering::Acquire) {
-            LOST => None,
-            nanos => self.base.checked_add(Duration::from_nanos(nanos)),
-        }
+        let mut state = self.state();
+        state.deadline = state.deadline.filter(|&d| Instant::now() < d);
+        state.deadline
     }
 
-    /// Whether the lock is held now; marks it lost for good if its deadline
-    /// has passed.
     fn held(&self) -> bool {
-        let now = self.nanos(Instant::now());
-        loop {
-            let deadline = self.deadline.load(Ordering::Acquire);
-            if deadline == LOST {
-                return false;
-            }
-            if now < deadline {
-                return true;
-            }
-            if self
-                .deadline
-                .compare_exchange(deadline, LOST, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                return false;
-            }
-        }
+        self.deadline().is_some()
     }
 
     /// Publishes an extension's new deadline, if the lock is still held:
     /// an extension that ended after the old deadline passed does not
-    /// revive the lock. Returns whether the lock is held.
-    fn extended(&self, valid_until: Instant) -> bool {
-        let new = self.nanos(valid_until).max(1);
-        let now = self.nanos(Instant::now());
-        loop {
-            let old = self.deadline.load(Ordering::Acquire);
-            if old == LOST {
-                return false;
-            }
-            let next = if now < old { new } else { LOST };
-            if self
-                .deadline
-                .compare_exchange(old, next, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                return next != LOST;
-            }
+    /// revive the lock. Returns whether the lock is held and will be
+    /// extended again.
+    fn extended(&self, valid_until: Instant, report: &Report) -> bool {
+        let mut state = self.state();
+        state.report = report.clone();
+        state.deadline = (state.deadline)
+            .filter(|&d| Instant::now() < d)
+            .map(|_| valid_until);
+        state.deadline.is_some() && !state.ending
+    }
+
+    /// Takes in a failed extension's report; a refused one loses the lock.
+    fn failed(&self, report: &Report, lost: bool) {
+        let mut state = self.state();
+        state.report = report.clone();
+        if lost {
+            state.deadline = None;
+            state.ending = true;
         }
-    }
-
-    fn mark_lost(&self) {
-        self.deadline.store(LOST, Ordering::Release);
-        self.ending.store(true, Ordering::Release);
-    }
-
-    fn set_report(&self, report: &Report) {
-        *self.report.lock().unwrap_or_else(PoisonError::into_inner) = report.clone();
     }
 
     fn lost_error(&self) -> LockError {
         LockError::Lost {
             resource: self.resources[0].clone(),
-            report: self
-                .report
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone(),
+            report: self.state().report.clone(),
         }
     }
 
     /// Tells the watchdog to stop, and wakes it.
     fn stop(&self) {
-        *self.done.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.state().done = true;
         self.wake.notify_all();
     }
 
     /// Sleeps until `until`, or until told to stop; returns false if told
     /// to stop.
     fn sleep_until(&self, until: Instant) -> bool {
-        let mut done = self.done.lock().unwrap_or_else(PoisonError::into_inner);
-        loop {
-            if *done {
-                return false;
-            }
-            let now = Instant::now();
-            if now >= until {
+        let mut state = self.state();
+        while !state.done {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 return true;
             }
-            done = match self.wake.wait_timeout(done, until - now) {
-                Ok((done, _)) => done,
-                Err(poisoned) => poisoned.into_inner().0,
-            };
+            state = (self.wake.wait_timeout(state, left))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
+        false
     }
 
     /// The watchdog: extends `lock` by `ttl` each time only the share
     /// `when_left` of its validity is left, until told to stop, the lock is
     /// lost, or the hold cap is reached. A refused extension loses the lock;
     /// a failed one (too few nodes answered) is retried after the retry
-    /// pause while validity is left.
+    /// policy's pause while validity is left.
     fn watch(&self, client: &Redlock, lock: &mut Lock, ttl: Duration, when_left: f64) {
         // Measured on the validity each round leaves, not on the TTL: the
         // next extension is always some time away, whatever the fraction
@@ -238,10 +203,8 @@ impl Lease {
                 .unwrap_or(valid_until)
         };
         let mut due = next_due(lock.valid_until());
-        loop {
-            if !self.sleep_until(due) || !self.held() {
-                return;
-            }
+        let mut failures = 0;
+        while self.sleep_until(due) {
             let Some(deadline) = self.deadline() else {
                 return;
             };
@@ -251,45 +214,37 @@ impl Lease {
                 let room = hold.saturating_duration_since(now);
                 if room < ttl {
                     // The last extension: shortened to end at the cap.
-                    self.ending.store(true, Ordering::Release);
+                    self.state().ending = true;
                     if room <= deadline.saturating_duration_since(now) {
                         return;
                     }
                     this_ttl = room;
                 }
             }
-            match client.extend_retrying(lock, this_ttl, 0) {
+            match client.extend_call(lock, this_ttl, &Call::default()) {
                 Ok(()) => {
-                    self.set_report(lock.report());
+                    failures = 0;
                     // The shortened TTL was measured before the round began:
                     // never let the validity run past the cap.
-                    let valid_until = self
-                        .hold_deadline
+                    let valid_until = (self.hold_deadline)
                         .map_or(lock.valid_until(), |hold| hold.min(lock.valid_until()));
-                    if !self.extended(valid_until) || self.ending.load(Ordering::Acquire) {
+                    if !self.extended(valid_until, lock.report()) {
                         return;
                     }
                     due = next_due(lock.valid_until());
                 }
-                Err(LockError::Lost { report, .. }) => {
-                    self.set_report(&report);
-                    self.mark_lost();
-                    return;
-                }
+                Err(LockError::Lost { report, .. }) => return self.failed(&report, true),
                 // Only a shortened last TTL can be refused as an argument:
                 // it was too short to extend anything.
                 Err(LockError::Argument(_)) => return,
                 Err(e) => {
                     if let Some(report) = e.report() {
-                        self.set_report(report);
+                        self.failed(report, false);
                     }
                     // Never spin, even with a zero retry delay.
-                    let pause = client
-                        .retry_pause()
-                        .unwrap_or(client.config().retry_delay)
-                        .max(Duration::from_millis(1));
-                    due = Instant::now()
-                        .checked_add(pause)
+                    failures += 1;
+                    let pause = client.config().retry.pause(failures);
+                    due = (Instant::now().checked_add(pause.max(Duration::from_millis(1))))
                         .map_or(deadline, |t| t.min(deadline));
                 }
             }
@@ -318,7 +273,7 @@ impl LockGuard {
     /// # use redlock_sync::{LockError, Redlock};
     /// # use std::time::Duration;
     /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// locks.with_lock_many(["a", "b"], Duration::from_secs(10), |guard| {
+    /// locks.with_lock(["a", "b"], Duration::from_secs(10), |guard| {
     ///     assert_eq!(guard.resources(), ["a", "b"]);
     ///     Ok::<(), LockError>(())
     /// })?;
@@ -345,18 +300,17 @@ impl LockGuard {
         &self.lease.token
     }
 
-    /// The fencing token, for a lock from [`lock_fenced`](Redlock::lock_fenced),
-    /// [`with_lock_fenced`](Redlock::with_lock_fenced) or their `try_`
-    /// forms; `None` for every other lock. It stays the same across
-    /// extensions. Pass it with every write to the protected resource, which
-    /// refuses a write whose token is lower than the highest it has seen
-    /// (see [`acquire_fenced`](Redlock::acquire_fenced)).
+    /// The fencing token, for a lock of [`Kind::Fenced`]; `None` for every
+    /// other lock. It stays the same across extensions. Pass it with every
+    /// write to the protected resource, which refuses a write whose token is
+    /// lower than the highest it has seen (see [`Kind`]).
     ///
     /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
+    /// # use redlock_sync::{Kind, LockError, LockOptions, Redlock};
     /// # use std::time::Duration;
     /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// locks.with_lock_fenced("ledger", Duration::from_secs(10), |guard| {
+    /// let fenced = LockOptions::new(Duration::from_secs(10)).kind(Kind::Fenced);
+    /// locks.with_lock("ledger", fenced, |guard| {
     ///     let token = guard.fencing_token().expect("a fenced lock has a token");
     ///     guard.check()?;
     ///     // storage.write_if_token_at_least(token, ...);
@@ -367,6 +321,20 @@ impl LockGuard {
     /// ```
     pub fn fencing_token(&self) -> Option<u64> {
         self.lease.fencing_token
+    }
+
+    /// The kind of lock held.
+    ///
+    /// ```no_run
+    /// # use redlock_sync::{Kind, LockError, Redlock};
+    /// # use std::time::Duration;
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// let guard = locks.lock("invoice:42", Duration::from_secs(10))?;
+    /// assert_eq!(guard.kind(), Kind::Plain);
+    /// # Ok::<(), LockError>(())
+    /// ```
+    pub fn kind(&self) -> Kind {
+        self.lease.kind
     }
 
     /// How long the lock is still valid, by the monotonic clock, as of the
@@ -383,10 +351,7 @@ impl LockGuard {
     /// # Ok::<(), LockError>(())
     /// ```
     pub fn validity(&self) -> Duration {
-        if !self.lease.held() {
-            return Duration::ZERO;
-        }
-        self.lease.deadline().map_or(Duration::ZERO, |d| {
+        (self.lease.deadline()).map_or(Duration::ZERO, |d| {
             d.saturating_duration_since(Instant::now())
         })
     }
@@ -460,7 +425,7 @@ impl LockGuard {
     /// # Ok::<(), LockError>(())
     /// ```
     pub fn is_ending(&self) -> bool {
-        self.lease.ending.load(Ordering::Acquire) || !self.lease.held()
+        !self.lease.held() || self.lease.state().ending
     }
 
     /// The instant (monotonic clock) past which the lock is never extended,
@@ -522,7 +487,7 @@ impl LockGuard {
         // that panicked extends no more, and the lease says the rest.
         let _ = watchdog.join();
         let lease = &*self.lease;
-        let released = self.client.release_token(&lease.resources, &lease.token);
+        let released = (self.client).release_token(lease.kind, &lease.resources, &lease.token);
         Some(if held {
             released
         } else {
@@ -543,6 +508,7 @@ impl Drop for LockGuard {
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
+            .field("kind", &self.lease.kind)
             .field("resources", &self.lease.resources)
             .field("token", &self.lease.token)
             .field("fencing_token", &self.lease.fencing_token)
@@ -553,19 +519,25 @@ impl fmt::Debug for LockGuard {
 }
 
 impl Redlock {
-    /// Acquires a lock on `resource` for `ttl` (with the retry policy and
-    /// wait budget of [`acquire`](Self::acquire)) and returns a guard that
-    /// keeps it alive with a watchdog thread and releases it when dropped:
-    /// the form of [`with_lock`](Self::with_lock) for code that does not
-    /// fit in a closure.
+    /// Acquires a lock as [`acquire`](Self::acquire) does (waiting per the
+    /// options' patience) and returns a guard that keeps it alive with a
+    /// watchdog thread and releases it when dropped: the form of
+    /// [`with_lock`](Self::with_lock) for code that does not fit in a
+    /// closure.
     ///
     /// Unlike the [`Lock`] of [`acquire`](Self::acquire), which is yours
     /// for its validity only and which you release, the guard's lock is
-    /// extended for as long as the guard lives (up to the hold cap,
-    /// [`max_hold`](crate::RedlockBuilder::max_hold)), and released when
-    /// the guard goes out of scope: at the end of the block, on an early
-    /// return or `?`, while a panic unwinds. [`LockGuard::unlock`] releases
-    /// it and tells whether it was held throughout.
+    /// extended by the TTL each time only a share of its validity is left
+    /// ([`LockOptions::extend_when_left`], by default the client's
+    /// [`extend_when_left`](crate::RedlockBuilder::extend_when_left)), for
+    /// as long as the guard lives, up to the hold cap
+    /// ([`LockOptions::max_hold`], by default the client's
+    /// [`max_hold`](crate::RedlockBuilder::max_hold)); and it is released
+    /// when the guard goes out of scope: at the end of the block, on an
+    /// early return or `?`, while a panic unwinds. [`LockGuard::unlock`]
+    /// releases it and tells whether it was held throughout. A cancel
+    /// handle in the options ends the wait only: never the guard's
+    /// watchdog.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -587,18 +559,21 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// - As [`acquire`](Self::acquire).
+    /// - As [`acquire`](Self::acquire), and [`LockError::Argument`] for an
+    ///   `extend_when_left` outside `(0, 1)`.
     /// - [`LockError::Lost`] if the validity ran out before the guard could
     ///   be made (the lock is released).
     /// - [`LockError::Thread`] if the OS cannot start the watchdog thread
     ///   (the lock is released).
-    pub fn lock(&self, resource: &str, ttl: Duration) -> Result<LockGuard, LockError> {
-        let retries = self.config().retry_count;
-        let lock = self.acquire_retrying(vec![resource.to_string()], ttl, retries)?;
-        self.keep_alive(lock, ttl)
+    pub fn lock(
+        &self,
+        resources: impl IntoResources,
+        options: impl Into<LockOptions>,
+    ) -> Result<LockGuard, LockError> {
+        self.keep_alive(resources.into_resources(), &options.into(), false)
     }
 
-    /// Like [`lock`](Self::lock), but one round only, as
+    /// Like [`lock`](Self::lock), but one attempt only, as
     /// [`try_acquire`](Self::try_acquire): no retry.
     ///
     /// ```no_run
@@ -616,125 +591,26 @@ impl Redlock {
     /// # Errors
     ///
     /// As [`lock`](Self::lock).
-    pub fn try_lock(&self, resource: &str, ttl: Duration) -> Result<LockGuard, LockError> {
-        let lock = self.acquire_retrying(vec![resource.to_string()], ttl, 0)?;
-        self.keep_alive(lock, ttl)
+    pub fn try_lock(
+        &self,
+        resources: impl IntoResources,
+        options: impl Into<LockOptions>,
+    ) -> Result<LockGuard, LockError> {
+        self.keep_alive(resources.into_resources(), &options.into(), true)
     }
 
-    /// [`lock`](Self::lock) over several resources held as one lock, all or
-    /// nothing, as [`acquire_many`](Self::acquire_many) takes them.
+    /// Acquires a lock as [`lock`](Self::lock) does, runs `f` under it
+    /// while the guard's watchdog keeps extending it, and always releases
+    /// it afterwards: when `f` returns `Ok` or `Err`, and when it panics
+    /// (the lock is released as the panic unwinds).
     ///
-    /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// let guard = locks.lock_many(["account:alice", "account:bob"], Duration::from_secs(5))?;
-    /// guard.check()?;
-    /// // debit alice, credit bob
-    /// guard.unlock()?;
-    /// # Ok::<(), LockError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`lock`](Self::lock), and [`LockError::Argument`] for no
-    /// resources, an empty resource name, or a resource named twice.
-    pub fn lock_many<I, S>(&self, resources: I, ttl: Duration) -> Result<LockGuard, LockError>
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        let retries = self.config().retry_count;
-        let lock = self.acquire_retrying(resource_list(resources), ttl, retries)?;
-        self.keep_alive(lock, ttl)
-    }
-
-    /// Like [`lock_many`](Self::lock_many), but one round only: no retry.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// if let Ok(guard) = locks.try_lock_many(["shelf:3", "shelf:4"], Duration::from_secs(30)) {
-    ///     // rearrange both shelves
-    ///     guard.unlock()?;
-    /// }
-    /// # Ok::<(), LockError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`lock_many`](Self::lock_many).
-    pub fn try_lock_many<I, S>(&self, resources: I, ttl: Duration) -> Result<LockGuard, LockError>
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        let lock = self.acquire_retrying(resource_list(resources), ttl, 0)?;
-        self.keep_alive(lock, ttl)
-    }
-
-    /// [`lock`](Self::lock) with a fencing token, as
-    /// [`acquire_fenced`](Self::acquire_fenced) gets it: see
-    /// [`LockGuard::fencing_token`].
-    ///
-    /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// let guard = locks.lock_fenced("ledger", Duration::from_secs(10))?;
-    /// let token = guard.fencing_token().expect("a fenced lock has a token");
-    /// // UPDATE ledger SET ..., fence = $token WHERE id = 1 AND fence <= $token
-    /// # let _ = token;
-    /// guard.unlock()?;
-    /// # Ok::<(), LockError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`lock`](Self::lock) and [`acquire_fenced`](Self::acquire_fenced).
-    pub fn lock_fenced(&self, resource: &str, ttl: Duration) -> Result<LockGuard, LockError> {
-        let retries = self.config().retry_count;
-        let lock = self.acquire_fenced_retrying(resource, ttl, retries)?;
-        self.keep_alive(lock, ttl)
-    }
-
-    /// Like [`lock_fenced`](Self::lock_fenced), but one attempt only: no
-    /// retry.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// if let Ok(guard) = locks.try_lock_fenced("ledger", Duration::from_secs(10)) {
-    ///     println!("writing with fencing token {:?}", guard.fencing_token());
-    /// }
-    /// # Ok::<(), LockError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`lock_fenced`](Self::lock_fenced).
-    pub fn try_lock_fenced(&self, resource: &str, ttl: Duration) -> Result<LockGuard, LockError> {
-        let lock = self.acquire_fenced_retrying(resource, ttl, 0)?;
-        self.keep_alive(lock, ttl)
-    }
-
-    /// Acquires a lock on `resource` for `ttl` (with the retry policy and
-    /// wait budget of [`acquire`](Self::acquire)), runs `f` under it while a
-    /// watchdog thread keeps extending it, and always releases it
-    /// afterwards: when `f` returns `Ok` or `Err`, and when it panics (the
-    /// lock is released as the panic unwinds).
-    ///
-    /// The watchdog extends the lock by `ttl` each time only a share of its
-    /// validity is left ([`extend_when_left`](crate::RedlockBuilder::extend_when_left),
-    /// default 1/3), so `f` may run far longer than `ttl`, up to the hold
-    /// cap ([`max_hold`](crate::RedlockBuilder::max_hold)) if one is set. `f` gets
-    /// the [`LockGuard`] (the one [`lock`](Self::lock) would return): check
+    /// So `f` may run far longer than the TTL, up to the hold cap if one is
+    /// set. `f` gets the [`LockGuard`]: check
     /// [`is_held`](LockGuard::is_held) or [`check`](LockGuard::check)
     /// before each step of the work. The error type only needs
     /// `From<LockError>`, so `?` works on both the lock's errors and your
-    /// own.
+    /// own. A cancel handle in the options ends the wait for the lock only,
+    /// never `f`.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -781,21 +657,26 @@ impl Redlock {
     ///
     /// A release that reaches too few nodes is not an error: the work was
     /// done under a valid lock, and the keys left behind expire within
-    /// `ttl`.
+    /// the TTL.
     ///
     /// # Panics
     ///
     /// Only if `f` panics: the lock is released as the panic unwinds (with
     /// `panic = "abort"`, the keys expire within the TTL instead).
-    pub fn with_lock<T, E, F>(&self, resource: &str, ttl: Duration, f: F) -> Result<T, E>
+    pub fn with_lock<T, E, F>(
+        &self,
+        resources: impl IntoResources,
+        options: impl Into<LockOptions>,
+        f: F,
+    ) -> Result<T, E>
     where
         F: FnOnce(&LockGuard) -> Result<T, E>,
         E: From<LockError>,
     {
-        run_locked(self.lock(resource, ttl), f)
+        run_locked(self.lock(resources, options), f)
     }
 
-    /// Like [`with_lock`](Self::with_lock), but one round only, as
+    /// Like [`with_lock`](Self::with_lock), but one attempt only, as
     /// [`try_acquire`](Self::try_acquire): no retry, so it returns at once
     /// when another client holds the lock.
     ///
@@ -821,152 +702,30 @@ impl Redlock {
     /// # Panics
     ///
     /// Only if `f` panics, after releasing the lock.
-    pub fn try_with_lock<T, E, F>(&self, resource: &str, ttl: Duration, f: F) -> Result<T, E>
-    where
-        F: FnOnce(&LockGuard) -> Result<T, E>,
-        E: From<LockError>,
-    {
-        run_locked(self.try_lock(resource, ttl), f)
-    }
-
-    /// [`with_lock`](Self::with_lock) over several resources held as one
-    /// lock, all or nothing, as [`acquire_many`](Self::acquire_many) takes
-    /// them; they are extended and released together.
-    ///
-    /// ```no_run
-    /// # use std::time::Duration;
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// // Move credit between two accounts, holding both.
-    /// locks.with_lock_many(["account:alice", "account:bob"], Duration::from_secs(5), |guard| {
-    ///     guard.check()?;
-    ///     // debit alice, credit bob
-    ///     Ok::<(), LockError>(())
-    /// })?;
-    /// # Ok::<(), LockError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`with_lock`](Self::with_lock), and [`LockError::Argument`] for no
-    /// resources, an empty resource name, or a resource named twice.
-    ///
-    /// # Panics
-    ///
-    /// Only if `f` panics, after releasing the lock.
-    pub fn with_lock_many<I, S, T, E, F>(&self, resources: I, ttl: Duration, f: F) -> Result<T, E>
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-        F: FnOnce(&LockGuard) -> Result<T, E>,
-        E: From<LockError>,
-    {
-        run_locked(self.lock_many(resources, ttl), f)
-    }
-
-    /// Like [`with_lock_many`](Self::with_lock_many), but one round only: no
-    /// retry.
-    ///
-    /// ```no_run
-    /// # use std::time::Duration;
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// let moved = locks.try_with_lock_many(["shelf:3", "shelf:4"], Duration::from_secs(5), |guard| {
-    ///     guard.check()?;
-    ///     Ok::<_, LockError>(12) // books moved from one shelf to the other
-    /// });
-    /// # Ok::<(), LockError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`with_lock_many`](Self::with_lock_many).
-    ///
-    /// # Panics
-    ///
-    /// Only if `f` panics, after releasing the lock.
-    pub fn try_with_lock_many<I, S, T, E, F>(
+    pub fn try_with_lock<T, E, F>(
         &self,
-        resources: I,
-        ttl: Duration,
+        resources: impl IntoResources,
+        options: impl Into<LockOptions>,
         f: F,
     ) -> Result<T, E>
     where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
         F: FnOnce(&LockGuard) -> Result<T, E>,
         E: From<LockError>,
     {
-        run_locked(self.try_lock_many(resources, ttl), f)
+        run_locked(self.try_lock(resources, options), f)
     }
 
-    /// [`with_lock`](Self::with_lock) with a fencing token, as
-    /// [`acquire_fenced`](Self::acquire_fenced) gets it: the guard's
-    /// [`fencing_token`](LockGuard::fencing_token) is `Some`, and stays the
-    /// same while the watchdog extends the lock.
-    ///
-    /// ```no_run
-    /// # use std::time::Duration;
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// locks.with_lock_fenced("ledger", Duration::from_secs(10), |guard| {
-    ///     let token = guard.fencing_token().expect("a fenced lock has a token");
-    ///     // UPDATE ledger SET ..., fence = $token WHERE id = 1 AND fence <= $token
-    /// #   let _ = token;
-    ///     Ok::<(), LockError>(())
-    /// })?;
-    /// # Ok::<(), LockError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`with_lock`](Self::with_lock) and
-    /// [`acquire_fenced`](Self::acquire_fenced).
-    ///
-    /// # Panics
-    ///
-    /// Only if `f` panics, after releasing the lock.
-    pub fn with_lock_fenced<T, E, F>(&self, resource: &str, ttl: Duration, f: F) -> Result<T, E>
-    where
-        F: FnOnce(&LockGuard) -> Result<T, E>,
-        E: From<LockError>,
-    {
-        run_locked(self.lock_fenced(resource, ttl), f)
-    }
-
-    /// Like [`with_lock_fenced`](Self::with_lock_fenced), but one attempt
-    /// only: no retry.
-    ///
-    /// ```no_run
-    /// # use std::time::Duration;
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// let written = locks.try_with_lock_fenced("ledger", Duration::from_secs(10), |guard| {
-    ///     Ok::<_, LockError>(guard.fencing_token())
-    /// });
-    /// # Ok::<(), LockError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`with_lock_fenced`](Self::with_lock_fenced).
-    ///
-    /// # Panics
-    ///
-    /// Only if `f` panics, after releasing the lock.
-    pub fn try_with_lock_fenced<T, E, F>(&self, resource: &str, ttl: Duration, f: F) -> Result<T, E>
-    where
-        F: FnOnce(&LockGuard) -> Result<T, E>,
-        E: From<LockError>,
-    {
-        run_locked(self.try_lock_fenced(resource, ttl), f)
-    }
-
-    /// Puts an acquired `lock` under a guard whose watchdog extends it by
-    /// `ttl`: the end of every `lock*` call.
-    fn keep_alive(&self, lock: Lock, ttl: Duration) -> Result<LockGuard, LockError> {
-        let config = *self.config();
-        let hold_deadline = config
+    /// Acquires as `options` say (one attempt if `once`), and puts the lock
+    /// under a guard whose watchdog extends it by the TTL: `lock` and
+    /// `try_lock`.
+    fn keep_alive(
+        &self,
+        resources: Vec<String>,
+        options: &LockOptions,
+        once: bool,
+    ) -> Result<LockGuard, LockError> {
+        let (lock, call) = self.acquire_with(resources, options, once)?;
+        let hold_deadline = call
             .max_hold
             .and_then(|cap| Instant::now().checked_add(cap));
         let lease = Arc::new(Lease::new(&lock, hold_deadline));
@@ -977,9 +736,10 @@ impl Redlock {
         }
         let spawned = {
             let (lease, client, mut lock) = (Arc::clone(&lease), self.clone(), lock);
+            let ttl = options.ttl;
             std::thread::Builder::new()
                 .name("redlock-watchdog".to_string())
-                .spawn(move || lease.watch(&client, &mut lock, ttl, config.extend_when_left))
+                .spawn(move || lease.watch(&client, &mut lock, ttl, call.extend_when_left))
         };
         match spawned {
             Ok(watchdog) => Ok(LockGuard {
@@ -988,7 +748,7 @@ impl Redlock {
                 watchdog: Some(watchdog),
             }),
             Err(e) => {
-                let _ = self.release_token(&lease.resources, &lease.token);
+                let _ = self.release_token(lease.kind, &lease.resources, &lease.token);
                 Err(LockError::Thread(e))
             }
         }

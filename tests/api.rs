@@ -42,7 +42,7 @@ fn a_struct_holding_a_client_can_derive_debug() {
     let shown = format!("{app:?}");
     assert!(shown.contains("127.0.0.1:7001"), "{shown}");
     assert!(shown.contains("quorum: 2"), "{shown}");
-    assert!(shown.contains("retry_count: 3"), "{shown}");
+    assert!(shown.contains("retries: 3"), "{shown}");
 }
 
 #[test]

@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::cluster;
-use redlock_sync::{ArgumentError, ConfigError, Lock, LockError, Redlock, Token, MAX_TTL};
+use redlock_sync::{ArgumentError, ConfigError, Kind, Lock, LockError, Redlock, Token, MAX_TTL};
 
 /// A client over a port nothing listens on: argument checks come before any
 /// network traffic, so these tests need no server.
@@ -244,7 +244,7 @@ fn an_empty_resource_is_rejected() {
         ArgumentError::EmptyResource
     );
     assert_eq!(
-        argument_error(Lock::from_token("", Token::random().unwrap())),
+        argument_error(Lock::from_token("", Token::random().unwrap(), Kind::Plain)),
         ArgumentError::EmptyResource
     );
 }
@@ -272,7 +272,7 @@ fn ttls_that_are_zero_below_the_drift_term_or_too_large_are_rejected() {
             ArgumentError::TtlTooLarge { .. }
         ));
     }
-    let mut lock = Lock::from_token("r", Token::random().unwrap()).unwrap();
+    let mut lock = Lock::from_token("r", Token::random().unwrap(), Kind::Plain).unwrap();
     assert_eq!(
         argument_error(locks.extend(&mut lock, Duration::ZERO)),
         ArgumentError::ZeroTtl

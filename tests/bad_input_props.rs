@@ -15,7 +15,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 use common::cluster;
 use redlock_sync::{
-    ArgumentError, ConfigError, Lock, LockError, Redlock, Token, FENCE_KEY_PREFIX, MAX_TTL,
+    ArgumentError, ConfigError, Kind, Lock, LockError, Redlock, Token, FENCE_KEY_PREFIX, MAX_TTL,
 };
 use redlock_sync_testing::Cluster;
 
@@ -138,8 +138,8 @@ fn acquire_with_any_resource_and_ttl_is_ok_or_a_typed_error_and_a_failure_leaves
         let result = match how {
             0 => locks.acquire(&resource, ttl),
             1 => locks.try_acquire(&resource, ttl),
-            2 => locks.acquire_fenced(&resource, ttl),
-            _ => locks.try_acquire_fenced(&resource, ttl),
+            2 => locks.acquire(&resource, common::fenced(ttl)),
+            _ => locks.try_acquire(&resource, common::fenced(ttl)),
         };
         match (expected_argument_error(&resource, ttl), result) {
             (Some(expected), Err(LockError::Argument(got))) => {
@@ -192,7 +192,7 @@ fn extend_and_release_with_any_resource_token_and_ttl_are_ok_or_typed_and_create
             return Ok(());
         };
         prop_assert_eq!(token.to_string(), text);
-        let mut lock = match Lock::from_token(resource.clone(), token) {
+        let mut lock = match Lock::from_token(resource.clone(), token, Kind::Plain) {
             Ok(lock) => lock,
             Err(e) => {
                 prop_assert!(

@@ -27,7 +27,7 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{cluster, wait_until};
+use common::{cluster, fenced, wait_until};
 use redlock_sync::{Lock, LockError, NodeOutcome, Redlock};
 use redlock_sync_testing::{Cluster, Fault, Proxy};
 
@@ -134,7 +134,7 @@ fn work(
             scoped_section(locks, who, ttl, &mut rng, log, failures);
             continue;
         }
-        let mut lock: Lock = match locks.acquire_fenced(RESOURCE, ttl) {
+        let mut lock: Lock = match locks.acquire(RESOURCE, fenced(ttl)) {
             Ok(lock) => lock,
             Err(e) => {
                 let kind = match e {
@@ -373,7 +373,7 @@ fn sections_never_overlap_with_validity_left_and_fencing_tokens_increase_under_r
     // is read, so it shows as failed in every report until it votes.
     wait_until(Duration::from_secs(10), "every node votes", || {
         clients[0]
-            .try_acquire_fenced("warm-up", TTLS[0])
+            .try_acquire("warm-up", fenced(TTLS[0]))
             .and_then(|lock| clients[0].release(lock))
             .is_ok_and(|report| {
                 report

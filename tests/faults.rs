@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use common::{
     builder, cluster, holders, no_quorum_within, values, wait_until, wait_until_gone, SETTLE,
 };
-use redlock_sync::{Lock, LockError, NodeOutcome, Redlock};
+use redlock_sync::{Kind, Lock, LockError, NodeOutcome, Redlock};
 
 const TTL: Duration = Duration::from_secs(10);
 const IO_TIMEOUT: Duration = Duration::from_millis(100);
@@ -49,7 +49,7 @@ fn a_minority_of_dead_nodes_does_not_stop_acquire_but_a_majority_gives_the_quoru
             break;
         }
         let lock = locks
-            .acquire(&format!("two-dead:{i}"), TTL)
+            .acquire(format!("two-dead:{i}"), TTL)
             .expect("3 of 5 nodes are a quorum");
         let report = locks.release(lock).expect("release on the live quorum");
         assert!(
@@ -82,7 +82,7 @@ fn a_paused_node_costs_at_most_the_io_timeout_and_its_late_replies_are_never_tak
     let locks = builder(&nodes).io_timeout(IO_TIMEOUT).build().unwrap();
     // Warm the pool: node 0's idle connections must be dropped, not reused.
     for i in 0..4 {
-        let lock = locks.acquire(&format!("warm-{i}"), TTL).unwrap();
+        let lock = locks.acquire(format!("warm-{i}"), TTL).unwrap();
         locks.release(lock).unwrap();
     }
 
@@ -210,7 +210,7 @@ fn a_fresh_client_whose_first_node_hangs_still_locks_with_default_timeouts() {
     let locks = Redlock::new(nodes.urls()).unwrap();
     for i in 0..10 {
         let lock = locks
-            .try_acquire(&format!("first-hangs-{i}"), TTL)
+            .try_acquire(format!("first-hangs-{i}"), TTL)
             .unwrap_or_else(|e| panic!("attempt {i}: nodes 1 and 2 answer, yet: {e}"));
         assert!(lock.report().granted() >= 2, "{}", lock.report());
         locks.release(lock).unwrap();
@@ -301,7 +301,7 @@ fn extend_with_too_few_nodes_stops_retrying_when_the_lock_is_no_longer_valid_or_
         .io_timeout(IO_TIMEOUT)
         .build()
         .unwrap();
-    let mut from_token = Lock::from_token("long", *long.token()).unwrap();
+    let mut from_token = Lock::from_token("long", *long.token(), Kind::Plain).unwrap();
     match rebuilt.extend(&mut from_token, TTL) {
         Err(LockError::NoQuorum { attempts, .. }) => assert_eq!(attempts, 3),
         other => panic!("expected NoQuorum after 2 retries, got {other:?}"),

@@ -8,7 +8,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use common::{
-    client, cluster, contending_client, holders, values, wait_until, wait_until_gone, SETTLE,
+    client, cluster, contending_client, fenced, holders, values, wait_until, wait_until_gone,
+    SETTLE,
 };
 use redlock_sync::{ArgumentError, LockError, NodeError, NodeOutcome, FENCE_KEY_PREFIX};
 
@@ -40,7 +41,7 @@ fn threads_recording_their_fencing_token_under_the_lock_see_them_strictly_increa
             s.spawn(|| {
                 for _ in 0..SECTIONS {
                     let lock = locks
-                        .acquire_fenced("fenced-counter", TTL)
+                        .acquire("fenced-counter", fenced(TTL))
                         .expect("acquire eventually succeeds");
                     let token = lock.fencing_token().expect("a fenced lock has a token");
                     log.lock().unwrap().push(token);
@@ -69,7 +70,7 @@ fn threads_recording_their_fencing_token_under_the_lock_see_them_strictly_increa
 fn a_fenced_lock_leaves_a_counter_that_never_expires_and_extends_and_releases_like_any_lock() {
     let nodes = cluster(5);
     let locks = client(&nodes);
-    let mut lock = locks.acquire_fenced("invoice:7", TTL).unwrap();
+    let mut lock = locks.acquire("invoice:7", fenced(TTL)).unwrap();
     let token = lock.fencing_token().expect("a fenced lock has a token");
     // Round two stops at a quorum of confirmations; the others land just
     // after.
@@ -94,7 +95,7 @@ fn a_fenced_lock_leaves_a_counter_that_never_expires_and_extends_and_releases_li
         "the counter outlives the lock"
     );
 
-    let next = locks.acquire_fenced("invoice:7", TTL).unwrap();
+    let next = locks.acquire("invoice:7", fenced(TTL)).unwrap();
     let next_token = next.fencing_token().unwrap();
     assert!(
         next_token > token,
@@ -105,7 +106,7 @@ fn a_fenced_lock_leaves_a_counter_that_never_expires_and_extends_and_releases_li
     // Plain locks have no token, and plain and fenced locks exclude each other.
     let plain = locks.acquire("invoice:7", TTL).unwrap();
     assert_eq!(plain.fencing_token(), None);
-    match locks.try_acquire_fenced("invoice:7", TTL) {
+    match locks.try_acquire("invoice:7", fenced(TTL)) {
         Err(LockError::Contended { report, .. }) => assert_eq!(report.refused(), 5, "{report}"),
         other => panic!("expected the contended error, got {other:?}"),
     }
@@ -123,7 +124,7 @@ fn round_two_spreads_the_largest_counter_so_a_later_quorum_without_its_node_stil
         .node(0)
         .set(&fence_key("spread"), &high.to_string())
         .unwrap();
-    let lock = locks.acquire_fenced("spread", TTL).unwrap();
+    let lock = locks.acquire("spread", fenced(TTL)).unwrap();
     let first = lock.fencing_token().unwrap();
     assert_eq!(first, high + 1, "the token is the largest counter");
     locks.release(lock).unwrap();
@@ -131,7 +132,7 @@ fn round_two_spreads_the_largest_counter_so_a_later_quorum_without_its_node_stil
 
     // Without node 0, the other four still know the high value.
     nodes.node(0).kill().unwrap();
-    let lock = locks.acquire_fenced("spread", TTL).unwrap();
+    let lock = locks.acquire("spread", fenced(TTL)).unwrap();
     let second = lock.fencing_token().unwrap();
     assert!(second > first, "expected more than {first}, got {second}");
     locks.release(lock).unwrap();
@@ -141,7 +142,7 @@ fn round_two_spreads_the_largest_counter_so_a_later_quorum_without_its_node_stil
 fn counters_lost_with_a_restart_start_again_from_the_clock_above_every_earlier_token() {
     let nodes = cluster(3);
     let locks = client(&nodes);
-    let lock = locks.acquire_fenced("amnesia", TTL).unwrap();
+    let lock = locks.acquire("amnesia", fenced(TTL)).unwrap();
     let before = lock.fencing_token().unwrap();
     locks.release(lock).unwrap();
     for node in nodes.nodes() {
@@ -152,7 +153,7 @@ fn counters_lost_with_a_restart_start_again_from_the_clock_above_every_earlier_t
         vec![None; 3],
         "all counters lost"
     );
-    let lock = locks.acquire_fenced("amnesia", TTL).unwrap();
+    let lock = locks.acquire("amnesia", fenced(TTL)).unwrap();
     let after = lock.fencing_token().unwrap();
     assert!(
         after > before,
@@ -169,7 +170,7 @@ fn a_node_whose_counter_is_not_a_number_fails_without_setting_the_lock_and_the_r
         .node(0)
         .set(&fence_key("garbled"), "not a number")
         .unwrap();
-    let lock = locks.acquire_fenced("garbled", TTL).unwrap();
+    let lock = locks.acquire("garbled", fenced(TTL)).unwrap();
     let report = lock.report();
     assert!(report.granted() >= 3, "{report}");
     assert!(
@@ -200,11 +201,11 @@ fn an_acquisition_of_a_counter_key_fenced_or_not_is_refused() {
             other => panic!("expected the reserved-resource error, got {other:?}"),
         }
     }
-    reserved(locks.try_acquire_fenced(&fence_key("x"), TTL));
-    reserved(locks.try_acquire(&fence_key("x"), TTL));
-    reserved(locks.acquire_many(["y".to_string(), fence_key("x")], TTL));
-    reserved(locks.with_lock(&fence_key("x"), TTL, |_| Ok::<_, LockError>(())));
-    reserved(locks.try_lock(&fence_key("x"), TTL));
+    reserved(locks.try_acquire(fence_key("x"), fenced(TTL)));
+    reserved(locks.try_acquire(fence_key("x"), TTL));
+    reserved(locks.acquire(["y".to_string(), fence_key("x")], TTL));
+    reserved(locks.with_lock(fence_key("x"), TTL, |_| Ok::<_, LockError>(())));
+    reserved(locks.try_lock(fence_key("x"), TTL));
     assert!(nodes.node(0).keys().unwrap().is_empty(), "nothing written");
 }
 
@@ -219,7 +220,7 @@ fn a_failed_fenced_acquisition_releases_the_lock_but_keeps_the_counter() {
             .query(&["SET", "busy", "someone-else", "PX", "60000"])
             .unwrap();
     }
-    match locks.acquire_fenced("busy", TTL) {
+    match locks.acquire("busy", fenced(TTL)) {
         Err(LockError::Contended {
             attempts, report, ..
         }) => {

@@ -7,7 +7,9 @@ mod common;
 use std::panic::{self, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
-use common::{client, cluster, holds_throughout, slow_retrying_client, values, wait_until, SETTLE};
+use common::{
+    client, cluster, fenced, holds_throughout, slow_retrying_client, values, wait_until, SETTLE,
+};
 use redlock_sync::{ArgumentError, LockError};
 
 #[test]
@@ -48,7 +50,7 @@ fn a_guard_is_released_on_an_early_return() {
     let locks = client(&nodes);
 
     let work = || -> Result<(), LockError> {
-        let guard = locks.lock_many(["early:a", "early:b"], Duration::from_secs(10))?;
+        let guard = locks.lock(["early:a", "early:b"], Duration::from_secs(10))?;
         assert!(guard.is_held());
         assert_eq!(guard.resources(), ["early:a", "early:b"]);
         // Any error from here on returns early, dropping the guard.
@@ -141,7 +143,7 @@ fn try_lock_takes_one_round_and_fails_at_once_when_the_lock_is_held() {
         Err(LockError::Contended { attempts, .. }) => assert_eq!(attempts, 1),
         other => panic!("expected the contended error, got {other:?}"),
     }
-    match patient.try_lock_many(["free", "busy"], Duration::from_secs(10)) {
+    match patient.try_lock(["free", "busy"], Duration::from_secs(10)) {
         Err(LockError::Contended { attempts, .. }) => assert_eq!(attempts, 1),
         other => panic!("expected the contended error, got {other:?}"),
     }
@@ -165,7 +167,7 @@ fn a_fenced_guard_keeps_its_growing_fencing_token_across_extensions() {
     let locks = client(&nodes);
     let ttl = Duration::from_millis(300);
 
-    let first = locks.lock_fenced("fenced-guard", ttl).unwrap();
+    let first = locks.lock("fenced-guard", fenced(ttl)).unwrap();
     let token = first.fencing_token().expect("a fenced guard has a token");
     let valid_until = Instant::now() + first.validity();
     wait_until(3 * ttl, "the watchdog extended the lock", || {
@@ -179,18 +181,30 @@ fn a_fenced_guard_keeps_its_growing_fencing_token_across_extensions() {
     );
     first.unlock().unwrap();
 
-    let second = locks.try_lock_fenced("fenced-guard", ttl).unwrap();
+    let second = locks.try_lock("fenced-guard", fenced(ttl)).unwrap();
     let next = second.fencing_token().expect("a fenced guard has a token");
     assert!(next > token, "{next} after {token}: tokens grow");
     second.unlock().unwrap();
 }
 
 #[test]
-fn a_guard_shows_its_lock_in_debug() {
+fn a_guard_shows_its_lock_in_debug_with_the_token_redacted() {
     let nodes = cluster(3);
     let locks = client(&nodes);
     let guard = locks.lock("shown", Duration::from_secs(10)).unwrap();
     let shown = format!("{guard:?}");
+    let token = guard.token().to_string();
     assert!(shown.contains("\"shown\""), "{shown}");
-    assert!(shown.contains(&guard.token().to_string()), "{shown}");
+    assert!(
+        shown.contains(&format!("Token({}…)", &token[..8])),
+        "{shown}"
+    );
+    assert!(!shown.contains(&token[8..]), "{shown}");
+    let lock = locks
+        .try_acquire("shown-too", Duration::from_secs(10))
+        .unwrap();
+    let token = lock.token().to_string();
+    let shown = format!("{lock:?}");
+    assert!(!shown.contains(&token[8..]), "{shown}");
+    locks.release(lock).unwrap();
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{
     client, cluster, holders, values, wait_until, wait_until_gone, wait_until_held_by, SETTLE,
 };
-use redlock_sync::{Lock, LockError, NodeError, NodeOutcome, Redlock, Token};
+use redlock_sync::{Kind, Lock, LockError, NodeError, NodeOutcome, Redlock, Token};
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -199,7 +199,7 @@ fn a_resource_and_token_carried_to_another_client_release_and_extend_the_lock_th
 
     let other = client(&nodes);
     let token: Token = token_text.parse().expect("a printed token parses");
-    let mut carried = Lock::from_token(resource.clone(), token).unwrap();
+    let mut carried = Lock::from_token(resource.clone(), token, Kind::Plain).unwrap();
     assert!(carried.validity().is_zero(), "unknown validity is zero");
 
     other
@@ -215,7 +215,7 @@ fn a_resource_and_token_carried_to_another_client_release_and_extend_the_lock_th
 
     // A made-up token releases nothing that someone else holds.
     let held = acquiring.acquire("nightly", TTL).unwrap();
-    let forged = Lock::from_token("nightly", Token::random().unwrap()).unwrap();
+    let forged = Lock::from_token("nightly", Token::random().unwrap(), Kind::Plain).unwrap();
     assert!(matches!(other.release(forged), Err(LockError::Lost { .. })));
     assert_eq!(holders(&nodes, &held), 3, "the holder's keys are untouched");
     acquiring.release(held).unwrap();
@@ -251,7 +251,7 @@ fn after_script_flush_release_falls_back_to_eval_and_later_rounds_heal() {
     // (32: a node always read last is still read every 32 rounds) is
     // drained; from then on releases work on every node.
     for i in 0..20 {
-        let lock = locks.acquire(&format!("flush-{i}"), TTL).unwrap();
+        let lock = locks.acquire(format!("flush-{i}"), TTL).unwrap();
         locks.release(lock).unwrap();
     }
     let lock = locks.acquire("flush-last", TTL).unwrap();
@@ -273,7 +273,7 @@ fn a_clean_up_after_script_flush_never_undoes_a_later_grant() {
         .build()
         .unwrap();
     for i in 0..9 {
-        let lock = locks.acquire(&format!("warm{i}"), TTL).unwrap();
+        let lock = locks.acquire(format!("warm{i}"), TTL).unwrap();
         locks.release(lock).unwrap();
     }
     // Another client holds the resource on y (briefly) and z (longer), and
@@ -439,7 +439,7 @@ fn password_and_db_in_the_url_are_used() {
 
     let without_password = Redlock::new(nodes.urls()).unwrap();
     match without_password.try_acquire("x", TTL) {
-        Err(LockError::NoQuorum { report, .. }) => {
+        Err(LockError::Unusable { report, .. }) => {
             assert!(report.failed() >= 2, "{report}");
             assert!(!report.to_string().contains("s3cret"));
         }

@@ -23,7 +23,7 @@ fn multi_resource_locks_sharing_a_resource_exclude_each_other_and_disjoint_ones_
     let second = client(&nodes);
 
     let left = first
-        .acquire_many(["acct:1", "acct:2"], TTL)
+        .acquire(["acct:1", "acct:2"], TTL)
         .expect("free resources are granted");
     assert_eq!(left.resources(), ["acct:1", "acct:2"]);
     assert_eq!(holders(&nodes, &left), 5, "every node holds both keys");
@@ -31,7 +31,7 @@ fn multi_resource_locks_sharing_a_resource_exclude_each_other_and_disjoint_ones_
     for (what, result) in [
         (
             "a multi-resource lock sharing acct:2",
-            second.try_acquire_many(["acct:2", "acct:3"], TTL),
+            second.try_acquire(["acct:2", "acct:3"], TTL),
         ),
         (
             "a single-resource lock on acct:1",
@@ -52,14 +52,14 @@ fn multi_resource_locks_sharing_a_resource_exclude_each_other_and_disjoint_ones_
     );
 
     let right = second
-        .try_acquire_many(["acct:3", "acct:4"], TTL)
+        .try_acquire(["acct:3", "acct:4"], TTL)
         .expect("a disjoint multi-resource lock is granted alongside");
     assert_eq!(holders(&nodes, &right), 5);
     assert_eq!(holders(&nodes, &left), 5, "the first lock is untouched");
 
     first.release(left).expect("release both resources");
     let shared = second
-        .try_acquire_many(["acct:2", "acct:1"], TTL)
+        .try_acquire(["acct:2", "acct:1"], TTL)
         .expect("after the release the overlapping lock is granted");
     second.release(shared).unwrap();
     second.release(right).unwrap();
@@ -75,7 +75,7 @@ fn a_multi_resource_acquire_that_fails_on_one_resource_leaves_none_of_the_others
     let other = client(&nodes)
         .acquire("b", TTL)
         .expect("free lock is granted");
-    match locks.acquire_many(["a", "b", "c"], TTL) {
+    match locks.acquire(["a", "b", "c"], TTL) {
         Err(LockError::Contended {
             resource, attempts, ..
         }) => {
@@ -96,7 +96,7 @@ fn a_multi_resource_acquire_that_fails_on_one_resource_leaves_none_of_the_others
     for node in &nodes.nodes()[..3] {
         node.set("z", "a stranger's token").unwrap();
     }
-    match locks.try_acquire_many(["x", "y", "z"], TTL) {
+    match locks.try_acquire(["x", "y", "z"], TTL) {
         Err(LockError::Contended { report, .. }) => {
             // Decided by the third refusal; the granting nodes may not
             // have been read by then.
@@ -118,9 +118,7 @@ fn a_multi_resource_lock_is_extended_and_released_as_one() {
     let nodes = cluster(3);
     let locks = client(&nodes);
 
-    let mut lock = locks
-        .acquire_many(["k1", "k2", "k3"], TTL)
-        .expect("granted");
+    let mut lock = locks.acquire(["k1", "k2", "k3"], TTL).expect("granted");
     locks
         .extend(&mut lock, 2 * TTL)
         .expect("every key is extended");
@@ -161,7 +159,7 @@ fn a_multi_resource_lock_is_extended_and_released_as_one() {
     assert_eq!(values(&nodes, "k2"), vec![Some("someone else".into()); 3]);
 
     // A lock over several resources is released on all of them.
-    let lock = locks.acquire_many(["k1", "k3"], TTL).unwrap();
+    let lock = locks.acquire(["k1", "k3"], TTL).unwrap();
     let report = locks.release(lock).expect("release of a held lock");
     assert!(report.granted() >= 2, "{report}");
     wait_until(SETTLE, "both resources are released", || {
@@ -202,7 +200,7 @@ fn with_lock_many_moves_credit_between_accounts_and_loses_none() {
                     };
                     let resources = [format!("account:{from}"), format!("account:{to}")];
                     locks
-                        .with_lock_many(&resources, Duration::from_secs(5), |guard| {
+                        .with_lock(&resources, Duration::from_secs(5), |guard| {
                             let (a, b) = (balance(from), balance(to));
                             std::thread::yield_now();
                             guard.check()?;
@@ -259,9 +257,9 @@ fn bad_resource_lists_are_rejected_before_any_network_traffic() {
     ];
     for (resources, expected) in cases {
         for result in [
-            locks.acquire_many(resources, TTL).map(drop),
-            locks.try_acquire_many(resources, TTL).map(drop),
-            locks.with_lock_many(resources, TTL, |_| -> Result<(), LockError> {
+            locks.acquire(resources, TTL).map(drop),
+            locks.try_acquire(resources, TTL).map(drop),
+            locks.with_lock(resources, TTL, |_| -> Result<(), LockError> {
                 panic!("the closure must not run for {resources:?}")
             }),
         ] {

@@ -80,9 +80,11 @@ fn auth_errors(report: &Report) -> Vec<(String, String, &'static str)> {
         .collect()
 }
 
-fn no_quorum_report(result: Result<redlock_sync::Lock, LockError>) -> (String, Report) {
+/// The report of a call that ended because the nodes cannot serve this
+/// client: errors that waiting cannot fix.
+fn unusable_report(result: Result<redlock_sync::Lock, LockError>) -> (String, Report) {
     match result {
-        Err(e @ LockError::NoQuorum { .. }) => {
+        Err(e @ LockError::Unusable { .. }) => {
             let report = e.report().cloned().expect("a report");
             (e.to_string(), report)
         }
@@ -141,7 +143,7 @@ fn a_wrong_password_is_an_authentication_error_naming_the_node_and_never_a_passw
     require_password(&nodes);
     let urls = with_userinfo(&nodes, ":wrong-Pw");
     let locks = client_over(urls);
-    let (message, report) = no_quorum_report(locks.try_acquire("wrong-password", TTL));
+    let (message, report) = unusable_report(locks.try_acquire("wrong-password", TTL));
     for (node, reply, hint) in auth_errors(&report) {
         assert!(reply.starts_with("WRONGPASS"), "{node}: {reply}");
         assert!(hint.contains("redis://:password@host"), "{node}: {hint}");
@@ -160,7 +162,7 @@ fn a_password_without_its_colon_is_a_user_name_and_the_error_says_where_the_pass
     // AUTH is sent, and the server answers NOAUTH.
     let urls = with_userinfo(&nodes, PASSWORD);
     let locks = client_over(urls);
-    let (message, report) = no_quorum_report(locks.try_acquire("misplaced-password", TTL));
+    let (message, report) = unusable_report(locks.try_acquire("misplaced-password", TTL));
     for (node, reply, hint) in auth_errors(&report) {
         assert!(reply.starts_with("NOAUTH"), "{node}: {reply}");
         assert!(
@@ -177,7 +179,7 @@ fn no_password_for_a_node_that_requires_one_says_how_to_give_it() {
     let nodes = cluster(3);
     require_password(&nodes);
     let locks = client_over(nodes.urls());
-    let (_, report) = no_quorum_report(locks.try_acquire("no-password", TTL));
+    let (_, report) = unusable_report(locks.try_acquire("no-password", TTL));
     for (node, reply, hint) in auth_errors(&report) {
         assert!(reply.starts_with("NOAUTH"), "{node}: {reply}");
         assert!(hint.contains("asks for a password"), "{hint}");
@@ -224,7 +226,7 @@ fn an_acl_user_with_its_password_locks_and_with_a_wrong_one_is_refused() {
     });
 
     let wrong = client_over(with_userinfo(&nodes, "locker:nope-Pw"));
-    let (message, report) = no_quorum_report(wrong.try_acquire("acl-user", TTL));
+    let (message, report) = unusable_report(wrong.try_acquire("acl-user", TTL));
     for (node, reply, _) in auth_errors(&report) {
         assert!(reply.starts_with("WRONGPASS"), "{node}: {reply}");
     }

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{cluster, no_quorum_within, values, wait_until, wait_until_gone, SETTLE};
+use common::{cluster, fenced, no_quorum_within, values, wait_until, wait_until_gone, SETTLE};
 use redlock_sync::{LockError, NodeOutcome, Redlock, Report};
 use redlock_sync_testing::{Cluster, Fault, Proxy};
 
@@ -74,7 +74,7 @@ fn a_partitioned_minority_does_not_stop_progress() {
         let lock = if i % 2 == 0 {
             locks.acquire(&resource, TTL)
         } else {
-            locks.acquire_fenced(&resource, TTL)
+            locks.acquire(&resource, fenced(TTL))
         }
         .unwrap_or_else(|e| panic!("round {i}: 3 of 5 nodes answer, expected the lock, got {e}"));
         let report = lock.report();
@@ -118,7 +118,7 @@ fn a_partitioned_majority_gives_the_quorum_error_within_its_bound() {
         "the failed attempts released the reachable nodes",
         || values(&nodes, "majority") == vec![None; 5],
     );
-    match locks.try_acquire_fenced("majority", TTL) {
+    match locks.try_acquire("majority", fenced(TTL)) {
         Err(LockError::NoQuorum { .. }) => {}
         other => panic!("expected the quorum error for a fenced lock too, got {other:?}"),
     }
@@ -161,7 +161,7 @@ fn after_healing_a_partition_locks_flow_again() {
         lock.report()
     );
     locks.release(lock).unwrap();
-    let fenced = locks.acquire_fenced("healing", TTL).unwrap();
+    let fenced = locks.acquire("healing", fenced(TTL)).unwrap();
     assert!(
         every_awaited_node_granted(fenced.report()),
         "{}",

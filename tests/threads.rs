@@ -78,7 +78,7 @@ fn threads_sharing_a_client_do_not_wait_behind_each_others_reads() {
     // starts once the connections are up, so warm up until a round won.
     let warm = (0..20).any(|attempt| {
         locks
-            .try_acquire(&format!("warm-up:{attempt}"), Duration::from_secs(10))
+            .try_acquire(format!("warm-up:{attempt}"), Duration::from_secs(10))
             .map(|lock| locks.release(lock))
             .is_ok()
     });
@@ -89,7 +89,7 @@ fn threads_sharing_a_client_do_not_wait_behind_each_others_reads() {
             let (locks, failures) = (&locks, &failures);
             s.spawn(move || {
                 for i in 0..10 {
-                    match locks.try_acquire(&format!("hol:{t}:{i}"), Duration::from_secs(10)) {
+                    match locks.try_acquire(format!("hol:{t}:{i}"), Duration::from_secs(10)) {
                         Ok(lock) => {
                             let _ = locks.release(lock);
                         }
@@ -133,7 +133,7 @@ fn thirty_two_threads_sharing_connections_each_get_their_own_replies() {
                         }
                     } else {
                         let lock = locks
-                            .try_acquire(&format!("own:{t}:{i}"), Duration::from_secs(10))
+                            .try_acquire(format!("own:{t}:{i}"), Duration::from_secs(10))
                             .unwrap_or_else(|e| {
                                 panic!("thread {t}, try {i}: a free resource gave {e}")
                             });

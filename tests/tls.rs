@@ -7,15 +7,31 @@
 
 #![cfg(feature = "tls")]
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use redlock_sync::{LockError, Redlock};
+use redlock_sync::{LockError, LockOptions, Patience, Redlock};
 use redlock_sync_testing::Cluster;
 
 #[test]
 fn locks_work_over_rediss_and_valkeys_with_a_verified_certificate() {
     let cluster = Cluster::start_tls(3)
         .unwrap_or_else(|e| panic!("could not start 3 TLS redis-server nodes: {e}"));
+    // Before the client trusts the cluster's CA, every node fails TLS: an
+    // error waiting cannot fix, which ends even an endless wait at once.
+    let untrusting = Redlock::builder(cluster.urls())
+        .io_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let endless = LockOptions::new(Duration::from_secs(10)).patience(Patience::Forever);
+    match untrusting.acquire("over-tls", endless) {
+        Err(e @ LockError::Unusable { .. }) => {
+            assert!(e.report().unwrap().unusable().count() >= 2, "{e}")
+        }
+        other => panic!("expected Unusable, got {other:?}"),
+    }
+    assert!(start.elapsed() < Duration::from_secs(8));
     // The client trusts the cluster's CA through rustls' usual environment
     // variable. This test binary has this one test, so no other thread
     // reads it.

@@ -109,7 +109,7 @@ fn a_multi_resource_waiter_wakes_when_one_of_its_resources_is_released() {
     let waiting = {
         let locks = locks.clone();
         thread::spawn(move || {
-            let lock = locks.acquire_many(["shelf:3", "shelf:4"], TTL).unwrap();
+            let lock = locks.acquire(["shelf:3", "shelf:4"], TTL).unwrap();
             (lock, Instant::now())
         })
     };

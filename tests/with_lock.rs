@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{
-    builder, client, cluster, holds_throughout, slow_retrying_client, values, wait_until,
+    builder, client, cluster, fenced, holds_throughout, slow_retrying_client, values, wait_until,
 };
 use redlock_sync::{LockError, Redlock};
 
@@ -430,7 +430,7 @@ fn try_with_lock_takes_one_round_and_does_not_run_the_closure_when_the_lock_is_h
         Err(LockError::Contended { attempts, .. }) => assert_eq!(attempts, 1),
         other => panic!("expected the contended error, got {other:?}"),
     }
-    let result = patient.try_with_lock_many(["spare", "one-shot"], Duration::from_secs(10), |_| {
+    let result = patient.try_with_lock(["spare", "one-shot"], Duration::from_secs(10), |_| {
         ran.store(true, Ordering::SeqCst);
         Ok::<_, LockError>(())
     });
@@ -461,7 +461,7 @@ fn with_lock_fenced_gives_a_growing_fencing_token_that_extensions_keep() {
     let mut tokens = Vec::new();
     for round in 0..3 {
         let token = locks
-            .with_lock_fenced("fenced-job", ttl, |guard| {
+            .with_lock("fenced-job", fenced(ttl), |guard| {
                 let token = guard.fencing_token().expect("a fenced guard has a token");
                 if round == 1 {
                     // Run past an extension: the token stays.
@@ -478,7 +478,7 @@ fn with_lock_fenced_gives_a_growing_fencing_token_that_extensions_keep() {
         tokens.push(token);
     }
     let last = locks
-        .try_with_lock_fenced("fenced-job", ttl, |guard| {
+        .try_with_lock("fenced-job", fenced(ttl), |guard| {
             Ok::<_, LockError>(guard.fencing_token())
         })
         .expect("granted")

@@ -64,7 +64,7 @@ take and give back a lock in separate steps, with an explicit token; `status` sh
         code_line!("75   ", "the lock is held by another client (--conflict-exit-code changes it)"),
         code_line!("74   ", "acquire: the token could not be printed (the lock was released)"),
         code_line!("76   ", "the lock was lost while held, or was not held at extend or release"),
-        code_line!("77   ", "run, acquire: too many nodes refuse this client (password, ACL)"),
+        code_line!("77   ", "run, acquire: too many nodes refuse this client (password, ACL, TLS, unknown host)"),
         code_line!("126  ", "run: the command could not be run; 127: it was not found"),
         code_line!("128+N", "run: the command died of signal N; or signal N stopped the wait"),
         "\nExample:\n",
@@ -202,7 +202,7 @@ command ends, and exit with the command's status.\n\n",
         "By default wait for the lock as long as it takes (while too few nodes answer, saying so on standard \
 error at once and then at most every 10 s); --wait bounds the wait and --no-wait (-n) gives up at once. \
 When the lock is not had, the command does not run. Nodes that refuse this client (a wrong or missing \
-password, a missing ACL permission) are said once; if they leave too few nodes for a quorum, it exits at \
+password, a missing ACL permission, a TLS failure, a host that does not exist) are said once; if they leave too few nodes for a quorum, it exits at \
 once with 77, waiting or not.\n\n",
         "The command runs in a process group of its own, owned by a small supervisor process (redlock \
 itself) that ends the whole group, grandchildren included, when the lock is no longer kept: if the lock is \
@@ -233,7 +233,7 @@ has seen).\n\n",
         code_line!("any  ", "the command's own exit status (0 when it succeeded), when it ran with\n         the lock held throughout"),
         common_codes!(),
         code_line!("75   ", "the lock is held by another client (or was until --wait ran out):\n         the command did not run; --conflict-exit-code changes it"),
-        code_line!("77   ", "too many nodes refuse this client for a quorum (a wrong or missing\n         password, a missing ACL permission): waiting cannot fix that"),
+        code_line!("77   ", "too many nodes refuse this client for a quorum (a wrong or missing\n         password, a missing ACL permission, TLS, an unknown host): waiting cannot fix that"),
         code_line!("76   ", "the lock was lost or about to run out while the command ran, or\n         --max-hold was reached: the command's group was stopped (SIGTERM,\n         then SIGKILL)"),
         code_line!("126  ", "the command was found but could not be run"),
         code_line!("127  ", "the command was not found"),
@@ -329,7 +329,7 @@ error); a signal while waiting ends the wait at once.\n\n",
         common_codes!(),
         code_line!("74   ", "the token could not be printed (standard output closed, a broken\n         pipe, a full disk): the lock was released, or never taken"),
         code_line!("75   ", "the lock is held by another client (or was until --wait ran out);\n         --conflict-exit-code changes it"),
-        code_line!("77   ", "too many nodes refuse this client for a quorum (a wrong or missing\n         password, a missing ACL permission): waiting cannot fix that"),
+        code_line!("77   ", "too many nodes refuse this client for a quorum (a wrong or missing\n         password, a missing ACL permission, TLS, an unknown host): waiting cannot fix that"),
         code_line!("128+N", "signal N stopped the wait"),
         "\nExample:\n",
         "  token=$(redlock acquire --ttl 5m migrate) || exit\n",

@@ -26,7 +26,8 @@ pub const OUTPUT: u8 = 74;
 /// (`EX_OSERR`).
 pub const SYSTEM: u8 = 71;
 /// Too many nodes refuse this client for a quorum: a wrong or missing
-/// password, a missing ACL permission (`EX_NOPERM`). Waiting cannot fix it.
+/// password, a missing ACL permission, a TLS failure, a host that does
+/// not exist (`EX_NOPERM`). Waiting cannot fix it.
 pub const REFUSED: u8 = 77;
 /// The lock is held by another client (`EX_TEMPFAIL`: try again later);
 /// the default of `--conflict-exit-code`.
@@ -92,6 +93,10 @@ impl Failure {
             LockError::Config(_) | LockError::Argument(_) => (USAGE, "usage"),
             LockError::Contended { .. } => (conflict, "conflict"),
             LockError::NoQuorum { .. } => (NODES, "no_quorum"),
+            // Nodes that cannot serve this client (a wrong password, a
+            // missing ACL permission, TLS, an unknown host): waiting
+            // cannot fix it.
+            LockError::Unusable { .. } => (REFUSED, "refused"),
             LockError::TooSlow { .. } => (NODES, "too_slow"),
             LockError::Lost { .. } => (LOST, "lost"),
             _ => (SYSTEM, "system"),

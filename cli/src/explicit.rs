@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use redlock_sync::{Lock, Redlock, Token};
+use redlock_sync::{Kind, Lock, LockOptions, Redlock, Token};
 use serde_json::json;
 
 use crate::args::{AcquireArgs, ExtendArgs, LockRef, NodeArgs, ReleaseArgs};
@@ -23,12 +23,9 @@ pub fn acquire(args: &AcquireArgs) -> Result<u8, Failure> {
     let events = Events::listen()?;
     let resource = args.resource.as_str();
     let lock = keep_trying(&Patience::new(take), &events, resource, || {
-        if take.fenced {
-            locks.try_acquire_fenced(resource, take.ttl)
-        } else {
-            locks.try_acquire(resource, take.ttl)
-        }
-        .into()
+        locks
+            .try_acquire(resource, LockOptions::new(take.ttl).kind(kind(take.fenced)))
+            .into()
     })?;
     warn_refusals(lock.report());
     if let Some(signal) = events.pending_stop() {
@@ -143,6 +140,15 @@ fn rebuilt(nodes: &NodeArgs, named: &LockRef) -> Result<(Redlock, Lock), Failure
             .retry_delay(Duration::from_millis(200))
             .retry_jitter(Duration::from_millis(100))
     })?;
-    let lock = Lock::from_token(named.resource.as_str(), token)?;
+    let lock = Lock::from_token(named.resource.as_str(), token, Kind::Plain)?;
     Ok((locks, lock))
+}
+
+/// The kind of lock `--fenced` asks for.
+pub fn kind(fenced: bool) -> Kind {
+    if fenced {
+        Kind::Fenced
+    } else {
+        Kind::Plain
+    }
 }

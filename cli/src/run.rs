@@ -8,7 +8,7 @@ use std::process::ExitStatus;
 use std::time::{Duration, Instant, SystemTime};
 
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
-use redlock_sync::{LockError, LockGuard};
+use redlock_sync::{LockError, LockGuard, LockOptions};
 
 use crate::args::RunArgs;
 use crate::events::{Event, Events};
@@ -48,12 +48,8 @@ pub fn run(args: &RunArgs) -> Result<u8, Failure> {
     // One round per attempt (`try_`): the tool waits between attempts
     // itself, where a signal can cut the wait short.
     let guard = keep_trying(&patience, &events, resource, || {
-        if take.fenced {
-            locks.try_lock_fenced(resource, take.ttl)
-        } else {
-            locks.try_lock(resource, take.ttl)
-        }
-        .into()
+        let options = LockOptions::new(take.ttl).kind(crate::explicit::kind(take.fenced));
+        locks.try_lock(resource, options).into()
     })?;
     let status = command.supervise(&guard, &events);
     // Released before any message is printed: whatever happened, the lock

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redlock_sync::{LockError, NodeError, NodeOutcome, Report, Token};
+use redlock_sync::{LockError, NodeOutcome, Report, Token};
 
 use crate::args::Acquisition;
 use crate::events::Events;
@@ -180,8 +180,8 @@ fn refusals(report: &Report, warned: &mut Vec<Arc<str>>) -> Result<(), Failure> 
             "refused",
             format!(
                 "{} of {} nodes refuse this client, which leaves too few for a quorum of {}; \
-                 waiting cannot fix that (fix the passwords in the node URLs, or the ACL \
-                 user's permissions): {}",
+                 waiting cannot fix that (fix the node URLs, their passwords, the ACL \
+                 user's permissions, or the TLS certificates): {}",
                 refusing.len(),
                 report.nodes.len(),
                 report.quorum,
@@ -204,18 +204,15 @@ pub fn warn_refusals(report: &Report) {
     let _ = refusals(report, &mut Vec::new());
 }
 
-/// The nodes of `report` that refuse this client, each with its cause.
+/// The nodes of `report` that cannot serve this client however long it
+/// waits (the library's `NodeError::is_permanent`: a refused password, a
+/// missing ACL permission, a TLS failure, a host that does not exist), each
+/// with its cause. Its message names the node.
 fn refusing(report: &Report) -> Vec<(&Arc<str>, String)> {
     report
-        .nodes
-        .iter()
+        .unusable()
         .filter_map(|n| match &n.outcome {
-            // Its message names the node.
-            NodeOutcome::Failed(e @ NodeError::Auth { .. }) => Some((&n.node, e.to_string())),
-            NodeOutcome::Failed(NodeError::Server(reply)) if reply.starts_with("NOPERM") => Some((
-                &n.node,
-                format!("node `{}` refused a command: {reply}", n.node),
-            )),
+            NodeOutcome::Failed(e) => Some((&n.node, format!("node `{}`: {e}", n.node))),
             _ => None,
         })
         .collect()

@@ -520,3 +520,27 @@ fn nodes_refusing_the_password_fail_at_once_when_too_few_are_left_and_are_only_s
     assert_eq!(code(&out), 0, "{stderr}");
     assert!(stderr.contains("going on with the other nodes"), "{stderr}");
 }
+
+#[test]
+fn nodes_whose_host_does_not_exist_fail_at_once_with_the_refused_code() {
+    // `.invalid` never resolves (RFC 2606): waiting cannot mend it.
+    let nodes = "redis://a.invalid:6379,redis://b.invalid:6379,redis://c.invalid:6379";
+    for sub in ["run", "acquire"] {
+        let mut cmd = bare();
+        cmd.arg(sub)
+            .args(["--nodes", nodes, "--wait", "1m", "unknown-hosts"]);
+        if sub == "run" {
+            cmd.arg("true");
+        }
+        let start = Instant::now();
+        let out = output(&mut cmd);
+        let stderr = text(&out.stderr);
+        assert_eq!(code(&out), 77, "{sub}: {stderr}");
+        assert!(stderr.contains("a.invalid"), "{sub}: {stderr}");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{sub}: took {:?}",
+            start.elapsed()
+        );
+    }
+}

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::error::ConfigError;
 use crate::node::Endpoint;
+use crate::retry::RetryPolicy;
 
 /// The largest TTL accepted: Redis rejects expiry times that overflow a
 /// signed 64-bit count of milliseconds since the epoch; half of that range
@@ -43,11 +44,9 @@ pub const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 2);
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// The settings of a [`Redlock`](crate::Redlock), with their defaults.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone)]
 pub(crate) struct Config {
-    pub(crate) retry_count: u32,
-    pub(crate) retry_delay: Duration,
-    pub(crate) retry_jitter: Duration,
+    pub(crate) retry: RetryPolicy,
     pub(crate) drift_factor: f64,
     pub(crate) io_timeout: Duration,
     pub(crate) connect_timeout: Duration,
@@ -65,9 +64,7 @@ pub(crate) struct Config {
 impl Default for Config {
     fn default() -> Config {
         Config {
-            retry_count: 3,
-            retry_delay: Duration::from_millis(200),
-            retry_jitter: Duration::from_millis(100),
+            retry: RetryPolicy::default(),
             drift_factor: 0.01,
             io_timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_millis(50),
@@ -80,33 +77,6 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Adds every setting to a `Debug` output, by its builder name.
-    pub(crate) fn debug_fields(&self, out: &mut fmt::DebugStruct<'_, '_>) {
-        // Destructured, so that a new setting cannot be left out.
-        let Config {
-            retry_count,
-            retry_delay,
-            retry_jitter,
-            drift_factor,
-            io_timeout,
-            connect_timeout,
-            extend_when_left,
-            max_hold,
-            max_wait,
-            restart_grace,
-        } = self;
-        out.field("retry_count", retry_count)
-            .field("retry_delay", retry_delay)
-            .field("retry_jitter", retry_jitter)
-            .field("drift_factor", drift_factor)
-            .field("io_timeout", io_timeout)
-            .field("connect_timeout", connect_timeout)
-            .field("max_wait", max_wait)
-            .field("extend_when_left", extend_when_left)
-            .field("max_hold", max_hold)
-            .field("restart_grace", restart_grace);
-    }
-
     /// How long a node waits to connect again after a connect timed out: ten
     /// round deadlines, within [100 ms, 2 s]. A node that accepts connections
     /// but never answers then costs one round in ten a deadline, not every one.
@@ -149,10 +119,10 @@ pub struct RedlockBuilder {
 impl fmt::Debug for RedlockBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let urls: Vec<String> = self.urls.iter().map(|u| Endpoint::redact(u)).collect();
-        let mut out = f.debug_struct("RedlockBuilder");
-        out.field("nodes", &urls);
-        self.config.debug_fields(&mut out);
-        out.finish()
+        (f.debug_struct("RedlockBuilder"))
+            .field("nodes", &urls)
+            .field("settings", &self.config)
+            .finish()
     }
 }
 
@@ -166,14 +136,14 @@ impl RedlockBuilder {
     /// hears of a release (see [`acquire`](crate::Redlock::acquire)). The
     /// `try_*` calls run one round. Defaults to 3.
     pub fn retry_count(mut self, count: u32) -> Self {
-        self.config.retry_count = count;
+        self.config.retry.retries = count;
         self
     }
 
     /// Sets the fixed part of the pause between two rounds. Zero is
     /// allowed. Defaults to 200 ms.
     pub fn retry_delay(mut self, delay: Duration) -> Self {
-        self.config.retry_delay = delay;
+        self.config.retry.delay = delay;
         self
     }
 
@@ -181,7 +151,17 @@ impl RedlockBuilder {
     /// drawn from `[retry_delay, retry_delay + retry_jitter)`, so that
     /// contending clients spread out. Zero is allowed. Defaults to 100 ms.
     pub fn retry_jitter(mut self, jitter: Duration) -> Self {
-        self.config.retry_jitter = jitter;
+        self.config.retry.jitter = jitter;
+        self
+    }
+
+    /// Sets the whole retry policy at once, a backoff of your own included
+    /// (see [`RetryPolicy`]); [`retry_count`](Self::retry_count),
+    /// [`retry_delay`](Self::retry_delay) and
+    /// [`retry_jitter`](Self::retry_jitter) change one part of it. Defaults
+    /// to [`RetryPolicy::default`].
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.config.retry = policy;
         self
     }
 
@@ -223,8 +203,10 @@ impl RedlockBuilder {
     /// after the call began. [`extend`](crate::Redlock::extend) starts no
     /// retry past it either. The first attempt always runs, so a zero budget
     /// means one attempt. The retry count still applies as well; set it high
-    /// to let the budget alone decide. Defaults to none: the retry count
-    /// alone decides.
+    /// to let the budget alone decide. These are the defaults of every call:
+    /// a call's [`LockOptions::patience`](crate::LockOptions::patience)
+    /// replaces both for that call. Defaults to none: the retry count alone
+    /// decides.
     ///
     /// ```no_run
     /// # use redlock_sync::Redlock;
@@ -354,25 +336,16 @@ impl RedlockBuilder {
                 value: config.extend_when_left,
             });
         }
-        if config.io_timeout.is_zero() {
-            return Err(ConfigError::ZeroTimeout {
-                which: "io_timeout",
-            });
-        }
-        if config.connect_timeout.is_zero() {
-            return Err(ConfigError::ZeroTimeout {
-                which: "connect_timeout",
-            });
-        }
         for (which, timeout) in [
             ("io_timeout", config.io_timeout),
             ("connect_timeout", config.connect_timeout),
         ] {
+            if timeout.is_zero() {
+                return Err(ConfigError::ZeroTimeout { which });
+            }
             if timeout > MAX_TIMEOUT {
-                return Err(ConfigError::TimeoutTooLarge {
-                    which,
-                    max: MAX_TIMEOUT,
-                });
+                let max = MAX_TIMEOUT;
+                return Err(ConfigError::TimeoutTooLarge { which, max });
             }
         }
         if self.urls.is_empty() {

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use redlock_sync::{Lock, LockError, Redlock, RedlockBuilder, Report};
+use redlock_sync::{Kind, Lock, LockError, LockOptions, Redlock, RedlockBuilder, Report};
 use redlock_sync_testing::Cluster;
 
 /// How long a test waits for what a decided round left in flight (replies
@@ -21,7 +21,12 @@ pub fn cluster(n: usize) -> Cluster {
 /// an I/O timeout roomy enough that a busy 2-core CI machine does not fail
 /// a healthy node (tests about timeouts set their own).
 pub fn builder(cluster: &Cluster) -> RedlockBuilder {
-    Redlock::builder(cluster.urls())
+    builder_over(cluster.urls())
+}
+
+/// [`builder`] over these node URLs.
+pub fn builder_over(urls: Vec<String>) -> RedlockBuilder {
+    Redlock::builder(urls)
         .retry_count(3)
         .retry_delay(Duration::from_millis(10))
         .retry_jitter(Duration::from_millis(10))
@@ -170,4 +175,9 @@ pub fn wait_until_held_by(cluster: &Cluster, lock: &Lock, n: usize) {
     wait_until(SETTLE, &format!("{n} nodes hold the lock"), || {
         holders(cluster, lock) == n
     });
+}
+
+/// Options for a fenced lock with this TTL.
+pub fn fenced(ttl: Duration) -> LockOptions {
+    LockOptions::new(ttl).kind(Kind::Fenced)
 }

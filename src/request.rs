@@ -1,0 +1,357 @@
+//! What one call locks and how: the resources ([`IntoResources`]), and the
+//! options ([`LockOptions`]: TTL, kind, patience, hold cap, cancellation).
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::client::config::Config;
+use crate::error::{ArgumentError, LockError};
+use crate::kind::Kind;
+use crate::retry::later;
+
+/// What a call locks: one resource (`&str`, `String`, `&String`) or several
+/// held as one lock, all or nothing (`&[S]`, `[S; N]`, `&[S; N]`, `Vec<S>`,
+/// `&Vec<S>`, for any `S: AsRef<str>`).
+///
+/// ```no_run
+/// # use std::time::Duration;
+/// # use redlock_sync::Redlock;
+/// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+/// let ttl = Duration::from_secs(10);
+/// let one = locks.acquire("invoice:42", ttl)?;
+/// let both = locks.acquire(["account:alice", "account:bob"], ttl)?;
+/// let names = vec![format!("shelf:{}", 3), format!("shelf:{}", 4)];
+/// let shelves = locks.acquire(&names, ttl)?;
+/// # Ok::<(), redlock_sync::LockError>(())
+/// ```
+pub trait IntoResources {
+    /// The resource names, in the order given.
+    fn into_resources(self) -> Vec<String>;
+}
+
+impl IntoResources for &str {
+    fn into_resources(self) -> Vec<String> {
+        vec![self.to_string()]
+    }
+}
+
+impl IntoResources for String {
+    fn into_resources(self) -> Vec<String> {
+        vec![self]
+    }
+}
+
+impl IntoResources for &String {
+    fn into_resources(self) -> Vec<String> {
+        vec![self.clone()]
+    }
+}
+
+/// The lists: every element's name.
+macro_rules! resource_lists {
+    ($([$($generics:tt)*] $list:ty),*) => {$(
+        impl<$($generics)*> IntoResources for $list {
+            fn into_resources(self) -> Vec<String> {
+                self.iter().map(|s| s.as_ref().to_string()).collect()
+            }
+        }
+    )*};
+}
+
+resource_lists!(
+    [S: AsRef<str>] &[S],
+    [S: AsRef<str>, const N: usize] [S; N],
+    [S: AsRef<str>, const N: usize] &[S; N],
+    [S: AsRef<str>] Vec<S>,
+    [S: AsRef<str>] &Vec<S>
+);
+
+/// How long a waiting call goes on trying.
+///
+/// A call's [`LockOptions::patience`]; unset, the client's
+/// [`retry_policy`](crate::RedlockBuilder::retry_policy) retries within its
+/// [`max_wait`](crate::RedlockBuilder::max_wait). Whatever the patience,
+/// a [`Cancel`] ends the wait, and so do errors that waiting cannot fix
+/// ([`LockError::Unusable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Patience {
+    /// Up to this many retries, after the pauses of the client's retry
+    /// policy (and no `max_wait`).
+    Retries(u32),
+    /// Retries, after the policy's pauses, for as long as this after the
+    /// call began.
+    For(Duration),
+    /// Retries, after the policy's pauses, until this instant.
+    Until(Instant),
+    /// Retries until the lock is won (or the call is cancelled).
+    Forever,
+}
+
+/// How a call locks: the TTL, and what is not the client's default.
+///
+/// A [`Duration`] converts into options with only the TTL set, so the
+/// simple call stays `locks.acquire("invoice:42", ttl)`. Unset options take
+/// the client's defaults (see [`RedlockBuilder`](crate::RedlockBuilder)).
+///
+/// ```no_run
+/// # use std::time::Duration;
+/// use redlock_sync::{Kind, LockOptions, Patience, Redlock};
+///
+/// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+/// let leader = LockOptions::new(Duration::from_secs(10))
+///     .kind(Kind::Fenced)
+///     .patience(Patience::Forever)
+///     .max_hold(Duration::from_secs(3600));
+/// let guard = locks.lock("leader", leader)?;
+/// # Ok::<(), redlock_sync::LockError>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+#[must_use]
+pub struct LockOptions {
+    pub(crate) ttl: Duration,
+    pub(crate) kind: Kind,
+    patience: Option<Patience>,
+    max_hold: Option<Duration>,
+    extend_when_left: Option<f64>,
+    pub(crate) cancel: Option<Cancel>,
+}
+
+impl From<Duration> for LockOptions {
+    fn from(ttl: Duration) -> LockOptions {
+        LockOptions::new(ttl)
+    }
+}
+
+impl LockOptions {
+    /// Options with this TTL (how long the keys live on the nodes, and
+    /// what each extension sets anew), and the client's defaults.
+    pub fn new(ttl: Duration) -> LockOptions {
+        LockOptions {
+            ttl,
+            ..LockOptions::default()
+        }
+    }
+
+    /// Sets the kind of lock (an acquisition; `extend` goes by the lock's
+    /// own kind). Defaults to [`Kind::Plain`].
+    pub fn kind(mut self, kind: Kind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// Sets how long the waiting forms (`acquire`, `lock`, `with_lock`,
+    /// and `extend`'s retries) go on trying; the `try_` forms make one
+    /// attempt whatever it says. Defaults to the client's retry policy and
+    /// [`max_wait`](crate::RedlockBuilder::max_wait).
+    pub fn patience(mut self, patience: Patience) -> Self {
+        self.patience = Some(patience);
+        self
+    }
+
+    /// Sets the hold cap of a guard (`lock`, `with_lock`): its watchdog
+    /// never extends the lock past this long after the acquisition.
+    /// Defaults to the client's [`max_hold`](crate::RedlockBuilder::max_hold).
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Sets when a guard's watchdog extends: once only this share of the
+    /// validity is left, in `(0, 1)`. Defaults to the client's
+    /// [`extend_when_left`](crate::RedlockBuilder::extend_when_left).
+    pub fn extend_when_left(mut self, fraction: f64) -> Self {
+        self.extend_when_left = Some(fraction);
+        self
+    }
+
+    /// Lets `cancel` end the wait (see [`Cancel`]). Defaults to none.
+    pub fn cancel(mut self, cancel: &Cancel) -> Self {
+        self.cancel = Some(cancel.clone());
+        self
+    }
+
+    /// The options with every default filled in from `config`, for a call
+    /// that began at `started`.
+    pub(crate) fn resolve(&self, config: &Config, started: Instant) -> Result<Call, LockError> {
+        let when_left = self.extend_when_left.unwrap_or(config.extend_when_left);
+        if !(when_left > 0.0 && when_left < 1.0) {
+            return Err(ArgumentError::ExtendWhenLeft { value: when_left }.into());
+        }
+        let (retries, deadline) = match self.patience {
+            None => (
+                config.retry.retries,
+                config.max_wait.map(|w| later(started, w)),
+            ),
+            Some(Patience::Retries(n)) => (n, None),
+            Some(Patience::For(wait)) => (u32::MAX, Some(later(started, wait))),
+            Some(Patience::Until(deadline)) => (u32::MAX, Some(deadline)),
+            Some(Patience::Forever) => (u32::MAX, None),
+        };
+        Ok(Call {
+            retries,
+            deadline,
+            max_hold: self.max_hold.or(config.max_hold),
+            extend_when_left: when_left,
+            cancel: self.cancel.clone(),
+        })
+    }
+}
+
+/// A call's options with the client's defaults filled in (by default: one
+/// attempt, no deadline, nothing to cancel it).
+#[derive(Debug, Default)]
+pub(crate) struct Call {
+    /// How many retries the policy may plan.
+    pub(crate) retries: u32,
+    /// No attempt starts, and no pause is slept, past this.
+    pub(crate) deadline: Option<Instant>,
+    /// A guard's hold cap, from its acquisition.
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) extend_when_left: f64,
+    pub(crate) cancel: Option<Cancel>,
+}
+
+impl Call {
+    /// Whether the call was cancelled.
+    pub(crate) fn cancelled(&self) -> bool {
+        self.cancel.as_ref().is_some_and(Cancel::is_cancelled)
+    }
+
+    /// Sleeps until `until`, or until the call is cancelled.
+    pub(crate) fn sleep_until(&self, until: Instant) {
+        match &self.cancel {
+            Some(cancel) => cancel.sleep_until(until),
+            None => std::thread::sleep(until.saturating_duration_since(Instant::now())),
+        }
+    }
+}
+
+/// Ends a wait from another thread: cheap to clone, `Send + Sync`; every
+/// clone cancels the same calls.
+///
+/// Give it to calls with [`LockOptions::cancel`], and call
+/// [`cancel`](Self::cancel) from anywhere (a signal-handling thread, a
+/// shutdown hook). A cancelled call starts no more rounds: a round under way
+/// runs to its end (at most `io_timeout`); if it won the lock, the lock is
+/// released; otherwise its clean-up goes to every node that did not refuse;
+/// then the call returns [`LockError::Cancelled`]. A cancelled `extend`
+/// leaves the lock as it was. Cancelling never touches a running closure of
+/// [`with_lock`](crate::Redlock::with_lock) or a guard's watchdog, and stays
+/// cancelled for good: later calls with it return `Cancelled` at once.
+///
+/// ```no_run
+/// # use std::time::Duration;
+/// use redlock_sync::{Cancel, LockError, LockOptions, Patience, Redlock};
+///
+/// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+/// let cancel = Cancel::new();
+/// let stopper = cancel.clone();
+/// std::thread::spawn(move || {
+///     std::thread::sleep(Duration::from_secs(5));
+///     stopper.cancel();
+/// });
+/// let options = LockOptions::new(Duration::from_secs(10)).patience(Patience::Forever).cancel(&cancel);
+/// match locks.acquire("leader", options) {
+///     Ok(lock) => { locks.release(lock)?; }
+///     Err(LockError::Cancelled { .. }) => println!("stopped waiting"),
+///     Err(e) => return Err(e),
+/// }
+/// # Ok::<(), LockError>(())
+/// ```
+#[derive(Clone, Default)]
+pub struct Cancel(Arc<Cancelled>);
+
+/// The shared state of a [`Cancel`] and its clones.
+#[derive(Default)]
+struct Cancelled {
+    /// Set once, for good (under `wakers`' lock).
+    done: AtomicBool,
+    /// Called on cancellation: each wakes a waiter that sleeps elsewhere.
+    wakers: Mutex<Vec<Waker>>,
+    /// Sleepers of [`Cancel::sleep_until`] wait on it.
+    rang: Condvar,
+}
+
+type Waker = Arc<dyn Fn() + Send + Sync>;
+
+impl fmt::Debug for Cancel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cancel")
+            .field("cancelled", &self.is_cancelled())
+            .finish()
+    }
+}
+
+impl Cancel {
+    /// A handle not cancelled yet.
+    pub fn new() -> Cancel {
+        Cancel::default()
+    }
+
+    /// Cancels every call given this handle (or a clone): waits end
+    /// promptly, as [`Cancel`] says.
+    pub fn cancel(&self) {
+        let wakers = {
+            let mut wakers = self.wakers();
+            self.0.done.store(true, Ordering::Release);
+            std::mem::take(&mut *wakers)
+        };
+        for wake in wakers {
+            wake();
+        }
+        self.0.rang.notify_all();
+    }
+
+    /// Whether [`cancel`](Self::cancel) was called.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.done.load(Ordering::Acquire)
+    }
+
+    fn wakers(&self) -> MutexGuard<'_, Vec<Waker>> {
+        self.0.wakers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Calls `wake` on cancellation (at once if cancelled already), until
+    /// the returned registration is dropped.
+    pub(crate) fn on_cancel(&self, wake: Waker) -> Registered<'_> {
+        let mut wakers = self.wakers();
+        if self.is_cancelled() {
+            drop(wakers);
+            wake();
+        } else {
+            wakers.push(Arc::clone(&wake));
+        }
+        Registered { cancel: self, wake }
+    }
+
+    /// Sleeps until `until` or the cancellation, whichever comes first.
+    fn sleep_until(&self, until: Instant) {
+        let mut wakers = self.wakers();
+        while !self.is_cancelled() {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            wakers = (self.0.rang.wait_timeout(wakers, left))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// A waker registered with [`Cancel::on_cancel`], removed when dropped.
+pub(crate) struct Registered<'a> {
+    cancel: &'a Cancel,
+    wake: Waker,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.cancel
+            .wakers()
+            .retain(|other| !Arc::ptr_eq(other, &self.wake));
+    }
+}
