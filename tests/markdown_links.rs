@@ -316,7 +316,7 @@ fn every_relative_link_and_anchor_in_the_markdown_files_resolves() {
 }
 
 #[test]
-fn a_pending_page_that_now_exists_is_checked_like_any_other() {
+fn every_page_listed_as_pending_is_still_missing() {
     let root = root();
     if !is_checkout(&root) {
         return;
