@@ -422,9 +422,10 @@ impl Redlock {
                     report: tally.report,
                 };
                 if call.cancelled() {
-                    let error = cancelled(&lock.resources);
-                    let _ = self.release(lock);
-                    return Err(error);
+                    // Released as a failed attempt is cleaned up: a node
+                    // that cannot be reached now gets it when next reached.
+                    self.clean_up(kind, &lock.resources, &lock.token, ttl, &lock.report);
+                    return Err(cancelled(&lock.resources));
                 }
                 return Ok(lock);
             }
@@ -566,7 +567,7 @@ impl Redlock {
                     report: tally.report,
                 });
             }
-            let quorum_granted = tally.report.granted() >= self.quorum();
+            let quorum_granted = tally.report.granted() >= tally.report.quorum;
             let error = tally.error(&lock.resources[0], attempt, ttl, true);
             let pause = (attempt <= call.retries
                 && !quorum_granted

@@ -551,8 +551,10 @@ impl NodeError {
             NodeError::Server(text) => text.starts_with("NOPERM"),
             NodeError::Connect(text) => {
                 text.starts_with("NOPERM")
+                    // A certificate refused, or no crypto provider: not a
+                    // handshake cut short, which a restart can cause.
                     || text.contains("certificate")
-                    || text.contains("TLS")
+                    || text.contains("crypto provider")
                     // A lookup the resolver may answer later says so (EAI_AGAIN).
                     || (text.starts_with("could not resolve") && !text.contains("Temporary failure"))
             }
