@@ -129,7 +129,7 @@ impl RedlockBuilder {
         let quorum = nodes.len() / 2 + 1;
         Ok(Redlock {
             inner: Arc::new(Inner {
-                waiters: Waiters::new(nodes.len()),
+                waiters: Waiters::new(nodes.len(), config.io_timeout, config.connect_timeout),
                 nodes,
                 quorum,
                 config,
@@ -438,11 +438,8 @@ impl Redlock {
         // The pause under way, if a wake-up cut it short: its end, and
         // whether the wait budget ends it.
         let mut pause: Option<(Instant, bool)> = None;
-        // A clean-up's message woke this pause once already, in vain: the
-        // rest of the pause waits for a holder's release only.
-        let mut deaf_to_clean_ups = false;
-        // The last attempt followed a release heard from one node, or the
-        // subscription coming up. A release reaches the nodes at slightly
+        // The last attempt followed a hint (a release heard of, the
+        // subscription coming up). A release reaches the nodes at slightly
         // different times, and the node listened on may have said so (it
         // publishes where the key is absent too) before the nodes that held
         // the key deleted it; and news that came just as the subscription
@@ -456,7 +453,6 @@ impl Redlock {
             // the policy counts, however it was woken.
             if pause.is_none_or(|(end, _)| Instant::now() >= end) {
                 pause = None;
-                deaf_to_clean_ups = false;
                 attempts += 1;
             }
             // A fresh token each attempt: no attempt can be mistaken for an
@@ -479,11 +475,6 @@ impl Redlock {
             // The lock may have landed where the reply was lost, late or not
             // awaited: release there before trying again or giving up.
             self.clean_up(&resources, &token, ttl, &tally.report);
-            let nodes = &tally.report.nodes;
-            let echo = [script::CLEAN_UP_MARK, &token.hex()].concat();
-            (self.inner.waiters).cleaned_up(&resources, &echo, |i| {
-                nodes[i].outcome != NodeOutcome::Refused
-            });
             // Wait out the pause, or less if a release is heard of first;
             // never past the wait budget, whose end only a release can cut
             // short. After a wake-up, the rest of the same pause.
@@ -514,16 +505,8 @@ impl Redlock {
                     later(Instant::now(), io + random_below(io / 2))
                 })
                 .filter(|&soon| soon < until);
-            let wake = (inner.waiters).wait(
-                &inner.nodes,
-                &inner.config,
-                &resources,
-                watch,
-                soon.unwrap_or(until),
-                deaf_to_clean_ups,
-            );
-            deaf_to_clean_ups |= wake == Wake::CleanedUp;
-            after_news = matches!(wake, Wake::Released | Wake::ReleasedHere | Wake::Subscribed);
+            let wake = (inner.waiters).wait(watch, &inner.nodes, &resources, soon.unwrap_or(until));
+            after_news = wake != Wake::TimedOut;
             // Woken, or back soon after news: the same pause goes on.
             pause = (wake != Wake::TimedOut || soon.is_some()).then_some((until, last));
             // The wait budget is used up: no attempt starts past it, even
@@ -675,10 +658,7 @@ impl Redlock {
         let tally = self.release_round(resources, token);
         if tally.report.granted() > 0 {
             // This client's own waiters need not hear it from a node.
-            let nodes = &tally.report.nodes;
-            (self.inner.waiters).released(resources, &token.hex(), |i| {
-                nodes[i].outcome == NodeOutcome::Granted
-            });
+            (self.inner.waiters).released(resources);
         }
         if tally.report.granted() >= tally.report.quorum {
             Ok(tally.report)
@@ -709,12 +689,8 @@ impl Redlock {
     /// while a key set with `ttl` could still be there.
     fn clean_up(&self, resources: &[String], token: &Token, ttl: Duration, report: &Report) {
         let inner = &*self.inner;
-        // Marked, so that waiters tell it from a holder's release.
-        let cmd = Command::script(
-            &script::RELEASE,
-            resources,
-            &[&token.hex(), script::CLEAN_UP_MARK],
-        );
+        // Quiet: a clean-up is no release that waiters should hear of.
+        let cmd = Command::script(&script::RELEASE, resources, &[&token.hex(), script::QUIET]);
         let now = Instant::now();
         round::send_only(
             &inner.nodes,
