@@ -372,29 +372,13 @@ impl Waiters {
             return;
         };
         let deadline = now + self.io_timeout;
-        let names = |list: &[String]| -> Vec<String> {
-            list.iter()
-                .map(|r| format!("{RELEASED_CHANNEL_PREFIX}{r}"))
-                .collect()
-        };
-        let (subscribe, unsubscribe) = (names(&out.subscribe), names(&out.unsubscribe));
-        let sent = [
-            (
-                Sender::subscribe as fn(&mut Sender, &[&str], Instant) -> _,
-                subscribe,
-            ),
-            (Sender::unsubscribe, unsubscribe),
-        ]
-        .into_iter()
-        .filter(|(_, list)| !list.is_empty())
-        .try_for_each(|(command, list)| {
-            let list: Vec<&str> = list.iter().map(String::as_str).collect();
-            command(&mut line.sender, &list, deadline)
-        })
-        .and_then(|()| match out.ping {
-            true => line.sender.ping(deadline),
-            false => Ok(()),
-        });
+        let sender = &mut line.sender;
+        let sent = (sender.subscribe(&out.subscribe, deadline))
+            .and_then(|()| sender.unsubscribe(&out.unsubscribe, deadline))
+            .and_then(|()| match out.ping {
+                true => sender.ping(deadline),
+                false => Ok(()),
+            });
         if sent.is_err() {
             self.fail_line(st, now);
         }
