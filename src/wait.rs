@@ -106,6 +106,8 @@ impl Drop for Watch<'_> {
 struct State {
     hints: Hints,
     line: Option<Line>,
+    /// How many lines were opened: each line's number.
+    lines: u64,
 }
 
 /// The subscription connection.
@@ -194,6 +196,7 @@ impl Waiters {
             state: Mutex::new(State {
                 hints: Hints::new(nodes),
                 line: None,
+                lines: 0,
             }),
             changed: Condvar::new(),
             active: AtomicBool::new(false),
@@ -281,7 +284,10 @@ impl Waiters {
             }
             // Another thread reads or connects, or no node serves: sleep
             // until news or the end of the pause.
-            let left = st.hints.sleep_until(now, until) - now;
+            let left = st
+                .hints
+                .sleep_until(now, until)
+                .saturating_duration_since(now);
             st = self
                 .changed
                 .wait_timeout(st, left)
@@ -349,9 +355,9 @@ impl Waiters {
         st.hints.line = LineState::Down;
         match opened {
             Ok(Some((sender, listener))) => {
-                let number = st.line.as_ref().map_or(0, |l| l.number) + 1;
+                st.lines += 1;
                 st.line = Some(Line {
-                    number,
+                    number: st.lines,
                     sender,
                     listener: Some(listener),
                 });
