@@ -1,5 +1,6 @@
 //! One node: what a round may ask of it (submit a command, wait for or poll
-//! its reply, abandon it), over one connection that every thread shares.
+//! its reply, abandon it), over one connection that every thread shares;
+//! and a round's [`Turn`] at the client's nodes, the one door to batching.
 //!
 //! - [`endpoint`]: the node URL, read once.
 //! - [`connect`]: opening a connection within the round's deadline.
@@ -10,6 +11,8 @@
 //! - [`resolve`], [`servers`], [`restart_guard`]: host names with a time
 //!   bound, one vote per server process, the uptime check.
 //! - [`owed`]: clean-ups that could not be sent, for the next connection.
+//! - [`pace`]: batching, and yielding before parking: when queued commands
+//!   are written.
 //!
 //! No async runtime, no background thread: the threads that want answers do
 //! the I/O.

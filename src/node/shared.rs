@@ -5,10 +5,10 @@
 //! does: a round queues its command on every node's outbox, and the last of
 //! the client's threads to fall asleep (see [`Pace`]) writes every outbox in
 //! one write per node. A thread alone writes its own command at once
-//! (unless a batch is due soon: see [`crate::round`]). Writing and reading
-//! are separate roles: a command never waits for a read to return (except
-//! over TLS, whose connection cannot be split: there its reader writes
-//! what was queued once its read returns). A thread whose own command
+//! (unless a batch is due soon: see `Turn` in [`crate::node`]). Writing
+//! and reading are separate roles: a command never waits for a read to
+//! return (except over TLS, whose connection cannot be split: there its
+//! reader writes what was queued once its read returns). A thread whose own command
 //! waits in the queue may read meanwhile, but its read pauses when the
 //! wait ([`FLUSH_GRACE`]) is over, and it writes the command. Replies come
 //! back in order: each is matched to its request by sequence number and handed
@@ -18,7 +18,7 @@
 //! and the one that stores as many as could decide the round wakes it
 //! (`thread::park` / `unpark`; before it parks, a round yields the CPU a
 //! few times, and a reply stored meanwhile needs no wake-up: see
-//! [`crate::round`]). A reader that lets the reading role go with
+//! [`SpinWait`](super::pace::SpinWait)). A reader that lets the reading role go with
 //! replies due wakes a sleeper to read on only when no thread is awake to
 //! poll the node, and one sleeper woken to read serves every node it
 //! waits on (see [`hand_off`]).
