@@ -19,7 +19,7 @@ use crate::node::{Endpoint, Node};
 use crate::request::{Call, IntoResources, LockOptions};
 use crate::retry::{later, Pause};
 use crate::round::{self, Reply};
-use crate::script::{self, Command};
+use crate::script::Command;
 use crate::wait::Waiters;
 
 pub(crate) mod config;
@@ -117,7 +117,11 @@ impl RedlockBuilder {
         let quorum = Kind::Plain.quorum(nodes.len());
         Ok(Redlock {
             inner: Arc::new(Inner {
-                waiters: Arc::new(Waiters::new(nodes.len())),
+                waiters: Arc::new(Waiters::new(
+                    nodes.len(),
+                    config.io_timeout,
+                    config.connect_timeout,
+                )),
                 nodes,
                 quorum,
                 config,
@@ -450,15 +454,9 @@ impl Redlock {
                 return Err(error);
             };
             // Wait, for the pause or news of a release.
-            let wake = (inner.waiters).wait(
-                &inner.nodes,
-                &inner.config,
-                &resources,
-                watch,
-                wake_at,
-                pause.deaf_to_clean_ups,
-                &|| call.cancelled(),
-            );
+            let wake = (inner.waiters).wait(watch, &inner.nodes, &resources, wake_at, &|| {
+                call.cancelled()
+            });
             // Decide: the same pause goes on, or the next attempt counts,
             // unless the wait budget is used up.
             if !pause.woken(wake) {
@@ -624,10 +622,7 @@ impl Redlock {
         );
         if tally.report.granted() > 0 {
             // This client's own waiters need not hear it from a node.
-            let nodes = &tally.report.nodes;
-            (self.inner.waiters).released(resources, &token.hex(), |i| {
-                nodes[i].outcome == NodeOutcome::Granted
-            });
+            (self.inner.waiters).released(resources);
         }
         if tally.report.granted() >= tally.report.quorum {
             Ok(tally.report)
@@ -671,9 +666,6 @@ impl Redlock {
             later(now, ttl),
             may_hold,
         );
-        // Its messages are no news to this client's waiters.
-        let echo = [script::CLEAN_UP_MARK, &token.hex()].concat();
-        (inner.waiters).cleaned_up(resources, &echo, may_hold);
     }
 
     /// Runs one round of `cmd` on the nodes `ask` names and counts the

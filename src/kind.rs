@@ -191,12 +191,12 @@ impl Kind {
     }
 
     /// The release of the lock `token` holds on `resources`; a clean-up
-    /// after a failed attempt is marked, so that waiters tell it from a
-    /// holder's release.
+    /// after a failed attempt is quiet: it publishes nothing, so waiters
+    /// hear only a holder's release.
     pub(crate) fn release(self, resources: &[String], token: &Token, clean_up: bool) -> Command {
         let hex = token.hex();
         let args: &[&[u8]] = if clean_up {
-            &[&hex, script::CLEAN_UP_MARK]
+            &[&hex, script::QUIET]
         } else {
             &[&hex]
         };

@@ -26,9 +26,8 @@ pub(crate) struct Script {
 pub(crate) const RELEASED_CHANNEL_PREFIX: &str = "redlock-sync:released:";
 
 /// What a clean-up after a failed attempt passes as the release script's
-/// second argument: its message is the token behind this mark, so waiters
-/// can tell it from a holder's release.
-pub(crate) const CLEAN_UP_MARK: &[u8] = b"c:";
+/// second argument: it publishes nothing.
+pub(crate) const QUIET: &[u8] = b"quiet";
 
 /// Deletes each key whose value is our token; returns how many it deleted.
 /// The node still held the lock when that equals the number of keys.
@@ -41,7 +40,9 @@ pub(crate) const CLEAN_UP_MARK: &[u8] = b"c:";
 /// the server a hash lookup; a key held by another publishes nothing. A
 /// holder's release (no second argument) publishes where the key is absent
 /// too: the holder may never have reached that node, and it may be the one
-/// a waiter listens on; a clean-up ([`CLEAN_UP_MARK`]) does not. The
+/// a waiter listens on. A clean-up ([`QUIET`]) publishes nothing: its key
+/// was never the lock, and waiters of two clients whose clean-ups woke each
+/// other would try again and again while the lock stays held. The
 /// `PUBLISH` goes by `pcall`: where the user may not publish (an ACL user
 /// without channel permissions, the default for new users since Redis 7)
 /// the release still happens, and waiters sleep out their pause.
@@ -51,17 +52,14 @@ pub(crate) const RELEASE: Script = Script {
            for _, key in ipairs(KEYS) do\n  \
            local v = redis.call('get', key)\n  \
            if v == ARGV[1] then\n    \
-           local d = redis.call('del', key)\n    \
-           if d == 1 then\n      \
-           redis.pcall('publish', 'redlock-sync:released:' .. key, (ARGV[2] or '') .. ARGV[1])\n    \
-           end\n    \
-           n = n + d\n  \
-           elseif v == false and ARGV[2] == nil then\n    \
+           n = n + redis.call('del', key)\n  \
+           end\n  \
+           if ARGV[2] == nil and (v == ARGV[1] or v == false) then\n    \
            redis.pcall('publish', 'redlock-sync:released:' .. key, ARGV[1])\n  \
            end\n\
            end\n\
            return n",
-    sha: "d34cd12d1ddf103a3ddba43ce375a5c341e6c4d0",
+    sha: "94b1672c1843acdad052af017a661cf14fbbfd4f",
 };
 
 /// Sets a new TTL (ARGV[2], milliseconds) on every key if, and only if, every
@@ -283,9 +281,8 @@ mod tests {
 
     #[test]
     fn the_release_script_publishes_on_the_channels_waiters_listen_on() {
-        let publish = format!(
-            "redis.pcall('publish', '{RELEASED_CHANNEL_PREFIX}' .. key, (ARGV[2] or '') .. ARGV[1])"
-        );
+        let publish =
+            format!("redis.pcall('publish', '{RELEASED_CHANNEL_PREFIX}' .. key, ARGV[1])");
         assert!(RELEASE.body.contains(&publish), "{}", RELEASE.body);
     }
 
