@@ -3,13 +3,18 @@
 //! (a child may have ended) and USR1 (the supervisor's parent-death
 //! signal); and the lines of a pipe ([`Events::read_lines`]).
 //!
+//! A stop signal also cancels [`Events::cancel`], the handle that the
+//! library's waiting calls are given: a wait for a lock ends at once.
+//!
 //! A thread blocks on `signal-hook`'s iterator and sends each signal down a
 //! channel, so that waiting for "the next signal, or this much time" is one
 //! `recv_timeout`, with no polling and no `unsafe`.
 
 use std::io::{BufRead, BufReader, Read};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use redlock_sync::Cancel;
 
 use crate::exit::Failure;
 
@@ -34,6 +39,9 @@ pub struct Events {
     /// For [`read_lines`](Self::read_lines); also keeps the channel open
     /// where no listener holds it.
     tx: Sender<Event>,
+    /// Cancelled by the first stop signal, after its [`Event::Stop`] is
+    /// sent.
+    cancel: Cancel,
     #[cfg(unix)]
     listener: Option<unix::Listener>,
 }
@@ -53,11 +61,13 @@ impl Events {
 
     fn start(#[allow(unused_variables)] wake: bool) -> Result<Events, Failure> {
         let (tx, events) = mpsc::channel();
+        let cancel = Cancel::new();
         #[cfg(unix)]
-        let listener = Some(unix::Listener::start(tx.clone(), wake)?);
+        let listener = Some(unix::Listener::start(tx.clone(), cancel.clone(), wake)?);
         Ok(Events {
             events,
             tx,
+            cancel,
             #[cfg(unix)]
             listener,
         })
@@ -89,22 +99,11 @@ impl Events {
         self.events.recv_timeout(timeout).ok()
     }
 
-    /// Waits up to `timeout` for a stop signal, passing over child events;
-    /// returns the signal if one came.
-    ///
-    /// `timeout` comes from the command line (`--retry-delay`), and
-    /// `Instant + Duration` panics past what an `Instant` can hold: a pause
-    /// that long has no deadline, and only a signal ends it.
-    pub fn stop_within(&self, timeout: Duration) -> Option<i32> {
-        let deadline = Instant::now().checked_add(timeout);
-        loop {
-            let left = deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
-            match self.next(left) {
-                Some(Event::Stop(signal)) => return Some(signal),
-                Some(_) if !left.is_zero() => continue,
-                _ => return None,
-            }
-        }
+    /// The handle that a stop signal cancels, for the library's waiting
+    /// calls ([`LockOptions::cancel`](redlock_sync::LockOptions::cancel)).
+    /// Its signal is then [`pending_stop`](Self::pending_stop)'s.
+    pub fn cancel(&self) -> &Cancel {
+        &self.cancel
     }
 
     /// A stop signal that has already arrived, if any.
@@ -130,6 +129,7 @@ mod unix {
     use std::sync::mpsc::Sender;
     use std::thread::JoinHandle;
 
+    use redlock_sync::Cancel;
     use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM, SIGUSR1};
     use signal_hook::iterator::{Handle, Signals};
 
@@ -143,7 +143,9 @@ mod unix {
     }
 
     impl Listener {
-        pub fn start(tx: Sender<Event>, wake: bool) -> Result<Listener, Failure> {
+        /// Forwards each signal to `tx`; a stop signal also cancels
+        /// `cancel` (once sent, so that the waiter it wakes finds it).
+        pub fn start(tx: Sender<Event>, cancel: Cancel, wake: bool) -> Result<Listener, Failure> {
             let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP, SIGCHLD])
                 .and_then(|signals| {
                     if wake {
@@ -162,8 +164,12 @@ mod unix {
                             SIGUSR1 => Event::Wake,
                             stop => Event::Stop(stop),
                         };
+                        let stop = matches!(event, Event::Stop(_));
                         if tx.send(event).is_err() {
                             return;
+                        }
+                        if stop {
+                            cancel.cancel();
                         }
                     }
                 })

@@ -8,24 +8,22 @@ use std::process::ExitStatus;
 use std::time::{Duration, Instant, SystemTime};
 
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
-use redlock_sync::{LockError, LockGuard, LockOptions};
+use redlock_sync::{LockError, LockGuard};
 
 use crate::args::RunArgs;
 use crate::events::{Event, Events};
 use crate::exit::{self, say, Failure};
 use crate::nodes;
 use crate::supervisor::{monotonic_ns, Kill, Message, Report, Term};
-use crate::wait::{keep_trying, round_ms, warn_refusals, Patience};
+use crate::wait::{keep_trying, paced, round_ms, warn_refusals, Form, Patience};
 
 /// Runs `redlock run`; returns the exit code.
 pub fn run(args: &RunArgs) -> Result<u8, Failure> {
     let take = &args.acquisition;
     let locks = nodes::client(&args.nodes, |builder| {
-        // The watchdog retries a failed extension after a pause like the
-        // tool's between attempts.
-        let builder = builder
-            .retry_delay(take.retry_delay)
-            .retry_jitter(take.retry_delay / 2);
+        // The pause between attempts while waiting, and before the
+        // watchdog retries a failed extension.
+        let builder = paced(builder, take);
         match args.max_hold {
             Some(cap) => builder.max_hold(cap),
             None => builder,
@@ -45,11 +43,10 @@ pub fn run(args: &RunArgs) -> Result<u8, Failure> {
     };
     let resource = args.resource.as_str();
 
-    // One round per attempt (`try_`): the tool waits between attempts
-    // itself, where a signal can cut the wait short.
-    let guard = keep_trying(&patience, &events, resource, || {
-        let options = LockOptions::new(take.ttl).kind(crate::explicit::kind(take.fenced));
-        locks.try_lock(resource, options).into()
+    // The library's wait, which a signal cancels and a release wakes.
+    let guard = keep_trying(&patience, &events, resource, |form| match form {
+        Form::Once(options) => locks.try_lock(resource, options),
+        Form::Wait(options) => locks.lock(resource, options),
     })?;
     let status = command.supervise(&guard, &events);
     // Released before any message is printed: whatever happened, the lock

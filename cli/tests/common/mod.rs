@@ -192,6 +192,13 @@ impl Tool {
         }
     }
 
+    /// Waits for the tool to end (within [`PATIENCE`]); fails the test,
+    /// with what it said, unless it exited with 0.
+    pub fn succeeds(&mut self) {
+        let code = self.wait(PATIENCE).code();
+        assert_eq!(code, Some(0), "{}", self.stderr_text());
+    }
+
     /// Everything it said on stderr (after `wait`).
     pub fn stderr_text(&self) -> String {
         self.stderr.join("\n")
@@ -260,4 +267,38 @@ pub fn keys_on(cluster: &Cluster, resource: &str) -> usize {
 /// A shell command line for the child: `sh -c SCRIPT`.
 pub fn sh(script: &str) -> [String; 3] {
     ["sh".into(), "-c".into(), script.into()]
+}
+
+/// How many subscribers the nodes have, in all, on the channel where the
+/// releases of `resource` are said (the README's "Waiting for a release"):
+/// a waiter inside the library's wait listens there.
+pub fn listeners(cluster: &Cluster, resource: &str) -> i64 {
+    let channel = format!("redlock-sync:released:{resource}");
+    let count =
+        |node: &redlock_sync_testing::Node| match node.query(&["PUBSUB", "NUMSUB", &channel]) {
+            Ok(redis::Value::Array(reply)) => match reply.get(1) {
+                Some(redis::Value::Int(n)) => *n,
+                _ => 0,
+            },
+            _ => 0,
+        };
+    cluster.nodes().iter().map(count).sum()
+}
+
+/// The instants (`date +%s.%N`, in seconds) that a command wrote to `path`
+/// by [`stamp`], one a line, after each line's label.
+pub fn stamps(path: &Path) -> Vec<(String, f64)> {
+    read(path)
+        .lines()
+        .filter_map(|line| {
+            let (label, at) = line.split_once(' ')?;
+            Some((label.to_string(), at.parse().ok()?))
+        })
+        .collect()
+}
+
+/// A shell step that appends `label` and the time now to `path`, for
+/// [`stamps`].
+pub fn stamp(path: &Path, label: &str) -> String {
+    format!("echo \"{label} $(date +%s.%N)\" >> '{}'", path.display())
 }
