@@ -288,7 +288,7 @@ impl Redlock {
     /// [`max_wait`](RedlockBuilder::max_wait)). A pause between two
     /// attempts ends early when a node says the resource was released: the
     /// attempts made then come on top of the retry count, within the pause
-    /// (see the README's "Waiting for a release").
+    /// (see [Waiting for a release](crate::Patience#waiting-for-a-release)).
     ///
     /// The lock is of the options' [`Kind`] (plain unless set). Several
     /// resources are held all or nothing: on each node one script sets every

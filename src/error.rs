@@ -260,6 +260,9 @@ pub enum ConfigError {
     },
 
     /// The same node is listed twice; it would count twice toward the quorum.
+    /// The same host and port with another database (`/1`) is the same
+    /// server, and so is a server reached under two names (found when both
+    /// connect: [`NodeError::SameServer`]).
     #[error("node `{node}` is listed twice; one server must have one vote (list each independent master once)")]
     DuplicateNode {
         /// The node's address (host and port, or socket path).

@@ -188,6 +188,31 @@
 //! Timing uses [`std::time::Instant`] only; clock drift between processes is
 //! assumed small next to the TTL, which is what the drift term pays for.
 //!
+//! # Known limits
+//!
+//! - One connection per node is shared by all threads of a client: a
+//!   thread whose deadline passes while it reads drops the connection for
+//!   all of them, and a node slow for one thread is slow for all. Over TLS
+//!   the connection cannot be split into reading and writing halves: a
+//!   command that finds another thread reading goes out when that read
+//!   returns (up to two round trips), so keep `io_timeout` above twice the
+//!   slowest TLS node's round trip, or give such threads a client each.
+//! - Some waits have no time bound of this crate's: over TLS, host names
+//!   are resolved by the `redis` crate on each connect (list nodes by IP
+//!   address where DNS may be slow; plain `redis://` names are resolved
+//!   within the connect timeout) and a reply trickled out byte by byte can
+//!   hold a round past `io_timeout` (the timeout applies per read there); a
+//!   Unix-socket connect cannot be bounded while the server's listen queue
+//!   is full.
+//! - A node whose connect timed out, or was cut short by the round's
+//!   deadline, is skipped for ten `io_timeout`s (within 100 ms and 2 s),
+//!   even if it answers again at once; a `connect_timeout` far above
+//!   `io_timeout` does not help.
+//! - After `SCRIPT FLUSH` on a node, a release or extension whose reply was
+//!   not awaited did not happen there (the key keeps its TTL), for at most
+//!   32 rounds (the slowest node is awaited at least that often).
+//! - Waiters are woken by hints, with no fairness (see [`Patience`]).
+//!
 //! # Features
 //!
 //! - `tls`: `rediss://` (and `valkeys://`) node URLs, through the `redis`
@@ -195,7 +220,9 @@
 //!   provider (for instance
 //!   `rustls = { version = "0.23", features = ["ring"] }` among its
 //!   dependencies); without one, `rediss://` nodes fail with a
-//!   [`NodeError::Connect`] that says so.
+//!   [`NodeError::Connect`] that says so. Certificates are checked against
+//!   the system's roots, or those in the PEM file that `SSL_CERT_FILE`
+//!   names.
 //!
 //! # Testing
 //!
