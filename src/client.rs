@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -21,6 +21,7 @@ use crate::retry::{later, Pause};
 use crate::round::{self, Reply};
 use crate::script::{self, Command};
 use crate::wait::Waiters;
+use crate::watch::Watch;
 
 pub(crate) mod config;
 pub(crate) mod fencing;
@@ -62,6 +63,24 @@ struct Inner {
     config: Config,
     /// The threads waiting for a release, and the line they listen on.
     waiters: Arc<Waiters>,
+    /// The guards' watchdog and notifier.
+    watch: Arc<Watch>,
+}
+
+/// The watchdog's handle on its client: it does not keep it alive.
+pub(crate) struct WeakRedlock(Weak<Inner>);
+
+impl WeakRedlock {
+    pub(crate) fn upgrade(&self) -> Option<Redlock> {
+        self.0.upgrade().map(|inner| Redlock { inner })
+    }
+}
+
+/// The last handle is gone: so is the watchdog.
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.watch.close();
+    }
 }
 
 /// The nodes by address (never with a password), the quorum, and every
@@ -121,6 +140,7 @@ impl RedlockBuilder {
                 nodes,
                 quorum,
                 config,
+                watch: Arc::default(),
             }),
         })
     }
@@ -779,6 +799,15 @@ impl Redlock {
     /// The settings.
     pub(crate) fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// The guards' watchdog and notifier.
+    pub(crate) fn watch(&self) -> &Arc<Watch> {
+        &self.inner.watch
+    }
+
+    pub(crate) fn downgrade(&self) -> WeakRedlock {
+        WeakRedlock(Arc::downgrade(&self.inner))
     }
 }
 

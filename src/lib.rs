@@ -217,6 +217,7 @@ mod retry;
 mod round;
 mod script;
 mod wait;
+mod watch;
 mod with_lock;
 
 pub use client::config::{RedlockBuilder, MAX_TIMEOUT, MAX_TTL};

@@ -1,0 +1,207 @@
+//! One watchdog thread per client, which keeps every guard of that client
+//! alive, and one notifier thread, which runs the guards' loss callbacks.
+//!
+//! The watchdog starts with the first guard, holds the client weakly (the
+//! guards hold it strongly), and exits when the client is dropped or after
+//! [`IDLE`] with no guard. It sleeps until the earliest due extension; each
+//! guard's lease says when it is due next ([`Lease::step`]). Extensions that
+//! fall due together run side by side on at most [`WORKERS`] threads (the
+//! watchdog and short-lived scoped helpers), so one slow round delays the
+//! others by at most that round. A failed extension is retried by the
+//! schedule, never by sleeping on the watchdog.
+//!
+//! Loss callbacks run on the notifier thread, one at a time, each under
+//! `catch_unwind`: a callback that blocks delays the callbacks after it,
+//! never an extension. The notifier exits after [`IDLE`] with no callback.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::client::{Redlock, WeakRedlock};
+use crate::with_lock::Lease;
+
+/// How long the watchdog (or the notifier) waits with nothing to do
+/// before it exits; the next guard (or callback) starts it again.
+const IDLE: Duration = Duration::from_secs(30);
+
+/// The most threads that run one batch of due extensions, the watchdog
+/// included.
+const WORKERS: usize = 4;
+
+/// A callback to run on the notifier thread.
+pub(crate) type Job = Box<dyn FnOnce() + Send>;
+
+/// A client's watchdog and notifier: their schedule and their queue.
+#[derive(Default)]
+pub(crate) struct Watch {
+    schedule: Mutex<Schedule>,
+    wake: Condvar,
+    /// The notifier's queue, while it runs; every send happens under this
+    /// lock, so the notifier can exit without losing one.
+    notices: Mutex<Option<Sender<Job>>>,
+}
+
+#[derive(Default)]
+struct Schedule {
+    /// Every lease the watchdog keeps, and when it is due next.
+    leases: Vec<(Instant, Arc<Lease>)>,
+    running: bool,
+    /// The client is gone: the watchdog exits.
+    closed: bool,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Watch {
+    /// Puts `lease` under the watchdog of `client`, due at `due`; starts
+    /// the watchdog if it does not run.
+    pub(crate) fn add(
+        self: &Arc<Self>,
+        client: &Redlock,
+        lease: Arc<Lease>,
+        due: Instant,
+    ) -> std::io::Result<()> {
+        let mut schedule = lock(&self.schedule);
+        if !schedule.running {
+            let (watch, client) = (Arc::clone(self), client.downgrade());
+            std::thread::Builder::new()
+                .name("redlock-watchdog".to_string())
+                .spawn(move || watch.run(&client))?;
+            schedule.running = true;
+        }
+        schedule.leases.push((due, lease));
+        self.wake.notify_all();
+        Ok(())
+    }
+
+    /// The client is gone: the watchdog exits at once.
+    pub(crate) fn close(&self) {
+        lock(&self.schedule).closed = true;
+        self.wake.notify_all();
+    }
+
+    /// Runs `job` on the notifier thread (started if need be), or here if
+    /// no thread can be started. A panic in it is caught.
+    pub(crate) fn notify(self: &Arc<Self>, job: Job) {
+        let mut notices = lock(&self.notices);
+        let job = match notices.as_ref() {
+            Some(queue) => match queue.send(job) {
+                Ok(()) => return,
+                Err(mpsc::SendError(job)) => job,
+            },
+            None => job,
+        };
+        let (queue, jobs) = mpsc::channel::<Job>();
+        let watch = Arc::clone(self);
+        let started = std::thread::Builder::new()
+            .name("redlock-notifier".to_string())
+            .spawn(move || watch.notifier(&jobs));
+        match started {
+            Ok(_) => {
+                let _ = queue.send(job);
+                *notices = Some(queue);
+            }
+            Err(_) => {
+                drop(notices);
+                let _ = catch_unwind(AssertUnwindSafe(job));
+            }
+        }
+    }
+
+    fn notifier(&self, jobs: &mpsc::Receiver<Job>) {
+        loop {
+            let job = match jobs.recv_timeout(IDLE) {
+                Ok(job) => job,
+                Err(RecvTimeoutError::Timeout) => {
+                    let mut notices = lock(&self.notices);
+                    match jobs.try_recv() {
+                        Ok(job) => job,
+                        Err(_) => return *notices = None,
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            let _ = catch_unwind(AssertUnwindSafe(job));
+        }
+    }
+
+    /// The watchdog: waits for the next due leases, steps them, puts them
+    /// back with their next due time.
+    fn run(&self, client: &WeakRedlock) {
+        loop {
+            let Some(batch) = self.next_batch() else {
+                return;
+            };
+            let Some(client) = client.upgrade() else {
+                return;
+            };
+            let stepped = step_all(&client, batch);
+            drop(client);
+            let mut schedule = lock(&self.schedule);
+            schedule.leases.extend(stepped);
+        }
+    }
+
+    /// Waits until some leases are due, and takes them out of the
+    /// schedule; `None` once closed or idle (the watchdog exits).
+    fn next_batch(&self) -> Option<Vec<Arc<Lease>>> {
+        let mut schedule = lock(&self.schedule);
+        loop {
+            let now = Instant::now();
+            if schedule.closed {
+                schedule.running = false;
+                return None;
+            }
+            let (due, later): (Vec<_>, Vec<_>) =
+                std::mem::take(&mut schedule.leases).into_iter().partition(|(at, _)| *at <= now);
+            schedule.leases = later;
+            if !due.is_empty() {
+                return Some(due.into_iter().map(|(_, lease)| lease).collect());
+            }
+            let next = schedule.leases.iter().map(|(at, _)| *at).min();
+            let wait = next.map_or(IDLE, |at| at.saturating_duration_since(now));
+            let (guard, timeout) = (self.wake)
+                .wait_timeout(schedule, wait)
+                .unwrap_or_else(PoisonError::into_inner);
+            schedule = guard;
+            if timeout.timed_out() && schedule.leases.is_empty() {
+                schedule.running = false;
+                return None;
+            }
+        }
+    }
+}
+
+/// Steps every lease of `batch`, side by side on up to [`WORKERS`]
+/// threads; returns those that stay, with their next due time.
+fn step_all(client: &Redlock, batch: Vec<Arc<Lease>>) -> Vec<(Instant, Arc<Lease>)> {
+    let next = AtomicUsize::new(0);
+    let work = || {
+        let mut kept = Vec::new();
+        while let Some(lease) = batch.get(next.fetch_add(1, Ordering::Relaxed)) {
+            if let Some(due) = lease.step(client) {
+                kept.push((due, Arc::clone(lease)));
+            }
+        }
+        kept
+    };
+    std::thread::scope(|s| {
+        let helpers: Vec<_> = (1..WORKERS.min(batch.len()))
+            .filter_map(|_| {
+                (std::thread::Builder::new().name("redlock-watchdog".to_string()))
+                    .spawn_scoped(s, work)
+                    .ok()
+            })
+            .collect();
+        let mut kept = work();
+        for helper in helpers {
+            kept.extend(helper.join().unwrap_or_default());
+        }
+        kept
+    })
+}
