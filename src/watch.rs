@@ -5,9 +5,11 @@
 //! guards hold it strongly), and exits when the client is dropped or after
 //! [`IDLE`] with no guard. It sleeps until the earliest due extension; each
 //! guard's lease says when it is due next ([`Lease::step`]). Extensions that
-//! fall due together run side by side on at most [`WORKERS`] threads (the
-//! watchdog and short-lived scoped helpers), so one slow round delays the
-//! others by at most that round. A failed extension is retried by the
+//! fall due together run one after the other on the watchdog while that
+//! is quick; once a batch has taken half an `io_timeout` (its rounds are
+//! slow), the rest runs side by side on at most [`WORKERS`] threads (the
+//! watchdog and short-lived scoped helpers), so slow rounds delay the
+//! others by about one round, not one round each. A failed extension is retried by the
 //! schedule, never by sleeping on the watchdog.
 //!
 //! Loss callbacks run on the notifier thread, one at a time, each under
@@ -21,6 +23,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::client::{Redlock, WeakRedlock};
+use crate::retry::later;
 use crate::with_lock::Lease;
 
 /// How long the watchdog (or the notifier) waits with nothing to do
@@ -177,31 +180,38 @@ impl Watch {
     }
 }
 
-/// Steps every lease of `batch`, side by side on up to [`WORKERS`]
-/// threads; returns those that stay, with their next due time.
+/// Steps every lease of `batch`, on the watchdog alone while that is
+/// quick, side by side on up to [`WORKERS`] threads once the batch has
+/// taken half an `io_timeout` (rounds are slow); returns the leases that
+/// stay, with their next due time.
 fn step_all(client: &Redlock, batch: Vec<Arc<Lease>>) -> Vec<(Instant, Arc<Lease>)> {
     let next = AtomicUsize::new(0);
-    let work = || {
+    let slow = later(Instant::now(), client.config().io_timeout / 2);
+    let work = |alone: bool| {
         let mut kept = Vec::new();
         while let Some(lease) = batch.get(next.fetch_add(1, Ordering::Relaxed)) {
-            if let Some(due) = lease.step(client) {
-                kept.push((due, Arc::clone(lease)));
+            kept.extend(lease.step(client).map(|due| (due, Arc::clone(lease))));
+            if alone && Instant::now() >= slow {
+                break;
             }
         }
         kept
     };
-    std::thread::scope(|s| {
-        let helpers: Vec<_> = (1..WORKERS.min(batch.len()))
-            .filter_map(|_| {
-                (std::thread::Builder::new().name("redlock-watchdog".to_string()))
-                    .spawn_scoped(s, work)
-                    .ok()
-            })
-            .collect();
-        let mut kept = work();
-        for helper in helpers {
-            kept.extend(helper.join().unwrap_or_default());
-        }
-        kept
-    })
+    let mut kept = work(true);
+    if next.load(Ordering::Relaxed) < batch.len() {
+        std::thread::scope(|s| {
+            let helpers: Vec<_> = (1..WORKERS)
+                .filter_map(|_| {
+                    (std::thread::Builder::new().name("redlock-watchdog".to_string()))
+                        .spawn_scoped(s, move || work(false))
+                        .ok()
+                })
+                .collect();
+            kept.extend(work(false));
+            for helper in helpers {
+                kept.extend(helper.join().unwrap_or_default());
+            }
+        });
+    }
+    kept
 }
