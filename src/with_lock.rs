@@ -245,7 +245,9 @@ impl Lease {
                 // Never spin, even with a zero retry delay.
                 let pause = client.config().retry.pause(state.failures);
                 let retry = later(Instant::now(), pause.max(Duration::from_millis(1)));
-                return state.deadline().map(|d| retry.min(d));
+                if let Some(deadline) = state.deadline() {
+                    return Some(retry.min(deadline));
+                }
             }
         }
         match state.deadline() {

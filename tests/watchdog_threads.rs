@@ -84,5 +84,10 @@ fn a_thousand_guards_on_one_client_take_two_threads_and_all_outlive_three_ttls_w
             .iter()
             .all(|n| n.keys().map_or(false, |k| k.is_empty()))
     });
+    // The watchdog holds the client weakly: dropping it ends the thread.
+    drop(locks);
+    wait_until(Duration::from_secs(5), "the watchdog exits with its client", || {
+        threads() <= before
+    });
     assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
 }
