@@ -14,11 +14,12 @@
 //!
 //! Loss callbacks run on the notifier thread, one at a time, each under
 //! `catch_unwind`: a callback that blocks delays the callbacks after it,
-//! never an extension. The notifier exits after [`IDLE`] with no callback.
+//! never an extension. The notifier starts with the first callback and
+//! exits when the client is dropped.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -26,8 +27,8 @@ use crate::client::{Redlock, WeakRedlock};
 use crate::retry::later;
 use crate::with_lock::Lease;
 
-/// How long the watchdog (or the notifier) waits with nothing to do
-/// before it exits; the next guard (or callback) starts it again.
+/// How long the watchdog waits with no guard before it exits; the next
+/// guard starts it again.
 const IDLE: Duration = Duration::from_secs(30);
 
 /// The most threads that run one batch of due extensions, the watchdog
@@ -42,8 +43,7 @@ pub(crate) type Job = Box<dyn FnOnce() + Send>;
 pub(crate) struct Watch {
     schedule: Mutex<Schedule>,
     wake: Condvar,
-    /// The notifier's queue, while it runs; every send happens under this
-    /// lock, so the notifier can exit without losing one.
+    /// The notifier's queue, once it runs.
     notices: Mutex<Option<Sender<Job>>>,
 }
 
@@ -89,46 +89,20 @@ impl Watch {
     }
 
     /// Runs `job` on the notifier thread (started if need be), or here if
-    /// no thread can be started. A panic in it is caught.
-    pub(crate) fn notify(self: &Arc<Self>, job: Job) {
+    /// no thread can be started. A panic in it is caught. The notifier
+    /// lives as long as the client's watch.
+    pub(crate) fn notify(&self, job: Job) {
         let mut notices = lock(&self.notices);
-        let job = match notices.as_ref() {
-            Some(queue) => match queue.send(job) {
-                Ok(()) => return,
-                Err(mpsc::SendError(job)) => job,
-            },
-            None => job,
-        };
-        let (queue, jobs) = mpsc::channel::<Job>();
-        let watch = Arc::clone(self);
-        let started = std::thread::Builder::new()
-            .name("redlock-notifier".to_string())
-            .spawn(move || watch.notifier(&jobs));
-        match started {
-            Ok(_) => {
-                let _ = queue.send(job);
-                *notices = Some(queue);
-            }
-            Err(_) => {
-                drop(notices);
-                let _ = catch_unwind(AssertUnwindSafe(job));
-            }
-        }
-    }
-
-    fn notifier(&self, jobs: &mpsc::Receiver<Job>) {
-        loop {
-            let job = match jobs.recv_timeout(IDLE) {
-                Ok(job) => job,
-                Err(RecvTimeoutError::Timeout) => {
-                    let mut notices = lock(&self.notices);
-                    match jobs.try_recv() {
-                        Ok(job) => job,
-                        Err(_) => return *notices = None,
-                    }
-                }
-                Err(RecvTimeoutError::Disconnected) => return,
+        if notices.is_none() {
+            let (queue, jobs) = mpsc::channel::<Job>();
+            let notifier = move || {
+                jobs.into_iter()
+                    .for_each(|job| drop(catch_unwind(AssertUnwindSafe(job))))
             };
+            let named = std::thread::Builder::new().name("redlock-notifier".to_string());
+            *notices = named.spawn(notifier).ok().map(|_| queue);
+        }
+        if let Some(Err(mpsc::SendError(job))) = notices.as_ref().map(|queue| queue.send(job)) {
             let _ = catch_unwind(AssertUnwindSafe(job));
         }
     }
@@ -160,8 +134,9 @@ impl Watch {
                 schedule.running = false;
                 return None;
             }
-            let (due, later): (Vec<_>, Vec<_>) =
-                std::mem::take(&mut schedule.leases).into_iter().partition(|(at, _)| *at <= now);
+            let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut schedule.leases)
+                .into_iter()
+                .partition(|(at, _)| *at <= now);
             schedule.leases = later;
             if !due.is_empty() {
                 return Some(due.into_iter().map(|(_, lease)| lease).collect());

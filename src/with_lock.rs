@@ -576,8 +576,7 @@ impl LockGuard {
     /// - [`LockError::NoQuorum`] when too few nodes answered the release to
     ///   tell. The keys not deleted expire within the TTL.
     pub fn unlock(mut self) -> Result<Report, LockError> {
-        self.finish()
-            .unwrap_or_else(|| Err(self.lease.lost()))
+        self.finish().unwrap_or_else(|| Err(self.lease.lost()))
     }
 
     /// Takes the lease from the watchdog (waiting for an extension in
@@ -846,7 +845,11 @@ impl Redlock {
             // Out of validity already: no guard (its drop releases).
             return Err(lease.lost());
         };
-        let due = if lease.state().ending { deadline } else { lease.next_due(deadline) };
+        let due = if lease.state().ending {
+            deadline
+        } else {
+            lease.next_due(deadline)
+        };
         match self.watch().add(self, lease, due) {
             Ok(()) => Ok(guard),
             // The guard's drop releases.

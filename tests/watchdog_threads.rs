@@ -57,7 +57,12 @@ fn a_thousand_guards_on_one_client_take_two_threads_and_all_outlive_three_ttls_w
             most_healthy = most_healthy.max(now);
         }
         if let Some(lost) = guards.iter().find(|g| !g.is_held()) {
-            panic!("{} lost after {:?}: {:?}", lost.resource(), acquired.elapsed(), lost.check());
+            panic!(
+                "{} lost after {:?}: {:?}",
+                lost.resource(),
+                acquired.elapsed(),
+                lost.check()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -86,8 +91,14 @@ fn a_thousand_guards_on_one_client_take_two_threads_and_all_outlive_three_ttls_w
     });
     // The watchdog holds the client weakly: dropping it ends the thread.
     drop(locks);
-    wait_until(Duration::from_secs(5), "the watchdog exits with its client", || {
-        threads() <= before
-    });
-    assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
+    wait_until(
+        Duration::from_secs(5),
+        "the watchdog exits with its client",
+        || threads() <= before,
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
 }

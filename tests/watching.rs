@@ -22,9 +22,15 @@ fn take_over(nodes: &Cluster, resource: &str) {
 }
 
 /// A callback that sends when it ran, and the receiving end.
-fn timed_callback() -> (impl FnOnce(&LockError) + Send, mpsc::Receiver<(Instant, String)>) {
+fn timed_callback() -> (
+    impl FnOnce(&LockError) + Send,
+    mpsc::Receiver<(Instant, String)>,
+) {
     let (tx, rx) = mpsc::channel();
-    (move |e: &LockError| drop(tx.send((Instant::now(), e.to_string()))), rx)
+    (
+        move |e: &LockError| drop(tx.send((Instant::now(), e.to_string()))),
+        rx,
+    )
 }
 
 fn lock(locks: &Redlock, resource: &str) -> LockGuard {
@@ -42,11 +48,18 @@ fn a_guard_whose_keys_are_taken_over_is_told_at_its_next_extension_and_the_other
     take_over(&nodes, "taken");
 
     // Due once a third of the validity is left, then one round.
-    assert!(lost.wait_lost(2 * TTL), "the loss was not told within 2 TTLs");
+    assert!(
+        lost.wait_lost(2 * TTL),
+        "the loss was not told within 2 TTLs"
+    );
     let seen = start.elapsed();
     assert!(seen <= TTL, "told after {seen:?}");
     let (at, error) = told.recv_timeout(TTL).expect("the callback ran");
-    assert!(at.duration_since(start) <= TTL, "callback after {:?}", at - start);
+    assert!(
+        at.duration_since(start) <= TTL,
+        "callback after {:?}",
+        at - start
+    );
     assert!(error.contains("taken"), "{error}");
     assert!(matches!(lost.check(), Err(LockError::Lost { .. })));
 
@@ -73,9 +86,17 @@ fn a_partitioned_guard_is_told_once_its_validity_runs_out_within_one_retry() {
         assert!(guard.wait_lost(3 * TTL), "the loss was not told");
         // One retry: the client's pause (10 to 20 ms) and a round.
         let retry = Duration::from_millis(20) + Duration::from_millis(500);
-        assert!(Instant::now() <= valid_until + retry, "told {:?} late", Instant::now() - valid_until);
+        assert!(
+            Instant::now() <= valid_until + retry,
+            "told {:?} late",
+            Instant::now() - valid_until
+        );
         let (at, _) = told.recv_timeout(TTL).expect("the callback ran");
-        assert!(at <= valid_until + retry, "callback {:?} late", at - valid_until);
+        assert!(
+            at <= valid_until + retry,
+            "callback {:?} late",
+            at - valid_until
+        );
         guard.check()
     });
     assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");
@@ -83,7 +104,8 @@ fn a_partitioned_guard_is_told_once_its_validity_runs_out_within_one_retry() {
 }
 
 #[test]
-fn a_callback_registered_after_the_loss_runs_at_once_and_one_registered_on_a_released_guard_never() {
+fn a_callback_registered_after_the_loss_runs_at_once_and_one_registered_on_a_released_guard_never()
+{
     let nodes = cluster(3);
     let locks = builder(&nodes).build().unwrap();
     let guard = lock(&locks, "late");
@@ -97,7 +119,10 @@ fn a_callback_registered_after_the_loss_runs_at_once_and_one_registered_on_a_rel
     let (callback, told) = timed_callback();
     released.on_lost(callback);
     released.unlock().unwrap();
-    assert!(told.recv_timeout(2 * TTL).is_err(), "a released guard's callback ran");
+    assert!(
+        told.recv_timeout(2 * TTL).is_err(),
+        "a released guard's callback ran"
+    );
 }
 
 #[test]
@@ -148,7 +173,10 @@ fn callbacks_that_block_panic_drop_or_unlock_guards_do_not_stall_the_other_guard
     assert!(order.contains(&"blocks"), "ran: {order:?}");
     let start = Instant::now();
     while start.elapsed() < 3 * TTL {
-        assert!(steady.is_held(), "the steady guard was lost while a callback blocked");
+        assert!(
+            steady.is_held(),
+            "the steady guard was lost while a callback blocked"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     unblock.send(()).unwrap();
@@ -157,10 +185,14 @@ fn callbacks_that_block_panic_drop_or_unlock_guards_do_not_stall_the_other_guard
         order.len() == 4
     });
     // The guards the callbacks dropped and unlocked were released.
-    wait_until(2 * TTL, "the dropped and unlocked guards' keys are gone", || {
-        nodes.nodes().iter().all(|n| {
-            n.get("dropped").unwrap().is_none() && n.get("unlocked").unwrap().is_none()
-        })
-    });
+    wait_until(
+        2 * TTL,
+        "the dropped and unlocked guards' keys are gone",
+        || {
+            nodes.nodes().iter().all(|n| {
+                n.get("dropped").unwrap().is_none() && n.get("unlocked").unwrap().is_none()
+            })
+        },
+    );
     steady.unlock().expect("held throughout");
 }
