@@ -767,6 +767,31 @@ impl Redlock {
         }
     }
 
+    /// One round of `cmd` on every node, read until its deadline: each
+    /// node's reply, or why there is none.
+    pub(crate) fn replies(&self, cmd: &Command) -> Vec<(Arc<str>, Result<Value, NodeOutcome>)> {
+        let (inner, start) = (&*self.inner, Instant::now());
+        let deadline = start + inner.config.io_timeout;
+        let n = inner.nodes.len();
+        let replies = round::run(
+            &inner.nodes,
+            cmd,
+            start,
+            deadline,
+            inner.config.connect_timeout,
+            |_| true,
+            (n, |_: &_| false),
+        );
+        (inner.nodes.iter().zip(replies))
+            .map(|(node, reply)| match reply.result {
+                Ok(value) if !matches!(value, Value::ServerError(_)) => {
+                    (Arc::clone(node.name()), Ok(value))
+                }
+                result => (Arc::clone(node.name()), Err(outcome(result, &script_vote))),
+            })
+            .collect()
+    }
+
     /// The validity a round that took `elapsed` leaves of `ttl`: none if
     /// `ttl - elapsed - drift` is not positive.
     pub(crate) fn validity(&self, ttl: Duration, elapsed: Duration) -> Option<Duration> {

@@ -209,6 +209,7 @@
 
 mod client;
 mod error;
+mod inspect;
 mod kind;
 mod lock;
 mod node;
@@ -227,6 +228,7 @@ pub use error::{
     ArgumentError, ConfigError, LockError, NodeError, NodeOutcome, NodeReport, ParseTokenError,
     Report,
 };
+pub use inspect::{Holding, Inspection, NodeView, Verdict};
 pub use kind::Kind;
 pub use lock::{Lock, Token};
 pub use request::{Cancel, IntoResources, LockOptions, Patience};
