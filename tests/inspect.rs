@@ -24,10 +24,19 @@ fn inspect_tells_free_held_and_partly_held_resources_apart_and_writes_nothing() 
     common::wait_until_held_by(&nodes, &lock, 3);
     let held = locks.inspect("held").unwrap();
     let token: String = lock.token().to_string().chars().take(8).collect();
-    assert_eq!(held.verdict(), Verdict::Held { token: token.clone(), nodes: 3 });
+    assert_eq!(
+        held.verdict(),
+        Verdict::Held {
+            token: token.clone(),
+            nodes: 3
+        }
+    );
     for node in &held.nodes {
         match &node.holding {
-            Holding::Held { token: t, ttl: Some(ttl) } => {
+            Holding::Held {
+                token: t,
+                ttl: Some(ttl),
+            } => {
                 assert_eq!(*t, token);
                 assert!(*ttl <= TTL && *ttl > TTL / 2, "{ttl:?}");
             }
@@ -35,13 +44,18 @@ fn inspect_tells_free_held_and_partly_held_resources_apart_and_writes_nothing() 
         }
     }
     let formatted = format!("{held:?}");
-    assert!(!formatted.contains(&lock.token().to_string()), "{formatted}");
+    assert!(
+        !formatted.contains(&lock.token().to_string()),
+        "{formatted}"
+    );
 
     // Partly held: one node holds another token, the others nothing.
     nodes.node(0).set("partly", "0123456789abcdef").unwrap();
     let partly = locks.inspect("partly").unwrap();
     assert_eq!(partly.verdict(), Verdict::Free);
-    assert!(matches!(&partly.nodes[0].holding, Holding::Held { token, ttl: None } if token == "01234567"));
+    assert!(
+        matches!(&partly.nodes[0].holding, Holding::Held { token, ttl: None } if token == "01234567")
+    );
 
     // Read-only: no key was written anywhere.
     let keys = common::keys(&nodes);
@@ -61,9 +75,16 @@ fn inspect_counts_a_paused_node_as_unknown_within_the_io_timeout() {
     nodes.node(2).pause().unwrap();
     let start = Instant::now();
     let seen = locks.inspect("paused").unwrap();
-    assert!(start.elapsed() < io + Duration::from_millis(500), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < io + Duration::from_millis(500),
+        "took {:?}",
+        start.elapsed()
+    );
     nodes.node(2).resume().unwrap();
-    assert_eq!(seen.nodes[2].holding, Holding::Unknown(NodeOutcome::TimedOut));
+    assert_eq!(
+        seen.nodes[2].holding,
+        Holding::Unknown(NodeOutcome::TimedOut)
+    );
     assert!(matches!(seen.verdict(), Verdict::Held { nodes: 2, .. }));
 
     // Two of three free and one unknown: free. One held, one free, one
@@ -93,5 +114,8 @@ fn inspect_lets_a_server_named_by_two_urls_answer_once() {
         .count();
     assert_eq!(unknown, 1, "{seen:?}");
     // Held on two of the three nodes named, by two servers.
-    assert!(matches!(seen.verdict(), Verdict::Held { nodes: 2, .. }), "{seen:?}");
+    assert!(
+        matches!(seen.verdict(), Verdict::Held { nodes: 2, .. }),
+        "{seen:?}"
+    );
 }
