@@ -21,7 +21,7 @@ use crate::retry::{later, Pause};
 use crate::round::{self, Reply};
 use crate::script::{self, Command};
 use crate::wait::Waiters;
-use crate::watch::Watch;
+use crate::watch::{Watch, What};
 
 pub(crate) mod config;
 pub(crate) mod fencing;
@@ -432,6 +432,12 @@ impl Redlock {
             let watch = inner.waiters.watch(&resources);
             let tally = self.attempt(kind, &resources, &token, ttl, ttl_ms);
             if tally.granted() {
+                self.observe(
+                    What::Acquired,
+                    (&resources, &token),
+                    attempts,
+                    Ok(&tally.report),
+                );
                 let lock = Lock {
                     valid_until: tally.start + tally.validity.unwrap_or_default(),
                     timed: true,
@@ -453,6 +459,11 @@ impl Redlock {
             self.clean_up(kind, &resources, &token, ttl, &tally.report);
             // Plan the pause with the policy, unless waiting cannot help.
             let error = tally.error(&resources[0], attempts, ttl, false);
+            let what = match error {
+                LockError::Contended { .. } => What::Contended,
+                _ => What::AttemptFailed,
+            };
+            self.observe(what, (&resources, &token), attempts, Err(&error));
             if call.cancelled() {
                 return Err(cancelled(&resources));
             }
@@ -648,7 +659,7 @@ impl Redlock {
                 nodes[i].outcome == NodeOutcome::Granted
             });
         }
-        if tally.report.granted() >= tally.report.quorum {
+        let result = if tally.report.granted() >= tally.report.quorum {
             Ok(tally.report)
         } else if tally.refused_by_quorum_complement() {
             Err(LockError::Lost {
@@ -661,7 +672,9 @@ impl Redlock {
                 attempts: 1,
                 report: tally.report,
             })
-        }
+        };
+        self.observe(What::Released, (resources, token), 0, result.as_ref());
+        result
     }
 
     /// After a failed attempt: sends the kind's release, marked as a

@@ -233,6 +233,7 @@ pub use kind::Kind;
 pub use lock::{Lock, Token};
 pub use request::{Cancel, IntoResources, LockOptions, Patience};
 pub use retry::RetryPolicy;
+pub use watch::{Event, What};
 pub use with_lock::LockGuard;
 
 /// The crate's socket `write` and `read` calls so far, for its benchmark

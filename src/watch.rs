@@ -24,6 +24,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::client::{Redlock, WeakRedlock};
+use crate::error::{LockError, NodeOutcome, Report};
+use crate::lock::Token;
 use crate::retry::later;
 use crate::with_lock::Lease;
 
@@ -189,4 +191,119 @@ fn step_all(client: &Redlock, batch: Vec<Arc<Lease>>) -> Vec<(Instant, Arc<Lease
         });
     }
     kept
+}
+
+/// What an [`Event`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum What {
+    /// An attempt won the lock.
+    Acquired,
+    /// An attempt found the lock held by another client.
+    Contended,
+    /// An attempt failed otherwise (too few nodes answered, too slow).
+    AttemptFailed,
+    /// A node failed or timed out in a round ([`Event::node`] says which).
+    NodeFailed,
+    /// An extension succeeded.
+    Extended,
+    /// An extension failed; a guard's watchdog retries it while validity
+    /// is left, unless [`Event::error`] is [`LockError::Lost`].
+    ExtendFailed,
+    /// A guard's lock is lost (refused, or its validity ran out).
+    Lost,
+    /// A release round ended ([`Event::error`] says if it failed).
+    Released,
+}
+
+/// Something the client did, for logs and metrics: what the builder's
+/// [`observer`](crate::RedlockBuilder::observer) gets. It carries the
+/// resource, the token's first 8 characters, the node's address where
+/// there is one (never a password), timings and the outcome; never a
+/// whole token. Its `Debug` output is fit for a log line.
+///
+/// ```
+/// use redlock_sync::{Event, What};
+///
+/// fn log(event: &Event<'_>) {
+///     if event.what == What::NodeFailed {
+///         eprintln!("{} on {:?}: {:?}", event.resource, event.node, event.node_outcome);
+///     }
+/// }
+/// ```
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Event<'a> {
+    /// What happened.
+    pub what: What,
+    /// The (first) resource.
+    pub resource: &'a str,
+    /// The token's first 8 characters.
+    pub token: &'a str,
+    /// The attempt's number, for the acquisition's events; else 0.
+    pub attempt: u32,
+    /// How long the round took, or the node's part of it.
+    pub elapsed: Duration,
+    /// The node, for [`What::NodeFailed`].
+    pub node: Option<&'a str>,
+    /// What the node did, for [`What::NodeFailed`].
+    pub node_outcome: Option<&'a NodeOutcome>,
+    /// The error, for the events of a failure.
+    pub error: Option<&'a LockError>,
+}
+
+/// The builder's observer.
+#[derive(Clone)]
+pub(crate) struct Observer(pub(crate) Arc<dyn Fn(&Event<'_>) + Send + Sync>);
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Observer")
+    }
+}
+
+impl Redlock {
+    /// Tells the observer, if any, about a round of `what` on `resources`
+    /// by `token` that ended in `outcome`: first each node that failed,
+    /// then the round's outcome. A panic in the observer is caught.
+    pub(crate) fn observe(
+        &self,
+        what: What,
+        (resources, token): (&[String], &Token),
+        attempt: u32,
+        outcome: Result<&Report, &LockError>,
+    ) {
+        let Some(Observer(observer)) = &self.config().observer else {
+            return;
+        };
+        let (report, error) = match outcome {
+            Ok(report) => (Some(report), None),
+            Err(error) => (error.report(), Some(error)),
+        };
+        let hex = token.hex();
+        let mut event = Event {
+            what: What::NodeFailed,
+            resource: &resources[0],
+            token: std::str::from_utf8(&hex[..8]).unwrap_or_default(),
+            attempt,
+            elapsed: report.map_or(Duration::ZERO, |r| r.elapsed),
+            node: None,
+            node_outcome: None,
+            error: None,
+        };
+        let tell = |event: &Event<'_>| drop(catch_unwind(AssertUnwindSafe(|| observer(event))));
+        for node in report.iter().flat_map(|r| &r.nodes) {
+            if matches!(node.outcome, NodeOutcome::Failed(_) | NodeOutcome::TimedOut) {
+                let (name, outcome) = (Some(&*node.node), Some(&node.outcome));
+                tell(&Event {
+                    node: name,
+                    node_outcome: outcome,
+                    elapsed: node.elapsed,
+                    ..event
+                });
+            }
+        }
+        (event.what, event.error) = (what, error);
+        tell(&event);
+    }
 }

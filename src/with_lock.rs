@@ -25,6 +25,7 @@ use crate::kind::Kind;
 use crate::lock::{Lock, Token};
 use crate::request::{Call, IntoResources, LockOptions};
 use crate::retry::later;
+use crate::watch::What;
 
 /// A loss callback ([`LockGuard::on_lost`]).
 type OnLost = Box<dyn FnOnce(&LockError) + Send>;
@@ -215,6 +216,9 @@ impl Lease {
         };
         let mut lock = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
         let result = client.extend_call(&mut lock, ttl, &Call::default());
+        let what = [What::ExtendFailed, What::Extended][usize::from(result.is_ok())];
+        let outcome = result.as_ref().map(|()| &lock.report);
+        client.observe(what, (&self.resources, &self.token), 0, outcome);
         let mut state = self.state();
         state.extending = false;
         self.wake.notify_all();
@@ -267,6 +271,8 @@ impl Lease {
         }
         let (callbacks, report) = (std::mem::take(&mut state.on_lost), state.report.clone());
         drop(state);
+        let lost = self.lost_error(&report);
+        client.observe(What::Lost, (&self.resources, &self.token), 0, Err(&lost));
         self.wake.notify_all();
         for callback in callbacks {
             let error = self.lost_error(&report);
