@@ -5,10 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::Value;
-
 use crate::client::Redlock;
-use crate::error::{ArgumentError, LockError, NodeOutcome};
+use crate::error::{ArgumentError, LockError, NodeError, NodeOutcome};
 use crate::kind::fence_keys;
 use crate::script::{Command, Script};
 
@@ -159,12 +157,19 @@ impl Redlock {
         let cmd = Command::script(&INSPECT, &fence_keys(resource), &[]);
         let nodes = (self.replies(&cmd).into_iter())
             .map(|(node, reply)| {
-                let (holding, fence) = match reply {
-                    Ok(Value::Array(parts)) => read(&parts),
-                    Ok(other) => (
-                        Holding::Unknown(NodeOutcome::Failed(unexpected(&other))),
-                        None,
-                    ),
+                let read = reply.and_then(|value| {
+                    redis::from_redis_value::<(String, i64, String)>(value)
+                        .map_err(|e| NodeOutcome::Failed(NodeError::Protocol(e.to_string())))
+                });
+                let (holding, fence) = match read {
+                    Ok((token, _, fence)) if token.is_empty() => {
+                        (Holding::Free, fence.parse().ok())
+                    }
+                    Ok((token, ms, fence)) => {
+                        let (token, ttl) = (token.chars().take(SHOWN).collect(), u64::try_from(ms));
+                        let ttl = ttl.ok().map(Duration::from_millis);
+                        (Holding::Held { token, ttl }, fence.parse().ok())
+                    }
                     Err(outcome) => (Holding::Unknown(outcome), None),
                 };
                 NodeView {
@@ -180,28 +185,4 @@ impl Redlock {
             nodes,
         })
     }
-}
-
-fn unexpected(value: &Value) -> crate::error::NodeError {
-    crate::error::NodeError::Protocol(format!("{value:?}"))
-}
-
-/// The script's reply: the token (empty: none), its PTTL, the counter.
-fn read(parts: &[Value]) -> (Holding, Option<u64>) {
-    let text = |v: Option<&Value>| match v {
-        Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-        _ => String::new(),
-    };
-    let (token, fence) = (text(parts.first()), text(parts.get(2)));
-    let holding = match parts.get(1) {
-        _ if token.is_empty() => Holding::Free,
-        Some(Value::Int(ms)) => Holding::Held {
-            token: token.chars().take(SHOWN).collect(),
-            ttl: u64::try_from(*ms).ok().map(Duration::from_millis),
-        },
-        _ => Holding::Unknown(NodeOutcome::Failed(unexpected(&Value::Array(
-            parts.to_vec(),
-        )))),
-    };
-    (holding, fence.parse().ok())
 }

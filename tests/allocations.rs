@@ -44,6 +44,8 @@ fn an_uncontended_acquire_and_release_allocate_no_more_for_the_events() {
         .build()
         .unwrap();
     let (without, with) = (allocations(&bare), allocations(&observed));
-    eprintln!("allocations per acquire and release: {without} without an observer, {with} with one");
+    eprintln!(
+        "allocations per acquire and release: {without} without an observer, {with} with one"
+    );
     assert_eq!(with, without, "the events allocated");
 }

@@ -17,7 +17,8 @@ fn the_observer_sees_contention_a_failed_extension_and_a_loss_without_passwords_
     let started = Instant::now();
     let nodes = cluster(3);
     for node in nodes.nodes() {
-        node.query(&["CONFIG", "SET", "requirepass", PASSWORD]).unwrap();
+        node.query(&["CONFIG", "SET", "requirepass", PASSWORD])
+            .unwrap();
     }
     let proxies = nodes.proxies().unwrap();
     let with_password = |url: String| url.replace("redis://", &format!("redis://:{PASSWORD}@"));
@@ -29,16 +30,24 @@ fn the_observer_sees_contention_a_failed_extension_and_a_loss_without_passwords_
     let locks = builder_over(proxies.iter().map(|p| with_password(p.url())).collect())
         .retry_count(200)
         .observer(move |event: &Event<'_>| {
-            record.lock().unwrap().push((event.what, format!("{event:?}")));
+            record
+                .lock()
+                .unwrap()
+                .push((event.what, format!("{event:?}")));
         })
         .build()
         .unwrap();
     let whats = |from: usize| -> Vec<What> {
-        seen.lock().unwrap()[from..].iter().map(|(w, _)| *w).collect()
+        seen.lock().unwrap()[from..]
+            .iter()
+            .map(|(w, _)| *w)
+            .collect()
     };
 
     // Contended: refused until the holder releases, then won.
-    let held = holder.acquire("contended", Duration::from_secs(10)).unwrap();
+    let held = holder
+        .acquire("contended", Duration::from_secs(10))
+        .unwrap();
     let held_token = held.token().to_string();
     let release = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(100));
@@ -48,7 +57,12 @@ fn the_observer_sees_contention_a_failed_extension_and_a_loss_without_passwords_
     release.join().unwrap();
     let acquired = whats(0);
     assert!(acquired.len() >= 2, "{acquired:?}");
-    assert!(acquired[..acquired.len() - 1].iter().all(|w| *w == What::Contended), "{acquired:?}");
+    assert!(
+        acquired[..acquired.len() - 1]
+            .iter()
+            .all(|w| *w == What::Contended),
+        "{acquired:?}"
+    );
     assert_eq!(acquired.last(), Some(&What::Acquired));
     let mut tokens = vec![held_token, lock.token().to_string()];
     let from = seen.lock().unwrap().len();
@@ -69,7 +83,11 @@ fn the_observer_sees_contention_a_failed_extension_and_a_loss_without_passwords_
     assert_eq!(guarded[0], What::Acquired, "{guarded:?}");
     let failed = guarded.iter().position(|w| *w == What::ExtendFailed);
     let failed = failed.unwrap_or_else(|| panic!("no failed extension: {guarded:?}"));
-    assert_eq!(guarded[failed - 1], What::NodeFailed, "each failing node comes first: {guarded:?}");
+    assert_eq!(
+        guarded[failed - 1],
+        What::NodeFailed,
+        "each failing node comes first: {guarded:?}"
+    );
     assert_eq!(guarded.last(), Some(&What::Lost), "{guarded:?}");
     drop(guard);
 
@@ -77,7 +95,10 @@ fn the_observer_sees_contention_a_failed_extension_and_a_loss_without_passwords_
         assert!(!formatted.contains(PASSWORD), "{formatted}");
         for token in &tokens {
             assert!(!formatted.contains(token.as_str()), "{formatted}");
-            assert!(!formatted.contains(&token[..9]), "more than 8 characters: {formatted}");
+            assert!(
+                !formatted.contains(&token[..9]),
+                "more than 8 characters: {formatted}"
+            );
         }
     }
     assert!(started.elapsed() < Duration::from_secs(20));
