@@ -31,7 +31,7 @@ use crate::watch::What;
 type OnLost = Box<dyn FnOnce(&LockError) + Send>;
 
 /// A lock held until the guard is dropped or [unlocked](Self::unlock),
-/// and kept alive meanwhile by a watchdog thread: what [`Redlock::lock`]
+/// and kept alive meanwhile by the client's watchdog: what [`Redlock::lock`]
 /// returns, and what the closure of [`Redlock::with_lock`] gets.
 ///
 /// The watchdog extends the lock each time only a share of its validity is
@@ -51,8 +51,15 @@ type OnLost = Box<dyn FnOnce(&LockError) + Send>;
 /// never panics (a release that fails leaves keys that expire within the
 /// TTL). [`unlock`](Self::unlock) does the same and says how it went:
 /// whether the lock was held throughout, and what the nodes answered.
-/// Either waits for the watchdog to stop, which takes at most the
-/// watchdog's round in progress (`io_timeout`).
+/// Either waits for an extension of this guard in flight, which takes at
+/// most one round (`connect_timeout` + `io_timeout`).
+///
+/// The client's one watchdog thread keeps all its guards (see
+/// [`RedlockBuilder::observer`](crate::RedlockBuilder::observer) for its
+/// events): with any number of guards, two threads besides the callers'
+/// (the watchdog, and the notifier that runs [`on_lost`](Self::on_lost)
+/// callbacks), and up to three short-lived helpers while a batch of
+/// extensions that fell due together meets slow rounds.
 ///
 /// ```no_run
 /// # use redlock_sync::{LockError, Redlock};
@@ -633,7 +640,7 @@ impl fmt::Debug for LockGuard {
 impl Redlock {
     /// Acquires a lock as [`acquire`](Self::acquire) does (waiting per the
     /// options' patience) and returns a guard that keeps it alive with a
-    /// watchdog thread and releases it when dropped: the form of
+    /// watchdog and releases it when dropped: the form of
     /// [`with_lock`](Self::with_lock) for code that does not fit in a
     /// closure.
     ///

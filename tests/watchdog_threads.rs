@@ -87,7 +87,7 @@ fn a_thousand_guards_on_one_client_take_two_threads_and_all_outlive_three_ttls_w
         nodes
             .nodes()
             .iter()
-            .all(|n| n.keys().map_or(false, |k| k.is_empty()))
+            .all(|n| n.keys().is_ok_and(|k| k.is_empty()))
     });
     // The watchdog holds the client weakly: dropping it ends the thread.
     drop(locks);
