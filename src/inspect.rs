@@ -47,6 +47,15 @@ pub struct Inspection {
 }
 
 /// What one node holds for the resource.
+///
+/// ```no_run
+/// # use redlock_sync::Redlock;
+/// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+/// for view in locks.inspect("invoice:42")?.nodes {
+///     println!("{}: {:?}, fence {:?}", view.node, view.holding, view.fence);
+/// }
+/// # Ok::<(), redlock_sync::LockError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct NodeView {
@@ -59,6 +68,20 @@ pub struct NodeView {
 }
 
 /// The lock key on one node.
+///
+/// ```no_run
+/// # use redlock_sync::{Holding, Redlock};
+/// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+/// for view in locks.inspect("invoice:42")?.nodes {
+///     match view.holding {
+///         Holding::Held { token, ttl } => println!("{}: {token}… for {ttl:?}", view.node),
+///         Holding::Free => println!("{}: free", view.node),
+///         Holding::Unknown(why) => println!("{}: {why}", view.node),
+///         _ => {}
+///     }
+/// }
+/// # Ok::<(), redlock_sync::LockError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Holding {
@@ -78,6 +101,17 @@ pub enum Holding {
 }
 
 /// What a quorum of nodes says.
+///
+/// ```no_run
+/// # use redlock_sync::{Redlock, Verdict};
+/// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+/// match locks.inspect("invoice:42")?.verdict() {
+///     Verdict::Held { token, nodes } => println!("held by {token}… on {nodes} nodes"),
+///     Verdict::Free => println!("free"),
+///     _ => println!("too few nodes answered to tell"),
+/// }
+/// # Ok::<(), redlock_sync::LockError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Verdict {

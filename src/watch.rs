@@ -167,7 +167,9 @@ fn step_all(client: &Redlock, batch: Vec<Arc<Lease>>) -> Vec<(Instant, Arc<Lease
     let work = |alone: bool| {
         let mut kept = Vec::new();
         while let Some(lease) = batch.get(next.fetch_add(1, Ordering::Relaxed)) {
-            kept.extend(lease.step(client).map(|due| (due, Arc::clone(lease))));
+            // A lease whose step panicked is dropped; the others go on.
+            let due = catch_unwind(AssertUnwindSafe(|| lease.step(client)));
+            kept.extend(due.ok().flatten().map(|due| (due, Arc::clone(lease))));
             if alone && Instant::now() >= slow {
                 break;
             }
@@ -194,6 +196,14 @@ fn step_all(client: &Redlock, batch: Vec<Arc<Lease>>) -> Vec<(Instant, Arc<Lease
 }
 
 /// What an [`Event`] reports.
+///
+/// ```
+/// use redlock_sync::{Event, What};
+///
+/// fn is_trouble(event: &Event<'_>) -> bool {
+///     matches!(event.what, What::NodeFailed | What::ExtendFailed | What::Lost)
+/// }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum What {
