@@ -432,12 +432,8 @@ impl Redlock {
             let watch = inner.waiters.watch(&resources);
             let tally = self.attempt(kind, &resources, &token, ttl, ttl_ms);
             if tally.granted() {
-                self.observe(
-                    What::Acquired,
-                    (&resources, &token),
-                    attempts,
-                    Ok(&tally.report),
-                );
+                let report = Ok(&tally.report);
+                self.observe(What::Acquired, (&resources, &token), attempts, report);
                 let lock = Lock {
                     valid_until: tally.start + tally.validity.unwrap_or_default(),
                     timed: true,
@@ -459,10 +455,8 @@ impl Redlock {
             self.clean_up(kind, &resources, &token, ttl, &tally.report);
             // Plan the pause with the policy, unless waiting cannot help.
             let error = tally.error(&resources[0], attempts, ttl, false);
-            let what = match error {
-                LockError::Contended { .. } => What::Contended,
-                _ => What::AttemptFailed,
-            };
+            let contended = matches!(error, LockError::Contended { .. });
+            let what = [What::AttemptFailed, What::Contended][usize::from(contended)];
             self.observe(what, (&resources, &token), attempts, Err(&error));
             if call.cancelled() {
                 return Err(cancelled(&resources));
