@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -21,6 +21,7 @@ use crate::retry::{later, Pause};
 use crate::round::{self, Reply};
 use crate::script::Command;
 use crate::wait::Waiters;
+use crate::watch::{Watch, What};
 
 pub(crate) mod config;
 pub(crate) mod fencing;
@@ -62,6 +63,24 @@ struct Inner {
     config: Config,
     /// The threads waiting for a release, and the line they listen on.
     waiters: Arc<Waiters>,
+    /// The guards' watchdog and notifier.
+    watch: Arc<Watch>,
+}
+
+/// The watchdog's handle on its client: it does not keep it alive.
+pub(crate) struct WeakRedlock(Weak<Inner>);
+
+impl WeakRedlock {
+    pub(crate) fn upgrade(&self) -> Option<Redlock> {
+        self.0.upgrade().map(|inner| Redlock { inner })
+    }
+}
+
+/// The last handle is gone: so is the watchdog.
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.watch.close();
+    }
 }
 
 /// The nodes by address (never with a password), the quorum, and every
@@ -125,6 +144,7 @@ impl RedlockBuilder {
                 nodes,
                 quorum,
                 config,
+                watch: Arc::default(),
             }),
         })
     }
@@ -416,6 +436,8 @@ impl Redlock {
             let watch = inner.waiters.watch(&resources);
             let tally = self.attempt(kind, &resources, &token, ttl, ttl_ms);
             if tally.granted() {
+                let report = Ok(&tally.report);
+                self.observe(What::Acquired, (&resources, &token), attempts, report);
                 let lock = Lock {
                     valid_until: tally.start + tally.validity.unwrap_or_default(),
                     timed: true,
@@ -438,6 +460,9 @@ impl Redlock {
             self.clean_up(kind, &resources, &token, ttl, &tally.report);
             // Plan the pause with the policy, unless waiting cannot help.
             let error = tally.error(&resources[0], attempts, ttl, false);
+            let contended = matches!(error, LockError::Contended { .. });
+            let what = [What::AttemptFailed, What::Contended][usize::from(contended)];
+            self.observe(what, (&resources, &token), attempts, Err(&error));
             if call.cancelled() {
                 return Err(cancelled(&resources));
             }
@@ -624,7 +649,7 @@ impl Redlock {
             // This client's own waiters need not hear it from a node.
             (self.inner.waiters).released(resources);
         }
-        if tally.report.granted() >= tally.report.quorum {
+        let result = if tally.report.granted() >= tally.report.quorum {
             Ok(tally.report)
         } else if tally.refused_by_quorum_complement() {
             Err(LockError::Lost {
@@ -637,7 +662,9 @@ impl Redlock {
                 attempts: 1,
                 report: tally.report,
             })
-        }
+        };
+        self.observe(What::Released, (resources, token), 0, result.as_ref());
+        result
     }
 
     /// After a failed attempt: sends the kind's release, marked as a
@@ -740,6 +767,31 @@ impl Redlock {
         }
     }
 
+    /// One round of `cmd` on every node, read until its deadline: each
+    /// node's reply, or why there is none.
+    pub(crate) fn replies(&self, cmd: &Command) -> Vec<(Arc<str>, Result<Value, NodeOutcome>)> {
+        let (inner, start) = (&*self.inner, Instant::now());
+        let deadline = start + inner.config.io_timeout;
+        let n = inner.nodes.len();
+        let replies = round::run(
+            &inner.nodes,
+            cmd,
+            start,
+            deadline,
+            inner.config.connect_timeout,
+            |_| true,
+            (n, |_: &_| false),
+        );
+        (inner.nodes.iter().zip(replies))
+            .map(|(node, reply)| match reply.result {
+                Ok(value) if !matches!(value, Value::ServerError(_)) => {
+                    (Arc::clone(node.name()), Ok(value))
+                }
+                result => (Arc::clone(node.name()), Err(outcome(result, &script_vote))),
+            })
+            .collect()
+    }
+
     /// The validity a round that took `elapsed` leaves of `ttl`: none if
     /// `ttl - elapsed - drift` is not positive.
     pub(crate) fn validity(&self, ttl: Duration, elapsed: Duration) -> Option<Duration> {
@@ -772,6 +824,15 @@ impl Redlock {
     /// The settings.
     pub(crate) fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// The guards' watchdog and notifier.
+    pub(crate) fn watch(&self) -> &Arc<Watch> {
+        &self.inner.watch
+    }
+
+    pub(crate) fn downgrade(&self) -> WeakRedlock {
+        WeakRedlock(Arc::downgrade(&self.inner))
     }
 }
 

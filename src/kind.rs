@@ -212,7 +212,7 @@ impl Kind {
 }
 
 /// The keys of a fenced lock's scripts: the lock, and its counter.
-fn fence_keys(resource: &str) -> [String; 2] {
+pub(crate) fn fence_keys(resource: &str) -> [String; 2] {
     [
         resource.to_string(),
         format!("{FENCE_KEY_PREFIX}{resource}"),

@@ -73,8 +73,9 @@
 //! # Scoped locking: `with_lock` and `lock`
 //!
 //! [`with_lock`](Redlock::with_lock) acquires, runs a closure, and always
-//! releases (on return, on error, on panic). Meanwhile a watchdog thread
-//! extends the lock each time a third of its validity is left, so the
+//! releases (on return, on error, on panic). Meanwhile the client's one
+//! watchdog thread (for all its guards) extends the lock each time a third
+//! of its validity is left, so the
 //! closure may run far longer than the TTL. The closure gets a
 //! [`LockGuard`] whose [`check`](LockGuard::check) fails as soon as the
 //! lock is lost; and if it was lost at any moment, `with_lock` returns the
@@ -115,6 +116,31 @@
 //!
 //! Each has its `try_` form for one attempt with no retry
 //! ([`try_with_lock`](Redlock::try_with_lock), [`try_lock`](Redlock::try_lock)).
+//!
+//! # Watching locks
+//!
+//! [`LockGuard::wait_lost`] blocks until the lock is lost, and
+//! [`LockGuard::on_lost`] runs a callback then, on the client's notifier
+//! thread. [`RedlockBuilder::observer`] hands every attempt, node failure,
+//! extension, loss and release to your logs and metrics as an [`Event`].
+//! [`Redlock::inspect`] reads, without writing, what each node holds for a
+//! resource and what a quorum says ([`Verdict`]).
+//!
+//! ```no_run
+//! # use std::time::Duration;
+//! # use redlock_sync::{LockError, Redlock, Verdict};
+//! let locks = Redlock::builder(["redis://127.0.0.1:7001"])
+//!     .observer(|event| eprintln!("redlock: {event:?}"))
+//!     .build()?;
+//! locks.with_lock("leader", Duration::from_secs(10), |guard| {
+//!     guard.on_lost(|e| eprintln!("stepping down: {e}"));
+//!     while !guard.wait_lost(Duration::from_secs(1)) { /* lead */ }
+//!     Ok::<(), LockError>(())
+//! })
+//! .ok();
+//! assert!(matches!(locks.inspect("leader")?.verdict(), Verdict::Free | Verdict::Unknown));
+//! # Ok::<(), LockError>(())
+//! ```
 //!
 //! # One door per operation
 //!
@@ -236,6 +262,7 @@
 
 mod client;
 mod error;
+mod inspect;
 mod kind;
 mod lock;
 mod node;
@@ -244,6 +271,7 @@ mod retry;
 mod round;
 mod script;
 mod wait;
+mod watch;
 mod with_lock;
 
 pub use client::config::{RedlockBuilder, MAX_TIMEOUT, MAX_TTL};
@@ -253,10 +281,12 @@ pub use error::{
     ArgumentError, ConfigError, LockError, NodeError, NodeOutcome, NodeReport, ParseTokenError,
     Report,
 };
+pub use inspect::{Holding, Inspection, NodeView, Verdict};
 pub use kind::Kind;
 pub use lock::{Lock, Token};
 pub use request::{Cancel, IntoResources, LockOptions, Patience};
 pub use retry::RetryPolicy;
+pub use watch::{Event, What};
 pub use with_lock::LockGuard;
 
 /// The crate's socket `write` and `read` calls so far, for its benchmark

@@ -158,6 +158,12 @@ impl Command<'_> {
             .spawn()
             .map_err(|e| Failure::system(format!("cannot start redlock's supervisor: {e}")))?;
         let (mut control, report) = pipes.ours();
+        // Told by the library the moment the lock is lost (on its notifier
+        // thread): the command is stopped at once, not at the next tick.
+        // The loop below sees the loss too, and records it.
+        if let Ok(mut on_loss) = control.try_clone() {
+            guard.on_lost(move |_| drop(on_loss.write_all(Message::Stop.line().as_bytes())));
+        }
         let mut tell = |message: Message| {
             // Gone already: its report says why.
             let _ = control.write_all(message.line().as_bytes());

@@ -270,7 +270,7 @@ pub fn sh(script: &str) -> [String; 3] {
 }
 
 /// How many subscribers the nodes have, in all, on the channel where the
-/// releases of `resource` are said (the README's "Waiting for a release"):
+/// releases of `resource` are said (see the library's `Patience`):
 /// a waiter inside the library's wait listens there.
 pub fn listeners(cluster: &Cluster, resource: &str) -> i64 {
     let channel = format!("redlock-sync:released:{resource}");
