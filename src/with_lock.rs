@@ -253,11 +253,14 @@ impl Lease {
                     state.report = report.clone();
                 }
                 state.failures += 1;
-                // Never spin, even with a zero retry delay.
-                let pause = client.config().retry.pause(state.failures);
-                let retry = later(Instant::now(), pause.max(Duration::from_millis(1)));
                 if let Some(deadline) = state.deadline() {
-                    return Some(retry.min(deadline));
+                    // At most half the validity left: more tries before it
+                    // runs out, whatever the retry delay. Never spin, even
+                    // with a zero retry delay.
+                    let now = Instant::now();
+                    let pause = (client.config().retry.pause(state.failures))
+                        .min(deadline.saturating_duration_since(now) / 2);
+                    return Some(later(now, pause.max(Duration::from_millis(1))));
                 }
             }
         }
