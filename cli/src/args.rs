@@ -132,7 +132,7 @@ pub struct NodeArgs {
 
     /// Keep a node that has been up for less than this from voting (it
     /// may have restarted and forgotten locks): at least the longest TTL
-    /// in use. Off by default; status ignores it.
+    /// in use. Off by default; with it, status counts no such node.
     #[arg(long, value_name = "DURATION", value_parser = duration, help_heading = NODES)]
     pub restart_grace: Option<Duration>,
 
