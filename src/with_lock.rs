@@ -59,7 +59,11 @@ type OnLost = Box<dyn FnOnce(&LockError) + Send>;
 /// events): with any number of guards, two threads besides the callers'
 /// (the watchdog, and the notifier that runs [`on_lost`](Self::on_lost)
 /// callbacks), and up to three short-lived helpers while a batch of
-/// extensions that fell due together meets slow rounds.
+/// extensions that fell due together meets slow rounds. A failed extension
+/// (too few nodes answered) is retried while validity is left, after the
+/// retry policy's pause or half the validity left, whichever is shorter. A
+/// guard that is never dropped (`mem::forget`) stays extended up to the
+/// hold cap, or as long as the client lives.
 ///
 /// ```no_run
 /// # use redlock_sync::{LockError, Redlock};
@@ -733,6 +737,11 @@ impl Redlock {
     /// `From<LockError>`, so `?` works on both the lock's errors and your
     /// own. A cancel handle in the options ends the wait for the lock only,
     /// never `f`.
+    ///
+    /// Record results under the lock: write "job done" inside `f`, after a
+    /// last [`check`](LockGuard::check). Written after `with_lock` returns,
+    /// it comes after the release, and another worker may have taken the
+    /// lock in between (`examples/batch_jobs.rs` shows the pattern).
     ///
     /// ```no_run
     /// use std::time::Duration;

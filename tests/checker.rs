@@ -13,7 +13,8 @@
 //! longest TTL): without it, a node restarted without persistence can hand
 //! out a lock that is still held (see tests/restart_guard.rs).
 //!
-//! It runs for about 40 s. `REDLOCK_CHECKER_SECS=600` runs longer, and
+//! It runs for about 40 s. `REDLOCK_CHECKER_SECS=600` runs longer (with
+//! `REDLOCK_SYNC_TEST_TIMEOUT=900`, past the harness's time bound), and
 //! `REDLOCK_CHECKER_SEED=<u64>` replays a fault schedule (thread timing
 //! still varies). Run with `--nocapture` to see the counts.
 //! `REDLOCK_CHECKER_GUARD=off` runs the clients without the guard, to see
