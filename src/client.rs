@@ -538,7 +538,12 @@ impl Redlock {
         self.inner.waiters.close_if_idle();
         // Redis is given whole milliseconds: measure validity on the same.
         let ttl = Duration::from_millis(ttl_ms);
-        let cmd = lock.kind.extend(&lock.resources, &lock.token, ttl_ms);
+        // Keys gone from a node are set again only while the validity this
+        // process measured lasts: a re-take is then as safe as a vote for
+        // an acquisition (see above).
+        let retake = (lock.timed && Instant::now() < lock.valid_until)
+            .then(|| lock.fencing_token.unwrap_or(0));
+        let cmd = (lock.kind).extend(&lock.resources, &lock.token, ttl_ms, retake);
         // No retry starts once the lock's validity is over (nor past the
         // call's deadline): a lock that could not be extended while it was
         // valid is not held any more, whatever a later round may find. A
@@ -554,6 +559,21 @@ impl Redlock {
             }
             attempt += 1;
             let tally = self.round(lock.kind, &cmd, ttl, script_vote, Ask::UntilDecided);
+            // A round that ended after the validity ran out counts only the
+            // nodes that renewed; what it re-took then is released.
+            let late = Instant::now() >= lock.valid_until;
+            let nodes = &tally.report.nodes;
+            let renewed = (nodes.iter())
+                .filter(|n| n.outcome == NodeOutcome::Granted && !n.retook)
+                .count();
+            if late && renewed < self.quorum() && nodes.iter().any(|n| n.retook) {
+                let (kind, resources) = (lock.kind, &lock.resources);
+                self.clean_up(kind, resources, &lock.token, ttl, &tally.report);
+                return Err(LockError::Lost {
+                    resource: resources[0].clone(),
+                    report: tally.report,
+                });
+            }
             if tally.granted() {
                 lock.valid_until = tally.start + tally.validity.unwrap_or_default();
                 lock.timed = true;
@@ -719,6 +739,7 @@ impl Redlock {
             ),
         );
         let elapsed = start.elapsed();
+        let retakes = cmd.script.is_some_and(|s| s.bit == script::EXTEND.bit);
         let nodes = (inner.nodes.iter().zip(replies))
             .map(
                 |(
@@ -728,6 +749,7 @@ impl Redlock {
                     },
                 )| NodeReport {
                     node: Arc::clone(node.name()),
+                    retook: retakes && matches!(result, Ok(Value::Int(2))),
                     outcome: outcome(result, &vote),
                     elapsed,
                 },

@@ -503,6 +503,11 @@ pub struct NodeReport {
     pub outcome: NodeOutcome,
     /// Time from the start of the round to the answer (or the failure).
     pub elapsed: Duration,
+    /// The node granted an extension by setting our token again where the
+    /// key was gone (it had restarted empty, or evicted or lost the key):
+    /// a re-take (see [`Redlock::extend`](crate::Redlock::extend)). False
+    /// in every other round.
+    pub retook: bool,
 }
 
 /// What every node answered in one round of an operation.

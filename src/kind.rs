@@ -203,11 +203,34 @@ impl Kind {
         Command::script(&script::RELEASE, resources, args)
     }
 
-    /// The extension of the lock `token` holds on `resources` to `ttl_ms`.
-    pub(crate) fn extend(self, resources: &[String], token: &Token, ttl_ms: u64) -> Command {
+    /// The extension of the lock `token` holds on `resources` to `ttl_ms`;
+    /// with `retake`, also where a key is absent (see [`Redlock::extend`]).
+    /// `retake` is the lock's fencing token, or zero for a plain lock: a
+    /// fenced lock re-takes only with its token, and raises its counter.
+    ///
+    /// [`Redlock::extend`]: crate::Redlock::extend
+    pub(crate) fn extend(
+        self,
+        resources: &[String],
+        token: &Token,
+        ttl_ms: u64,
+        retake: Option<u64>,
+    ) -> Command {
         let (hex, number) = (token.hex(), ttl_ms.to_string());
-        let args: &[&[u8]] = &[&hex, number.as_bytes()];
-        Command::script(&script::EXTEND, resources, args)
+        let Some(fence) = retake.filter(|&f| (self == Kind::Fenced) == (f > 0)) else {
+            return Command::script(&script::EXTEND, resources, &[&hex, number.as_bytes()]);
+        };
+        let (fence, keys) = (fence.to_string(), fence_keys(&resources[0]));
+        let keys = if self == Kind::Fenced {
+            &keys[..]
+        } else {
+            resources
+        };
+        Command::script(
+            &script::EXTEND,
+            keys,
+            &[&hex, number.as_bytes(), fence.as_bytes()],
+        )
     }
 }
 
@@ -231,10 +254,11 @@ pub(crate) fn acquire_vote(value: &Value) -> Result<(bool, u64), &Value> {
     }
 }
 
-/// A 1-or-0 script reply (extend, a fenced round two) as a vote.
+/// A 1-or-0 script reply (extend, a fenced round two) as a vote; an
+/// extension's 2 (it re-took a key) grants too.
 pub(crate) fn script_vote(value: &Value) -> Result<(bool, u64), &Value> {
     match value {
-        Value::Int(1) => Ok((true, 0)),
+        Value::Int(1 | 2) => Ok((true, 0)),
         Value::Int(0) => Ok((false, 0)),
         other => Err(other),
     }

@@ -64,20 +64,37 @@ pub(crate) const RELEASE: Script = Script {
     sha: "d34cd12d1ddf103a3ddba43ce375a5c341e6c4d0",
 };
 
-/// Sets a new TTL (ARGV[2], milliseconds) on every key if, and only if, every
-/// key's value is our token. Returns 1 if it did, 0 if not.
+/// Sets a new TTL (ARGV[2], milliseconds) on every lock key if, and only if,
+/// every one holds our token (ARGV[1]), and returns 1; else returns 0 and
+/// writes nothing. With a third argument (a re-take) a key that is absent
+/// counts as ours and is set again, and the script returns 2 if it set any:
+/// all or nothing, and a key that holds another token still refuses. A
+/// third argument above zero is a fenced lock's token: the last key is then
+/// its fencing counter, raised to at least that token (read before any
+/// write, so a counter that is not a number fails the script unwritten).
 pub(crate) const EXTEND: Script = Script {
     bit: 2,
-    body: "for _, key in ipairs(KEYS) do\n  \
-             if redis.call('get', key) ~= ARGV[1] then\n    \
+    body: "local fence = tonumber(ARGV[3] or '0')\n\
+           local n, voted = #KEYS, 1\n\
+           if fence > 0 then\n  \
+             n = n - 1\n\
+           end\n\
+           for i = 1, n do\n  \
+             local v = redis.call('get', KEYS[i])\n  \
+             if v == false and ARGV[3] then\n    \
+               voted = 2\n  \
+             elseif v ~= ARGV[1] then\n    \
                return 0\n  \
              end\n\
            end\n\
-           for _, key in ipairs(KEYS) do\n  \
-             redis.call('pexpire', key, ARGV[2])\n\
+           if fence > 0 and tonumber(redis.call('get', KEYS[#KEYS]) or '0') < fence then\n  \
+             redis.call('set', KEYS[#KEYS], ARGV[3])\n\
            end\n\
-           return 1",
-    sha: "3fdb96af36d7519568db1de89f03882d59b5de1d",
+           for i = 1, n do\n  \
+             redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2])\n\
+           end\n\
+           return voted",
+    sha: "cdc1fb067b2575198877732b765ceccf3551ddd3",
 };
 
 /// Sets every key to our token with a TTL if, and only if, none of them
