@@ -75,17 +75,11 @@ pub(crate) const RELEASE: Script = Script {
 pub(crate) const EXTEND: Script = Script {
     bit: 2,
     body: "local fence = tonumber(ARGV[3] or '0')\n\
-           local n, voted = #KEYS, 1\n\
-           if fence > 0 then\n  \
-             n = n - 1\n\
-           end\n\
+           local n, voted = #KEYS - (fence > 0 and 1 or 0), 1\n\
            for i = 1, n do\n  \
              local v = redis.call('get', KEYS[i])\n  \
-             if v == false and ARGV[3] then\n    \
-               voted = 2\n  \
-             elseif v ~= ARGV[1] then\n    \
-               return 0\n  \
-             end\n\
+             if v == false and ARGV[3] then voted = 2\n  \
+             elseif v ~= ARGV[1] then return 0 end\n\
            end\n\
            if fence > 0 and tonumber(redis.call('get', KEYS[#KEYS]) or '0') < fence then\n  \
              redis.call('set', KEYS[#KEYS], ARGV[3])\n\
@@ -94,7 +88,7 @@ pub(crate) const EXTEND: Script = Script {
              redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2])\n\
            end\n\
            return voted",
-    sha: "cdc1fb067b2575198877732b765ceccf3551ddd3",
+    sha: "50e1696cffbdc067e5451e9c802cd1824202ce39",
 };
 
 /// Sets every key to our token with a TTL if, and only if, none of them

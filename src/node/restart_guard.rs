@@ -61,10 +61,8 @@ pub(crate) fn check(info: &Value, grace: Duration, seen: &Seen) -> Result<(), No
                 .to_string(),
         )
     })?;
-    let (now, young) = (
-        Instant::now(),
-        uptime.saturating_sub(Duration::from_secs(1)) < grace,
-    );
+    let now = Instant::now();
+    let young = uptime.saturating_sub(Duration::from_secs(1)) < grace;
     let mut seen = seen.0.lock().unwrap_or_else(PoisonError::into_inner);
     let run_id = info_field(info, "run_id");
     if run_id != seen.0.as_deref() {
@@ -73,17 +71,14 @@ pub(crate) fn check(info: &Value, grace: Duration, seen: &Seen) -> Result<(), No
         }
         seen.0 = run_id.map(str::to_string);
     }
-    let kept = seen
+    let left = seen
         .1
-        .map_or(Duration::ZERO, |until| until.saturating_duration_since(now));
-    match (young, kept.is_zero()) {
-        (false, true) => Ok(()),
-        (true, _) => Err(NodeError::Restarted { uptime, grace }),
-        (false, false) => Err(NodeError::Restarted {
-            uptime: grace - kept,
-            grace,
-        }),
+        .map_or(Duration::ZERO, |t| t.saturating_duration_since(now));
+    if young || !left.is_zero() {
+        let uptime = if young { uptime } else { grace - left };
+        return Err(NodeError::Restarted { uptime, grace });
     }
+    Ok(())
 }
 
 /// `uptime_in_seconds` from an `INFO` reply.
