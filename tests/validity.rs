@@ -181,7 +181,7 @@ fn a_reply_that_comes_after_the_io_timeout_is_never_read_as_the_next_commands_re
 
     for round in 0..3 {
         set_fault(&proxies, Fault::Delay(DELAY));
-        let late = locks.try_acquire(&format!("late-{round}"), Duration::from_secs(10));
+        let late = locks.try_acquire(format!("late-{round}"), Duration::from_secs(10));
         assert!(
             late.is_err(),
             "round {round}: no reply within the io_timeout"
