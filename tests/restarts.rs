@@ -105,6 +105,8 @@ fn rolling_restart(
         });
     };
     let (held, won) = thread::scope(|s| {
+        // The second client stops also when the holder's side panics.
+        let _stops = StopOnDrop(&stop);
         let trying = s.spawn(|| {
             let mut won = Vec::new();
             while !stop.load(Ordering::Relaxed) {
@@ -139,6 +141,15 @@ fn rolling_restart(
     assert!(won.is_empty(), "{what}: a second client got it: {won:?}");
     let fence = held.unwrap_or_else(|e| panic!("{what}: lost across the restarts: {e}"));
     (fence, nodes)
+}
+
+/// Sets its flag when dropped.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Microseconds since the epoch, as the nodes' clocks count.
