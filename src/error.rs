@@ -462,14 +462,17 @@ pub enum NodeError {
     /// than the grace period set with
     /// [`RedlockBuilder::restart_grace`](crate::RedlockBuilder::restart_grace),
     /// so it may have forgotten locks that are still held. It votes again
-    /// once its uptime reaches the grace period.
+    /// once its uptime reaches the grace period, and the grace has passed
+    /// since this client saw it restart.
     #[error(
         "restarted {uptime:?} ago, less than the restart grace of {grace:?}: not voting until then"
     )]
     #[non_exhaustive]
     Restarted {
         /// The node's uptime as it reported it (`uptime_in_seconds`: whole
-        /// seconds, and the real uptime may be up to a second less).
+        /// seconds, and the real uptime may be up to a second less); or,
+        /// where this client saw the node restart and keeps it out on its
+        /// own clock, the time since it saw that.
         uptime: Duration,
         /// The grace period configured.
         grace: Duration,
@@ -506,6 +509,11 @@ pub struct NodeReport {
     pub outcome: NodeOutcome,
     /// Time from the start of the round to the answer (or the failure).
     pub elapsed: Duration,
+    /// The node granted an extension by setting our token again where the
+    /// key was gone (it had restarted empty, or evicted or lost the key):
+    /// a re-take (see [`Redlock::extend`](crate::Redlock::extend)). False
+    /// in every other round.
+    pub retook: bool,
 }
 
 /// What every node answered in one round of an operation.

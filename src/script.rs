@@ -62,20 +62,31 @@ pub(crate) const RELEASE: Script = Script {
     sha: "94b1672c1843acdad052af017a661cf14fbbfd4f",
 };
 
-/// Sets a new TTL (ARGV[2], milliseconds) on every key if, and only if, every
-/// key's value is our token. Returns 1 if it did, 0 if not.
+/// Sets a new TTL (ARGV[2], milliseconds) on every lock key if, and only if,
+/// every one holds our token (ARGV[1]), and returns 1; else returns 0 and
+/// writes nothing. With a third argument (a re-take) a key that is absent
+/// counts as ours and is set again, and the script returns 2 if it set any:
+/// all or nothing, and a key that holds another token still refuses. A
+/// third argument above zero is a fenced lock's token: the last key is then
+/// its fencing counter, raised to at least that token (read before any
+/// write, so a counter that is not a number fails the script unwritten).
 pub(crate) const EXTEND: Script = Script {
     bit: 2,
-    body: "for _, key in ipairs(KEYS) do\n  \
-             if redis.call('get', key) ~= ARGV[1] then\n    \
-               return 0\n  \
-             end\n\
+    body: "local fence = tonumber(ARGV[3] or '0')\n\
+           local n, voted = #KEYS - (fence > 0 and 1 or 0), 1\n\
+           for i = 1, n do\n  \
+             local v = redis.call('get', KEYS[i])\n  \
+             if v == false and ARGV[3] then voted = 2\n  \
+             elseif v ~= ARGV[1] then return 0 end\n\
            end\n\
-           for _, key in ipairs(KEYS) do\n  \
-             redis.call('pexpire', key, ARGV[2])\n\
+           if fence > 0 and tonumber(redis.call('get', KEYS[#KEYS]) or '0') < fence then\n  \
+             redis.call('set', KEYS[#KEYS], ARGV[3])\n\
            end\n\
-           return 1",
-    sha: "3fdb96af36d7519568db1de89f03882d59b5de1d",
+           for i = 1, n do\n  \
+             redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2])\n\
+           end\n\
+           return voted",
+    sha: "50e1696cffbdc067e5451e9c802cd1824202ce39",
 };
 
 /// Sets every key to our token with a TTL if, and only if, none of them

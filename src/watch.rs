@@ -217,6 +217,10 @@ pub enum What {
     NodeFailed,
     /// An extension succeeded.
     Extended,
+    /// In an extension, a node that had lost the key (a restart, an
+    /// eviction) set it again ([`Event::node`] says which; see
+    /// [`Redlock::extend`](crate::Redlock::extend)).
+    Retook,
     /// An extension failed; a guard's watchdog retries it while validity
     /// is left, unless [`Event::error`] is [`LockError::Lost`].
     ExtendFailed,
@@ -254,9 +258,9 @@ pub struct Event<'a> {
     pub attempt: u32,
     /// How long the round took, or the node's part of it.
     pub elapsed: Duration,
-    /// The node, for [`What::NodeFailed`].
+    /// The node, for [`What::NodeFailed`] and [`What::Retook`].
     pub node: Option<&'a str>,
-    /// What the node did, for [`What::NodeFailed`].
+    /// What the node did, for [`What::NodeFailed`] and [`What::Retook`].
     pub node_outcome: Option<&'a NodeOutcome>,
     /// The error, for the events of a failure.
     pub error: Option<&'a LockError>,
@@ -274,8 +278,8 @@ impl std::fmt::Debug for Observer {
 
 impl Redlock {
     /// Tells the observer, if any, about a round of `what` on `resources`
-    /// by `token` that ended in `outcome`: first each node that failed,
-    /// then the round's outcome. A panic in the observer is caught.
+    /// by `token` that ended in `outcome`: first each node that failed or
+    /// re-took the key, then the round's outcome. A panic in the observer is caught.
     pub(crate) fn observe(
         &self,
         what: What,
@@ -303,9 +307,11 @@ impl Redlock {
         };
         let tell = |event: &Event<'_>| drop(catch_unwind(AssertUnwindSafe(|| observer(event))));
         for node in report.iter().flat_map(|r| &r.nodes) {
-            if matches!(node.outcome, NodeOutcome::Failed(_) | NodeOutcome::TimedOut) {
+            let failed = matches!(node.outcome, NodeOutcome::Failed(_) | NodeOutcome::TimedOut);
+            if failed || node.retook {
                 let (name, outcome) = (Some(&*node.node), Some(&node.outcome));
                 tell(&Event {
+                    what: [What::Retook, What::NodeFailed][usize::from(failed)],
                     node: name,
                     node_outcome: outcome,
                     elapsed: node.elapsed,

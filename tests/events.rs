@@ -117,3 +117,40 @@ fn a_panicking_observer_does_not_reach_the_lock() {
         .with_lock("observed", Duration::from_secs(10), |guard| guard.check())
         .unwrap();
 }
+
+#[test]
+fn the_observer_is_told_which_node_re_took_a_key_it_had_lost() {
+    let nodes = cluster(3);
+    let seen: Arc<Mutex<Vec<(What, Option<String>)>>> = Arc::default();
+    let record = Arc::clone(&seen);
+    let locks = common::builder(&nodes)
+        .observer(move |event: &Event<'_>| {
+            let node = event.node.map(str::to_string);
+            record.lock().unwrap().push((event.what, node));
+        })
+        .build()
+        .unwrap();
+    let guard = locks.lock("retaken", Duration::from_millis(600)).unwrap();
+    // Node 2 restarts empty: it forgot the key.
+    nodes.node(2).restart().unwrap();
+    // Events name a node by its address, without the scheme.
+    let restarted = nodes.node(2).url().replace("redis://", "");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let retook = (seen.lock().unwrap().iter()).any(|(what, node)| {
+            *what == What::Retook && node.as_deref() == Some(restarted.as_str())
+        });
+        if retook {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no re-take told: {:?}",
+            seen.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(guard.is_held());
+    assert!(nodes.node(2).get("retaken").unwrap().is_some());
+    guard.unlock().unwrap();
+}

@@ -320,7 +320,16 @@ impl RedlockBuilder {
     /// plus a margin for clock rate differences. The uptime has whole-second
     /// resolution; the guard takes the least the real uptime can be (a
     /// second less than reported), so a node is kept out up to about two
-    /// seconds longer than `grace`, never shorter. A node whose `INFO`
+    /// seconds longer than `grace`, never shorter. And the node's clock may
+    /// be stepped after it started (time sync after a boot with a wrong
+    /// clock), which makes its uptime jump: so once this client has seen a
+    /// node restart (a `run_id` other than the one it reached before, or an
+    /// uptime below the grace), it keeps the node out for the whole grace
+    /// from then on its own monotonic clock, whatever uptime the node
+    /// reports later. A client that first meets the node after such a step
+    /// has only the node's word. What locks held across restarts need, and
+    /// why eviction is a restart too, is in
+    /// [`Redlock::extend`](crate::Redlock::extend). A node whose `INFO`
     /// command is disabled or answers without an uptime never votes while
     /// the guard is on. The check relies on a restarted server being
     /// reachable only through new connections, which holds for direct
