@@ -554,18 +554,23 @@ impl NodeError {
     /// ```
     /// use redlock_sync::NodeError;
     /// assert!(NodeError::Server("NOPERM no permissions to run the 'evalsha' command".into()).is_permanent());
+    /// assert!(NodeError::Io("invalid peer certificate: UnknownIssuer".into()).is_permanent());
     /// assert!(!NodeError::Io("Connection reset by peer".into()).is_permanent());
     /// ```
     pub fn is_permanent(&self) -> bool {
         match self {
             NodeError::Auth { .. } => true,
             NodeError::Server(text) => text.starts_with("NOPERM"),
+            // A certificate refused, or no crypto provider (the TLS library
+            // reports these as I/O errors of the handshake): not a handshake
+            // cut short, which a restart can cause.
+            NodeError::Connect(text) | NodeError::Io(text)
+                if text.contains("certificate") || text.contains("crypto provider") =>
+            {
+                true
+            }
             NodeError::Connect(text) => {
                 text.starts_with("NOPERM")
-                    // A certificate refused, or no crypto provider: not a
-                    // handshake cut short, which a restart can cause.
-                    || text.contains("certificate")
-                    || text.contains("crypto provider")
                     // A lookup the resolver may answer later says so (EAI_AGAIN).
                     || (text.starts_with("could not resolve") && !text.contains("Temporary failure"))
             }

@@ -121,7 +121,8 @@ fn a_panicking_observer_does_not_reach_the_lock() {
 #[test]
 fn the_observer_is_told_which_node_re_took_a_key_it_had_lost() {
     let nodes = cluster(3);
-    let seen: Arc<Mutex<Vec<(What, Option<String>)>>> = Arc::default();
+    type Seen = Vec<(What, Option<String>)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
     let record = Arc::clone(&seen);
     let locks = common::builder(&nodes)
         .observer(move |event: &Event<'_>| {

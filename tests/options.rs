@@ -270,7 +270,10 @@ fn a_backoff_of_ones_own_plans_every_pause() {
     // news (the subscription coming up) set off near a pause's end can end
     // after it, and then the rest of the wait is planned anew: a third call.
     let planned = calls.load(Ordering::Relaxed);
-    assert!((2..=3).contains(&planned), "the backoff planned {planned} pauses");
+    assert!(
+        (2..=3).contains(&planned),
+        "the backoff planned {planned} pauses"
+    );
     locks.release(held).unwrap();
 }
 
