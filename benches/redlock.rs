@@ -1,4 +1,4 @@
-//! Figures for the README's "Performance" section, all measured in one run
+//! Figures for docs/performance.md, all measured in one run
 //! against 5 throwaway local redis-server nodes:
 //!
 //! ```text

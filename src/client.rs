@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -21,6 +21,7 @@ use crate::retry::{later, Pause};
 use crate::round::{self, Reply};
 use crate::script::{self, Command};
 use crate::wait::Waiters;
+use crate::watch::{Watch, What};
 
 pub(crate) mod config;
 pub(crate) mod fencing;
@@ -62,6 +63,24 @@ struct Inner {
     config: Config,
     /// The threads waiting for a release, and the line they listen on.
     waiters: Arc<Waiters>,
+    /// The guards' watchdog and notifier.
+    watch: Arc<Watch>,
+}
+
+/// The watchdog's handle on its client: it does not keep it alive.
+pub(crate) struct WeakRedlock(Weak<Inner>);
+
+impl WeakRedlock {
+    pub(crate) fn upgrade(&self) -> Option<Redlock> {
+        self.0.upgrade().map(|inner| Redlock { inner })
+    }
+}
+
+/// The last handle is gone: so is the watchdog.
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.watch.close();
+    }
 }
 
 /// The nodes by address (never with a password), the quorum, and every
@@ -117,10 +136,15 @@ impl RedlockBuilder {
         let quorum = Kind::Plain.quorum(nodes.len());
         Ok(Redlock {
             inner: Arc::new(Inner {
-                waiters: Arc::new(Waiters::new(nodes.len())),
+                waiters: Arc::new(Waiters::new(
+                    nodes.len(),
+                    config.io_timeout,
+                    config.connect_timeout,
+                )),
                 nodes,
                 quorum,
                 config,
+                watch: Arc::default(),
             }),
         })
     }
@@ -284,7 +308,7 @@ impl Redlock {
     /// [`max_wait`](RedlockBuilder::max_wait)). A pause between two
     /// attempts ends early when a node says the resource was released: the
     /// attempts made then come on top of the retry count, within the pause
-    /// (see the README's "Waiting for a release").
+    /// (see [Waiting for a release](crate::Patience#waiting-for-a-release)).
     ///
     /// The lock is of the options' [`Kind`] (plain unless set). Several
     /// resources are held all or nothing: on each node one script sets every
@@ -402,8 +426,9 @@ impl Redlock {
         loop {
             // Attempt. A fresh token each time: no attempt can be mistaken
             // for an earlier one (a key of ours still on a node, a late
-            // clean-up), and a token is set at most once on a node (fencing
-            // relies on it).
+            // clean-up), and a token is set by one acquisition only (fencing
+            // relies on it; an extension may set it again where a node lost
+            // it, after the acquisition returned: see Kind).
             attempts = attempts.saturating_add(pause.counts_next_attempt().into());
             if call.cancelled() {
                 return Err(cancelled(&resources));
@@ -412,6 +437,8 @@ impl Redlock {
             let watch = inner.waiters.watch(&resources);
             let tally = self.attempt(kind, &resources, &token, ttl, ttl_ms);
             if tally.granted() {
+                let report = Ok(&tally.report);
+                self.observe(What::Acquired, (&resources, &token), attempts, report);
                 let lock = Lock {
                     valid_until: tally.start + tally.validity.unwrap_or_default(),
                     timed: true,
@@ -422,9 +449,10 @@ impl Redlock {
                     report: tally.report,
                 };
                 if call.cancelled() {
-                    let error = cancelled(&lock.resources);
-                    let _ = self.release(lock);
-                    return Err(error);
+                    // Released as a failed attempt is cleaned up: a node
+                    // that cannot be reached now gets it when next reached.
+                    self.clean_up(kind, &lock.resources, &lock.token, ttl, &lock.report);
+                    return Err(cancelled(&lock.resources));
                 }
                 return Ok(lock);
             }
@@ -433,6 +461,9 @@ impl Redlock {
             self.clean_up(kind, &resources, &token, ttl, &tally.report);
             // Plan the pause with the policy, unless waiting cannot help.
             let error = tally.error(&resources[0], attempts, ttl, false);
+            let contended = matches!(error, LockError::Contended { .. });
+            let what = [What::AttemptFailed, What::Contended][usize::from(contended)];
+            self.observe(what, (&resources, &token), attempts, Err(&error));
             if call.cancelled() {
                 return Err(cancelled(&resources));
             }
@@ -449,15 +480,9 @@ impl Redlock {
                 return Err(error);
             };
             // Wait, for the pause or news of a release.
-            let wake = (inner.waiters).wait(
-                &inner.nodes,
-                &inner.config,
-                &resources,
-                watch,
-                wake_at,
-                pause.deaf_to_clean_ups,
-                &|| call.cancelled(),
-            );
+            let wake = (inner.waiters).wait(watch, &inner.nodes, &resources, wake_at, &|| {
+                call.cancelled()
+            });
             // Decide: the same pause goes on, or the next attempt counts,
             // unless the wait budget is used up.
             if !pause.woken(wake) {
@@ -484,8 +509,8 @@ impl Redlock {
     }
 
     /// Extends `lock` to expire the options' TTL from now, if a quorum of
-    /// nodes still holds its token. On success, the lock's validity and
-    /// report are measured anew from this round. Too few nodes answering is
+    /// nodes still holds its token (or re-took it, below). On success, the
+    /// lock's validity and report are measured anew from this round. Too few nodes answering is
     /// retried as the options' patience allows (by default the client's
     /// retry policy within [`max_wait`](RedlockBuilder::max_wait)), but no
     /// retry starts after the lock's validity is over (unknown for a lock
@@ -517,6 +542,59 @@ impl Redlock {
     ///
     /// On error the lock is left as it was: its validity still counts down
     /// from the last successful round.
+    ///
+    /// # Across node restarts: re-takes
+    ///
+    /// A node that restarted without persistence (or lost the key to
+    /// eviction, a `FLUSHALL`, a failover) no longer holds the key. While
+    /// the validity this process measured for the lock lasts, an extension
+    /// sets the key again there (only where it is absent, same token, new
+    /// TTL; for several resources all missing keys or none, and none where
+    /// any holds another token), and the node votes for it: a *re-take*,
+    /// shown as [`NodeReport::retook`](crate::NodeReport::retook). A fenced
+    /// re-take also raises the node's fencing counter to at least the
+    /// lock's fencing token, so a node that lost its counter cannot hand out
+    /// a smaller one later. So a lock held for hours by
+    /// [`with_lock`](Self::with_lock) or a guard outlives a rolling restart
+    /// of every node, one at a time, as upgrades are done.
+    ///
+    /// Why that is as safe as an acquisition: a lock is exclusive while a
+    /// quorum of nodes holds its key, since any two quorums share a node.
+    /// Up to the old validity, a quorum held our key; each vote of the
+    /// extension, renewed or re-taken, leaves our key on its node until at
+    /// least the new validity ends; and every vote is cast before the old
+    /// validity ran out, so at no moment in between did fewer than a quorum
+    /// hold it. Hence the rules: a lock re-takes only while its measured
+    /// validity lasts (a lock rebuilt with [`Lock::from_token`], whose
+    /// validity nobody measured here, and a fenced one without its fencing
+    /// token, only renew, until an extension measures it; and a first round
+    /// sent after the validity ran out only renews), and a round that ended
+    /// after the old validity ran out counts only the nodes that renewed: if
+    /// they are too few, the extension is [`LockError::Lost`] and what it
+    /// re-took is released. (A renewal alone is safe at any time: the key
+    /// was on that node all along.)
+    ///
+    /// What the restart guard
+    /// ([`restart_grace`](crate::RedlockBuilder::restart_grace)) adds: a
+    /// node that restarted lost our key at once, not when this client sees
+    /// it, so between a restart and the next extension fewer than a quorum
+    /// may hold the key. With the guard (a grace at least the longest TTL),
+    /// the restarted node votes for nobody until the grace has passed, nor
+    /// re-takes: by then every lock it forgot is past its validity or was
+    /// extended by the others. Without it, the lock stays exclusive only
+    /// while the nodes that still hold its key make a quorum: restart one
+    /// node at a time, each after an extension re-took the one before
+    /// (more than a TTL apart). Neither helps when a majority of the nodes restarts at once:
+    /// with the guard on, nobody gets the lock until the grace has passed,
+    /// and the holder's extensions fail ([`LockError::NoQuorum`]) until its
+    /// lock runs out; without it, another client may take the lock at once.
+    ///
+    /// Eviction drops lock keys as a restart does: a node whose
+    /// `maxmemory-policy` is one of `volatile-*` or `allkeys-*` may evict a
+    /// lock key (they all have a TTL) when memory is short, without a
+    /// restart for the guard to see. Run lock nodes with
+    /// `maxmemory-policy noeviction` (the default): writes then fail when
+    /// memory is full, and a node that fails does not vote.
     pub fn extend(
         &self,
         lock: &mut Lock,
@@ -538,7 +616,12 @@ impl Redlock {
         self.inner.waiters.close_if_idle();
         // Redis is given whole milliseconds: measure validity on the same.
         let ttl = Duration::from_millis(ttl_ms);
-        let cmd = lock.kind.extend(&lock.resources, &lock.token, ttl_ms);
+        // Keys gone from a node are set again only while the validity this
+        // process measured lasts: a re-take is then as safe as a vote for
+        // an acquisition (see above).
+        let retake = (lock.timed && Instant::now() < lock.valid_until)
+            .then(|| lock.fencing_token.unwrap_or(0));
+        let cmd = (lock.kind).extend(&lock.resources, &lock.token, ttl_ms, retake);
         // No retry starts once the lock's validity is over (nor past the
         // call's deadline): a lock that could not be extended while it was
         // valid is not held any more, whatever a later round may find. A
@@ -554,6 +637,21 @@ impl Redlock {
             }
             attempt += 1;
             let tally = self.round(lock.kind, &cmd, ttl, script_vote, Ask::UntilDecided);
+            // A round that ended after the validity ran out counts only the
+            // nodes that renewed; what it re-took then is released.
+            let late = Instant::now() >= lock.valid_until;
+            let nodes = &tally.report.nodes;
+            let renewed = (nodes.iter())
+                .filter(|n| n.outcome == NodeOutcome::Granted && !n.retook)
+                .count();
+            if late && renewed < tally.report.quorum && nodes.iter().any(|n| n.retook) {
+                let (kind, resources) = (lock.kind, &lock.resources);
+                self.clean_up(kind, resources, &lock.token, ttl, &tally.report);
+                return Err(LockError::Lost {
+                    resource: resources[0].clone(),
+                    report: tally.report,
+                });
+            }
             if tally.granted() {
                 lock.valid_until = tally.start + tally.validity.unwrap_or_default();
                 lock.timed = true;
@@ -566,7 +664,7 @@ impl Redlock {
                     report: tally.report,
                 });
             }
-            let quorum_granted = tally.report.granted() >= self.quorum();
+            let quorum_granted = tally.report.granted() >= tally.report.quorum;
             let error = tally.error(&lock.resources[0], attempt, ttl, true);
             let pause = (attempt <= call.retries
                 && !quorum_granted
@@ -623,12 +721,9 @@ impl Redlock {
         );
         if tally.report.granted() > 0 {
             // This client's own waiters need not hear it from a node.
-            let nodes = &tally.report.nodes;
-            (self.inner.waiters).released(resources, &token.hex(), |i| {
-                nodes[i].outcome == NodeOutcome::Granted
-            });
+            (self.inner.waiters).released(resources);
         }
-        if tally.report.granted() >= tally.report.quorum {
+        let result = if tally.report.granted() >= tally.report.quorum {
             Ok(tally.report)
         } else if tally.refused_by_quorum_complement() {
             Err(LockError::Lost {
@@ -641,7 +736,9 @@ impl Redlock {
                 attempts: 1,
                 report: tally.report,
             })
-        }
+        };
+        self.observe(What::Released, (resources, token), 0, result.as_ref());
+        result
     }
 
     /// After a failed attempt: sends the kind's release, marked as a
@@ -670,9 +767,6 @@ impl Redlock {
             later(now, ttl),
             may_hold,
         );
-        // Its messages are no news to this client's waiters.
-        let echo = [script::CLEAN_UP_MARK, &token.hex()].concat();
-        (inner.waiters).cleaned_up(resources, &echo, may_hold);
     }
 
     /// Runs one round of `cmd` on the nodes `ask` names and counts the
@@ -719,6 +813,7 @@ impl Redlock {
             ),
         );
         let elapsed = start.elapsed();
+        let retakes = cmd.script.is_some_and(|s| s.bit == script::EXTEND.bit);
         let nodes = (inner.nodes.iter().zip(replies))
             .map(
                 |(
@@ -728,6 +823,7 @@ impl Redlock {
                     },
                 )| NodeReport {
                     node: Arc::clone(node.name()),
+                    retook: retakes && matches!(result, Ok(Value::Int(2))),
                     outcome: outcome(result, &vote),
                     elapsed,
                 },
@@ -745,6 +841,31 @@ impl Redlock {
             too_slow: yes >= quorum && validity.is_none(),
             fence,
         }
+    }
+
+    /// One round of `cmd` on every node, read until its deadline: each
+    /// node's reply, or why there is none.
+    pub(crate) fn replies(&self, cmd: &Command) -> Vec<(Arc<str>, Result<Value, NodeOutcome>)> {
+        let (inner, start) = (&*self.inner, Instant::now());
+        let deadline = start + inner.config.io_timeout;
+        let n = inner.nodes.len();
+        let replies = round::run(
+            &inner.nodes,
+            cmd,
+            start,
+            deadline,
+            inner.config.connect_timeout,
+            |_| true,
+            (n, |_: &_| false),
+        );
+        (inner.nodes.iter().zip(replies))
+            .map(|(node, reply)| match reply.result {
+                Ok(value) if !matches!(value, Value::ServerError(_)) => {
+                    (Arc::clone(node.name()), Ok(value))
+                }
+                result => (Arc::clone(node.name()), Err(outcome(result, &script_vote))),
+            })
+            .collect()
     }
 
     /// The validity a round that took `elapsed` leaves of `ttl`: none if
@@ -779,6 +900,15 @@ impl Redlock {
     /// The settings.
     pub(crate) fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// The guards' watchdog and notifier.
+    pub(crate) fn watch(&self) -> &Arc<Watch> {
+        &self.inner.watch
+    }
+
+    pub(crate) fn downgrade(&self) -> WeakRedlock {
+        WeakRedlock(Arc::downgrade(&self.inner))
     }
 }
 

@@ -260,6 +260,9 @@ pub enum ConfigError {
     },
 
     /// The same node is listed twice; it would count twice toward the quorum.
+    /// The same host and port with another database (`/1`) is the same
+    /// server, and so is a server reached under two names (found when both
+    /// connect: [`NodeError::SameServer`]).
     #[error("node `{node}` is listed twice; one server must have one vote (list each independent master once)")]
     DuplicateNode {
         /// The node's address (host and port, or socket path).
@@ -459,14 +462,17 @@ pub enum NodeError {
     /// than the grace period set with
     /// [`RedlockBuilder::restart_grace`](crate::RedlockBuilder::restart_grace),
     /// so it may have forgotten locks that are still held. It votes again
-    /// once its uptime reaches the grace period.
+    /// once its uptime reaches the grace period, and the grace has passed
+    /// since this client saw it restart.
     #[error(
         "restarted {uptime:?} ago, less than the restart grace of {grace:?}: not voting until then"
     )]
     #[non_exhaustive]
     Restarted {
         /// The node's uptime as it reported it (`uptime_in_seconds`: whole
-        /// seconds, and the real uptime may be up to a second less).
+        /// seconds, and the real uptime may be up to a second less); or,
+        /// where this client saw the node restart and keeps it out on its
+        /// own clock, the time since it saw that.
         uptime: Duration,
         /// The grace period configured.
         grace: Duration,
@@ -503,6 +509,11 @@ pub struct NodeReport {
     pub outcome: NodeOutcome,
     /// Time from the start of the round to the answer (or the failure).
     pub elapsed: Duration,
+    /// The node granted an extension by setting our token again where the
+    /// key was gone (it had restarted empty, or evicted or lost the key):
+    /// a re-take (see [`Redlock::extend`](crate::Redlock::extend)). False
+    /// in every other round.
+    pub retook: bool,
 }
 
 /// What every node answered in one round of an operation.
@@ -551,8 +562,10 @@ impl NodeError {
             NodeError::Server(text) => text.starts_with("NOPERM"),
             NodeError::Connect(text) => {
                 text.starts_with("NOPERM")
+                    // A certificate refused, or no crypto provider: not a
+                    // handshake cut short, which a restart can cause.
                     || text.contains("certificate")
-                    || text.contains("TLS")
+                    || text.contains("crypto provider")
                     // A lookup the resolver may answer later says so (EAI_AGAIN).
                     || (text.starts_with("could not resolve") && !text.contains("Temporary failure"))
             }

@@ -48,8 +48,9 @@ use crate::script::{self, Command};
 /// Round one runs, on each node, one script: if the lock is free, raise
 /// the counter to the larger of its value plus one and the node's clock
 /// in microseconds, set the lock to our token, and return the counter.
-/// (Every attempt has a token of its own, so a token is set at most
-/// once on a node.)
+/// (Every attempt has a token of its own, so only one acquisition sets
+/// a token on a node; an extension may set it again later, where the
+/// node lost the key: a re-take, see [`Redlock::extend`](crate::Redlock::extend).)
 /// The client reads every node's round-one reply (it does not stop at a
 /// quorum, so every node that may count has its counter in `T`) and
 /// takes `T`, the largest counter among the nodes that granted. Round
@@ -60,12 +61,15 @@ use crate::script::{self, Command};
 ///
 /// Why that suffices. Take two successful fenced acquisitions A and B.
 /// Each has a quorum of nodes that granted both rounds, and two quorums
-/// share a node `n`. On `n` the lock key held A's token for one stretch
-/// of time and B's for another, and the two stretches do not overlap:
-/// a key holds one value at a time, and each token is set once, by its
-/// own round one. Say A's came first. A's round two ran on `n` inside
-/// A's stretch and left the counter at `T_A` or more; counters never go
-/// down; B's round one ran on `n` after A's stretch ended, so it raised
+/// share a node `n`. On `n` the lock key held A's token from A's round
+/// one for one stretch of time, and B's from B's round one for another,
+/// and the two stretches do not overlap: a key holds one value at a time.
+/// (Re-takes may give a token more stretches on `n` later, after its
+/// acquisition returned and each while its lock is valid: they change
+/// nothing below, which is about the first ones.) Say A's came first.
+/// A's round two ran on `n` inside A's stretch and left the counter at
+/// `T_A` or more; counters never go down (but for data loss, below); B's
+/// round one ran on `n` after A's stretch ended, so it raised
 /// the counter to more than `T_A`, and since `n` granted B's round one,
 /// that value is among those `T_B` is the largest of: `T_B > T_A`. And
 /// A's stretch comes first on `n` whenever A returned first: otherwise
@@ -85,7 +89,12 @@ use crate::script::{self, Command};
 /// A node that loses its data (a restart without persistence, a
 /// `FLUSHALL`, a failover to a replica that had not caught up) loses its
 /// counters. If every node that A and B share had lost them in between,
-/// B could get a smaller token than A. Two things limit that:
+/// B could get a smaller token than A. Three things limit that:
+///
+/// - While A holds its lock, each extension re-takes the key on a node
+///   that lost it and raises the node's counter to at least `T_A` there
+///   (a fenced re-take), so a rolling restart under a held lock loses no
+///   counter that matters.
 ///
 /// - A counter that restarts from nothing starts again from the node's
 ///   clock, in microseconds since the epoch. Tokens follow the fastest
@@ -191,28 +200,44 @@ impl Kind {
     }
 
     /// The release of the lock `token` holds on `resources`; a clean-up
-    /// after a failed attempt is marked, so that waiters tell it from a
-    /// holder's release.
+    /// after a failed attempt is quiet: it publishes nothing, so waiters
+    /// hear only a holder's release.
     pub(crate) fn release(self, resources: &[String], token: &Token, clean_up: bool) -> Command {
         let hex = token.hex();
         let args: &[&[u8]] = if clean_up {
-            &[&hex, script::CLEAN_UP_MARK]
+            &[&hex, script::QUIET]
         } else {
             &[&hex]
         };
         Command::script(&script::RELEASE, resources, args)
     }
 
-    /// The extension of the lock `token` holds on `resources` to `ttl_ms`.
-    pub(crate) fn extend(self, resources: &[String], token: &Token, ttl_ms: u64) -> Command {
+    /// The extension of the lock `token` holds on `resources` to `ttl_ms`;
+    /// with `retake`, also where a key is absent (see [`Redlock::extend`]).
+    /// `retake` is the lock's fencing token, or zero for a plain lock: a
+    /// fenced lock re-takes only with its token, and raises its counter.
+    ///
+    /// [`Redlock::extend`]: crate::Redlock::extend
+    pub(crate) fn extend(
+        self,
+        resources: &[String],
+        token: &Token,
+        ttl_ms: u64,
+        retake: Option<u64>,
+    ) -> Command {
         let (hex, number) = (token.hex(), ttl_ms.to_string());
-        let args: &[&[u8]] = &[&hex, number.as_bytes()];
-        Command::script(&script::EXTEND, resources, args)
+        let fence = retake.filter(|&f| (self == Kind::Fenced) == (f > 0));
+        let (keys, fence) = (fence_keys(&resources[0]), fence.map(|f| f.to_string()));
+        let fenced = self == Kind::Fenced && fence.is_some();
+        let mut args: Vec<&[u8]> = vec![&hex, number.as_bytes()];
+        args.extend(fence.as_ref().map(String::as_bytes));
+        let keys = if fenced { &keys[..] } else { resources };
+        Command::script(&script::EXTEND, keys, &args)
     }
 }
 
 /// The keys of a fenced lock's scripts: the lock, and its counter.
-fn fence_keys(resource: &str) -> [String; 2] {
+pub(crate) fn fence_keys(resource: &str) -> [String; 2] {
     [
         resource.to_string(),
         format!("{FENCE_KEY_PREFIX}{resource}"),
@@ -231,10 +256,11 @@ pub(crate) fn acquire_vote(value: &Value) -> Result<(bool, u64), &Value> {
     }
 }
 
-/// A 1-or-0 script reply (extend, a fenced round two) as a vote.
+/// A 1-or-0 script reply (extend, a fenced round two) as a vote; an
+/// extension's 2 (it re-took a key) grants too.
 pub(crate) fn script_vote(value: &Value) -> Result<(bool, u64), &Value> {
     match value {
-        Value::Int(1) => Ok((true, 0)),
+        Value::Int(1 | 2) => Ok((true, 0)),
         Value::Int(0) => Ok((false, 0)),
         other => Err(other),
     }

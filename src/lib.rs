@@ -73,8 +73,9 @@
 //! # Scoped locking: `with_lock` and `lock`
 //!
 //! [`with_lock`](Redlock::with_lock) acquires, runs a closure, and always
-//! releases (on return, on error, on panic). Meanwhile a watchdog thread
-//! extends the lock each time a third of its validity is left, so the
+//! releases (on return, on error, on panic). Meanwhile the client's one
+//! watchdog thread (for all its guards) extends the lock each time a third
+//! of its validity is left, so the
 //! closure may run far longer than the TTL. The closure gets a
 //! [`LockGuard`] whose [`check`](LockGuard::check) fails as soon as the
 //! lock is lost; and if it was lost at any moment, `with_lock` returns the
@@ -115,6 +116,31 @@
 //!
 //! Each has its `try_` form for one attempt with no retry
 //! ([`try_with_lock`](Redlock::try_with_lock), [`try_lock`](Redlock::try_lock)).
+//!
+//! # Watching locks
+//!
+//! [`LockGuard::wait_lost`] blocks until the lock is lost, and
+//! [`LockGuard::on_lost`] runs a callback then, on the client's notifier
+//! thread. [`RedlockBuilder::observer`] hands every attempt, node failure,
+//! extension, loss and release to your logs and metrics as an [`Event`].
+//! [`Redlock::inspect`] reads, without writing, what each node holds for a
+//! resource and what a quorum says ([`Verdict`]).
+//!
+//! ```no_run
+//! # use std::time::Duration;
+//! # use redlock_sync::{LockError, Redlock, Verdict};
+//! let locks = Redlock::builder(["redis://127.0.0.1:7001"])
+//!     .observer(|event| eprintln!("redlock: {event:?}"))
+//!     .build()?;
+//! locks.with_lock("leader", Duration::from_secs(10), |guard| {
+//!     guard.on_lost(|e| eprintln!("stepping down: {e}"));
+//!     while !guard.wait_lost(Duration::from_secs(1)) { /* lead */ }
+//!     Ok::<(), LockError>(())
+//! })
+//! .ok();
+//! assert!(matches!(locks.inspect("leader")?.verdict(), Verdict::Free | Verdict::Unknown));
+//! # Ok::<(), LockError>(())
+//! ```
 //!
 //! # One door per operation
 //!
@@ -188,6 +214,31 @@
 //! Timing uses [`std::time::Instant`] only; clock drift between processes is
 //! assumed small next to the TTL, which is what the drift term pays for.
 //!
+//! # Known limits
+//!
+//! - One connection per node is shared by all threads of a client: a
+//!   thread whose deadline passes while it reads drops the connection for
+//!   all of them, and a node slow for one thread is slow for all. Over TLS
+//!   the connection cannot be split into reading and writing halves: a
+//!   command that finds another thread reading goes out when that read
+//!   returns (up to two round trips), so keep `io_timeout` above twice the
+//!   slowest TLS node's round trip, or give such threads a client each.
+//! - Some waits have no time bound of this crate's: over TLS, host names
+//!   are resolved by the `redis` crate on each connect (list nodes by IP
+//!   address where DNS may be slow; plain `redis://` names are resolved
+//!   within the connect timeout) and a reply trickled out byte by byte can
+//!   hold a round past `io_timeout` (the timeout applies per read there); a
+//!   Unix-socket connect cannot be bounded while the server's listen queue
+//!   is full.
+//! - A node whose connect timed out, or was cut short by the round's
+//!   deadline, is skipped for ten `io_timeout`s (within 100 ms and 2 s),
+//!   even if it answers again at once; a `connect_timeout` far above
+//!   `io_timeout` does not help.
+//! - After `SCRIPT FLUSH` on a node, a release or extension whose reply was
+//!   not awaited did not happen there (the key keeps its TTL), for at most
+//!   32 rounds (the slowest node is awaited at least that often).
+//! - Waiters are woken by hints, with no fairness (see [`Patience`]).
+//!
 //! # Features
 //!
 //! - `tls`: `rediss://` (and `valkeys://`) node URLs, through the `redis`
@@ -195,7 +246,9 @@
 //!   provider (for instance
 //!   `rustls = { version = "0.23", features = ["ring"] }` among its
 //!   dependencies); without one, `rediss://` nodes fail with a
-//!   [`NodeError::Connect`] that says so.
+//!   [`NodeError::Connect`] that says so. Certificates are checked against
+//!   the system's roots, or those in the PEM file that `SSL_CERT_FILE`
+//!   names.
 //!
 //! # Testing
 //!
@@ -209,6 +262,7 @@
 
 mod client;
 mod error;
+mod inspect;
 mod kind;
 mod lock;
 mod node;
@@ -217,6 +271,7 @@ mod retry;
 mod round;
 mod script;
 mod wait;
+mod watch;
 mod with_lock;
 
 pub use client::config::{RedlockBuilder, MAX_TIMEOUT, MAX_TTL};
@@ -226,10 +281,12 @@ pub use error::{
     ArgumentError, ConfigError, LockError, NodeError, NodeOutcome, NodeReport, ParseTokenError,
     Report,
 };
+pub use inspect::{Holding, Inspection, NodeView, Verdict};
 pub use kind::Kind;
 pub use lock::{Lock, Token};
 pub use request::{Cancel, IntoResources, LockOptions, Patience};
 pub use retry::RetryPolicy;
+pub use watch::{Event, What};
 pub use with_lock::LockGuard;
 
 /// The crate's socket `write` and `read` calls so far, for its benchmark

@@ -1,5 +1,6 @@
 //! One node: what a round may ask of it (submit a command, wait for or poll
-//! its reply, abandon it), over one connection that every thread shares.
+//! its reply, abandon it), over one connection that every thread shares;
+//! and a round's [`Turn`] at the client's nodes, the one door to batching.
 //!
 //! - [`endpoint`]: the node URL, read once.
 //! - [`connect`]: opening a connection within the round's deadline.
@@ -10,6 +11,8 @@
 //! - [`resolve`], [`servers`], [`restart_guard`]: host names with a time
 //!   bound, one vote per server process, the uptime check.
 //! - [`owed`]: clean-ups that could not be sent, for the next connection.
+//! - [`pace`]: batching, and yielding before parking: when queued commands
+//!   are written.
 //!
 //! No async runtime, no background thread: the threads that want answers do
 //! the I/O.
@@ -17,6 +20,7 @@
 mod connect;
 mod endpoint;
 mod owed;
+mod pace;
 mod resolve;
 mod restart_guard;
 mod servers;
@@ -31,10 +35,10 @@ use redis::Value;
 
 use connect::Connector;
 pub(crate) use endpoint::Endpoint;
+use pace::{Pace, SpinWait, BATCH_FROM, FLUSH_GRACE, RECHECK};
 pub(crate) use servers::Servers;
-pub(crate) use shared::Ticket;
-use shared::{Dispatch, Shared};
-pub(crate) use shared::{Enlisted, Pace, Waiter, FLUSH_GRACE, RECHECK};
+pub(crate) use shared::{Bounds, Ticket};
+use shared::{Dispatch, Enlisted, Shared, Waiter};
 pub(crate) use subscription::{Event, Listener, Sender};
 pub use transport::counts::{io_counts, IoCounts};
 
@@ -87,38 +91,24 @@ impl Node {
     /// Queues `cmd` on the connection and gets it written: by this thread
     /// now, or, if another thread is writing, by that thread before it lets
     /// go. Connects first if there is no connection.
-    pub(crate) fn submit(
-        &self,
-        cmd: &Command,
-        deadline: Instant,
-        connect_timeout: Duration,
-    ) -> Result<Ticket, Failure> {
-        self.shared.submit(
-            &self.connector,
-            cmd,
-            deadline,
-            connect_timeout,
-            Dispatch::Now,
-        )
+    pub(crate) fn submit(&self, cmd: &Command, bounds: Bounds) -> Result<Ticket, Failure> {
+        (self.shared).submit(&self.connector, cmd, bounds, Dispatch::Now)
+    }
+
+    /// Like [`submit`](Self::submit), but a script always goes as `EVAL`:
+    /// for a request whose reply nobody will read, and for the retry after
+    /// a `NOSCRIPT` (meanwhile another thread may have seen the script run
+    /// and marked it cached again).
+    pub(crate) fn submit_eval(&self, cmd: &Command, bounds: Bounds) -> Result<Ticket, Failure> {
+        (self.shared).submit(&self.connector, cmd, bounds, Dispatch::Eval)
     }
 
     /// Queues `cmd` on the connection, to be written with other threads'
-    /// commands by whoever lets go of the client's [`Pace`] last, who calls
-    /// [`flush`](Self::flush) on every node. Without an open connection it
-    /// is written now, as [`submit`](Self::submit) does.
-    pub(crate) fn queue(
-        &self,
-        cmd: &Command,
-        deadline: Instant,
-        connect_timeout: Duration,
-    ) -> Result<Ticket, Failure> {
-        self.shared.submit(
-            &self.connector,
-            cmd,
-            deadline,
-            connect_timeout,
-            Dispatch::Queued,
-        )
+    /// commands by whoever lets go of the client's [`Pace`] last (see
+    /// [`Turn`]). Without an open connection it is written now, as
+    /// [`submit`](Self::submit) does.
+    fn queue(&self, cmd: &Command, bounds: Bounds) -> Result<Ticket, Failure> {
+        (self.shared).submit(&self.connector, cmd, bounds, Dispatch::Queued)
     }
 
     /// Writes what is queued on the connection (unless another thread is
@@ -126,9 +116,8 @@ impl Node {
     /// then wakes a sleeping thread to read the node if replies are due
     /// and nobody is awake to read them: false for a thread that reads the
     /// node next itself.
-    pub(crate) fn flush(&self, deadline: Instant, connect_timeout: Duration, wake_reader: bool) {
-        self.shared
-            .flush(&self.connector, deadline, connect_timeout, wake_reader);
+    fn flush(&self, bounds: Bounds, wake_reader: bool) {
+        self.shared.flush(&self.connector, bounds, wake_reader);
     }
 
     /// How many requests on the wire to this node have threads awaiting
@@ -136,8 +125,21 @@ impl Node {
     /// what is queued by then. Zero for a node that does not answer
     /// quickly, or whose connection cannot be split (TLS): a command should
     /// not wait for a batch there.
-    pub(crate) fn awaited_on_wire(&self) -> u64 {
+    fn awaited_on_wire(&self) -> u64 {
         self.shared.awaited_on_wire()
+    }
+
+    /// Enlists `waiter` for the reply to `ticket`, so that it sleeps on
+    /// several nodes at once: the reader that stores the reply counts it.
+    /// [`Enlisted::Ready`] means: do not sleep, poll. An enlisted ticket
+    /// must be [`delist`](Self::delist)ed once the waiter wakes.
+    fn enlist(&self, ticket: Ticket, waiter: &Arc<Waiter>) -> Enlisted {
+        self.shared.enlist(ticket, waiter)
+    }
+
+    /// Removes the waiter enlisted for `ticket`.
+    fn delist(&self, ticket: Ticket) {
+        self.shared.delist(ticket);
     }
 
     /// The pace of the client's threads: the same for all its nodes.
@@ -145,134 +147,82 @@ impl Node {
         &self.connector.servers.pace
     }
 
-    /// Like [`submit`](Self::submit), but a script always goes as `EVAL`:
-    /// for a request whose reply nobody will read, and for the retry after
-    /// a `NOSCRIPT` (meanwhile another thread may have seen the script run
-    /// and marked it cached again).
-    pub(crate) fn submit_eval(
-        &self,
-        cmd: &Command,
-        deadline: Instant,
-        connect_timeout: Duration,
-    ) -> Result<Ticket, Failure> {
-        self.shared.submit(
-            &self.connector,
-            cmd,
-            deadline,
-            connect_timeout,
-            Dispatch::Eval,
-        )
-    }
-
     /// Waits for the reply to `cmd`, sent under `ticket`, reading it (and
     /// whatever comes before it) when no other thread is doing I/O. A
     /// script the server lost is sent again as `EVAL` and waited for, in
-    /// the same round: see [`script_reply`](Self::script_reply). Sets
-    /// `held` if the thread was woken with its reply: it holds the
+    /// the same round: see [`script_reply`](Self::script_reply). Also
+    /// returns whether the thread was woken with its reply: it holds the
     /// [`Pace`] then.
-    pub(crate) fn wait(
+    fn wait(
         &self,
         cmd: &Command,
         ticket: Ticket,
-        deadline: Instant,
-        connect_timeout: Duration,
-        held: &mut bool,
-    ) -> Result<Value, Failure> {
-        let reply = self.wait_raw(ticket, deadline, connect_timeout, held);
-        self.script_reply(cmd, ticket, reply, deadline, connect_timeout, held)
+        bounds: Bounds,
+    ) -> (Result<Value, Failure>, bool) {
+        let (reply, held) = self.wait_raw(ticket, bounds);
+        self.script_reply(cmd, ticket, reply, bounds, held)
     }
 
-    /// Like [`wait`](Self::wait), but returns `None` instead of sleeping
-    /// when another thread is doing I/O on the connection (or owes the
-    /// write of the command). With `batch_until`, a command still queued
-    /// waits until then for other threads to write it, even while none is
-    /// awake (see [`crate::round`]).
-    pub(crate) fn poll(
+    /// Like [`wait`](Self::wait), but the reply is `None` instead of
+    /// sleeping when another thread is doing I/O on the connection (or owes
+    /// the write of the command). With `batch_until`, a command still
+    /// queued waits until then for other threads to write it, even while
+    /// none is awake.
+    fn poll(
         &self,
         cmd: &Command,
         ticket: Ticket,
-        deadline: Instant,
-        connect_timeout: Duration,
+        bounds: Bounds,
         batch_until: Option<Instant>,
-        held: &mut bool,
-    ) -> Option<Result<Value, Failure>> {
-        let reply = self.shared.take(
-            &self.connector,
-            ticket,
-            deadline,
-            connect_timeout,
-            false,
-            batch_until,
-            held,
-        )?;
-        Some(self.script_reply(cmd, ticket, reply, deadline, connect_timeout, held))
-    }
-
-    /// Enlists `waiter` for the reply to `ticket`, so that it sleeps on
-    /// several nodes at once: the reader that stores the reply counts it.
-    /// [`Enlisted::Ready`] means: do not sleep, poll. An enlisted ticket
-    /// must be [`delist`](Self::delist)ed once the waiter wakes.
-    pub(crate) fn enlist(&self, ticket: Ticket, waiter: &Arc<Waiter>) -> Enlisted {
-        self.shared.enlist(ticket, waiter)
-    }
-
-    /// Removes the waiter enlisted for `ticket`.
-    pub(crate) fn delist(&self, ticket: Ticket) {
-        self.shared.delist(ticket);
+    ) -> (Option<Result<Value, Failure>>, bool) {
+        let (reply, held) = (self.shared).take(&self.connector, ticket, bounds, false, batch_until);
+        match reply {
+            Some(reply) => {
+                let (reply, held) = self.script_reply(cmd, ticket, reply, bounds, held);
+                (Some(reply), held)
+            }
+            None => (None, held),
+        }
     }
 
     /// The reply to `ticket` as it came, with no script bookkeeping.
-    fn wait_raw(
-        &self,
-        ticket: Ticket,
-        deadline: Instant,
-        connect_timeout: Duration,
-        held: &mut bool,
-    ) -> Result<Value, Failure> {
-        self.shared
-            .take(
-                &self.connector,
-                ticket,
-                deadline,
-                connect_timeout,
-                true,
-                None,
-                held,
-            )
-            .unwrap_or(Err(Failure::TimedOut))
+    fn wait_raw(&self, ticket: Ticket, bounds: Bounds) -> (Result<Value, Failure>, bool) {
+        let (reply, held) = (self.shared).take(&self.connector, ticket, bounds, true, None);
+        (reply.unwrap_or(Err(Failure::TimedOut)), held)
     }
 
     /// The node's script cache bookkeeping, once `reply` to `cmd` came: a
     /// script that ran is known to be cached on the connection's server, a
     /// `NOSCRIPT` says it is not. After a `NOSCRIPT` the command goes once
     /// more as `EVAL`, within the same deadline, and that reply is the
-    /// answer.
+    /// answer. `held` as returned with `reply`, and returned updated.
     fn script_reply(
         &self,
         cmd: &Command,
         ticket: Ticket,
         reply: Result<Value, Failure>,
-        deadline: Instant,
-        connect_timeout: Duration,
-        held: &mut bool,
-    ) -> Result<Value, Failure> {
-        let Some(script) = cmd.script else {
-            return reply;
+        bounds: Bounds,
+        held: bool,
+    ) -> (Result<Value, Failure>, bool) {
+        let Some(script) = cmd
+            .script
+            .filter(|s| self.note_script(ticket, s.bit, &reply))
+        else {
+            return (reply, held);
         };
-        if !self.note_script(ticket, script.bit, &reply) {
-            return reply;
-        }
-        let ticket = self.submit_eval(cmd, deadline, connect_timeout)?;
+        let ticket = match self.submit_eval(cmd, bounds) {
+            Ok(ticket) => ticket,
+            Err(failure) => return (Err(failure), held),
+        };
+        let (reply, woken) = self.wait_raw(ticket, bounds);
         // A thread holds the pace once, however many of its replies woke
         // it: a second hold would never be let go, and every later round's
         // queued commands would wait out their grace.
-        let mut woken = false;
-        let reply = self.wait_raw(ticket, deadline, connect_timeout, &mut woken);
-        if woken && std::mem::replace(held, true) {
+        if woken && held {
             self.pace().release();
         }
         self.note_script(ticket, script.bit, &reply);
-        reply
+        (reply, held || woken)
     }
 
     /// Records what `reply` says about whether the server of `ticket`'s
@@ -319,7 +269,7 @@ impl Node {
 
     /// Whether the connection has so many unread replies that the next
     /// round should wait for its reply rather than leave it unread.
-    pub(crate) fn backlogged(&self, ticket: Ticket) -> bool {
+    fn backlogged(&self, ticket: Ticket) -> bool {
         self.shared.backlogged(ticket)
     }
 
@@ -339,5 +289,228 @@ impl Node {
     /// The reply to `ticket` is no longer wanted: discard it when it comes.
     pub(crate) fn abandon(&self, ticket: Ticket) {
         self.shared.abandon(ticket, self.pace());
+    }
+}
+
+/// One round's turn at the client's nodes: the requests it awaits, and
+/// when its commands are written (the batching of [`pace`], behind this
+/// one door). A round queues its command on the nodes through it, polls
+/// and sleeps through it, and leaves it: every command it queued is
+/// written by then, at the latest by this thread.
+pub(crate) struct Turn<'a> {
+    nodes: &'a [Node],
+    bounds: Bounds,
+    /// The request awaited on each node: sent, its reply not taken yet.
+    awaited: Vec<Option<Ticket>>,
+    /// This thread holds the client's [`Pace`]: from the start of the
+    /// round until its commands are queued, and again once woken with a
+    /// reply, until it blocks or leaves.
+    held: bool,
+    /// When a thread awake is overdue writing our queued commands.
+    flush_by: Option<Instant>,
+    /// Our commands wait for the next batch (see [`BATCH_FROM`]) until
+    /// then, even while no thread is awake.
+    batch_until: Option<Instant>,
+}
+
+impl<'a> Turn<'a> {
+    /// A round's turn at `nodes`, within `bounds`; nothing sent yet.
+    pub(crate) fn new(nodes: &'a [Node], bounds: Bounds) -> Turn<'a> {
+        Turn {
+            nodes,
+            bounds,
+            awaited: vec![None; nodes.len()],
+            held: false,
+            flush_by: None,
+            batch_until: None,
+        }
+    }
+
+    /// Whether the round awaits a reply from node `i`.
+    pub(crate) fn awaits(&self, i: usize) -> bool {
+        self.awaited[i].is_some()
+    }
+
+    /// Node `i` was sent the round's command (with [`Node::submit`]) as
+    /// `ticket`.
+    pub(crate) fn sent(&mut self, i: usize, ticket: Ticket) {
+        self.awaited[i] = Some(ticket);
+    }
+
+    /// Queues `cmd` on the `connected` nodes, first, so that their replies
+    /// travel while the round connects to the others. It is written with
+    /// the commands of the client's other threads, in one write per node,
+    /// by the last of them to let go of the pace: this thread, unless
+    /// others are queuing too. Returns whether each was queued.
+    ///
+    /// A round that starts alone (no other thread awake) writes its
+    /// command at once, unless at least [`BATCH_FROM`] other rounds await
+    /// replies on the wire from each of its nodes (all split connections,
+    /// that answer quickly) and it connects to no node (`may_batch`): the
+    /// threads those replies wake write it then, with their own next
+    /// commands, as an event loop would. The wait is bounded: the round
+    /// writes its commands itself after [`FLUSH_GRACE`] (every read it
+    /// makes meanwhile pauses then), and before it leaves or blocks on one
+    /// node.
+    pub(crate) fn queue(
+        &mut self,
+        cmd: &Command,
+        connected: &[usize],
+        may_batch: bool,
+    ) -> Vec<(usize, Result<(), Failure>)> {
+        let mut alone = false;
+        if let Some(pace) = self.nodes.first().map(Node::pace).filter(|_| !self.held) {
+            alone = pace.hold();
+            self.held = true;
+        }
+        let mut queued = Vec::with_capacity(connected.len());
+        for &i in connected {
+            let sent = self.nodes[i].queue(cmd, self.bounds);
+            self.awaited[i] = sent.as_ref().ok().copied();
+            queued.push((i, sent.map(drop)));
+        }
+        let batch = may_batch
+            && alone
+            && !connected.is_empty()
+            && (connected.iter()).all(|&i| self.nodes[i].awaited_on_wire() >= BATCH_FROM);
+        if batch {
+            let by = Instant::now() + FLUSH_GRACE;
+            self.batch_until = Some(by);
+            self.flush_by = Some(by);
+        }
+        self.let_go(false, batch);
+        queued
+    }
+
+    /// Node `i`'s reply, if it can be had without sleeping: it is stored,
+    /// or nobody else reads the connection (the read may block).
+    pub(crate) fn poll(&mut self, i: usize, cmd: &Command) -> Option<Result<Value, Failure>> {
+        let ticket = self.awaited[i]?;
+        if self.batch_until.is_some_and(|by| Instant::now() >= by) {
+            // No batch came in time: write our commands ourselves.
+            self.end_batch(false);
+        }
+        self.let_go(false, false);
+        let (reply, held) = self.nodes[i].poll(cmd, ticket, self.bounds, self.batch_until);
+        self.held |= held;
+        if reply.is_some() {
+            self.awaited[i] = None;
+        }
+        reply
+    }
+
+    /// Sleeps until `need` of the replies from `pending` are stored, or a
+    /// reading role among them is free, or a connection ends, or the
+    /// deadline (or, while a command is queued, the grace of the thread
+    /// owing its write) passes. One wake-up, not one per node. The caller
+    /// polls after.
+    pub(crate) fn sleep_on(&mut self, pending: &[usize], need: usize) {
+        self.let_go(false, false);
+        let waiter = Waiter::new(need);
+        let mut enlisted = Vec::with_capacity(pending.len());
+        let (mut ready, mut queued) = (false, false);
+        for &i in pending {
+            let Some(ticket) = self.awaited[i] else {
+                continue;
+            };
+            match self.nodes[i].enlist(ticket, &waiter) {
+                Enlisted::Ready => {
+                    ready = true;
+                    break;
+                }
+                Enlisted::Asleep { queued: q } => {
+                    queued |= q;
+                    enlisted.push((i, ticket));
+                }
+            }
+        }
+        let mut until = self.bounds.deadline.min(Instant::now() + RECHECK);
+        if queued {
+            let by = (self.flush_by).get_or_insert_with(|| Instant::now() + FLUSH_GRACE);
+            until = until.min(*by);
+        }
+        let mut spin = SpinWait::default();
+        while !ready && !waiter.woken() {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            if !spin.spin() {
+                std::thread::park_timeout(left);
+            }
+        }
+        for &(i, ticket) in &enlisted {
+            self.nodes[i].delist(ticket);
+        }
+        self.held |= waiter.holds_pace();
+        if queued && !waiter.woken() && self.flush_by.is_some_and(|by| Instant::now() >= by) {
+            // The thread owing the write is overdue: write it ourselves.
+            for &(i, _) in &enlisted {
+                self.nodes[i].flush(self.bounds, false);
+            }
+        }
+    }
+
+    /// The round is decided: leaves node `i`'s reply to be read and
+    /// discarded later, except on a connection with so many unread replies
+    /// that it is drained now: then returns the reply.
+    pub(crate) fn leave_unread(
+        &mut self,
+        i: usize,
+        cmd: &Command,
+    ) -> Option<Result<Value, Failure>> {
+        let ticket = self.awaited[i]?;
+        if !self.nodes[i].backlogged(ticket) {
+            self.awaited[i] = None;
+            self.nodes[i].abandon(ticket);
+            return None;
+        }
+        self.end_batch(true);
+        self.let_go(false, false);
+        self.awaited[i] = None;
+        let (reply, held) = self.nodes[i].wait(cmd, ticket, self.bounds);
+        self.held |= held;
+        Some(reply)
+    }
+
+    /// Stops waiting for the next batch: writes the round's commands still
+    /// queued. For a round that leaves, blocks on one node, or waited its
+    /// [`FLUSH_GRACE`]; `wake_reader` as for [`Node::flush`].
+    fn end_batch(&mut self, wake_reader: bool) {
+        if self.batch_until.take().is_none() {
+            return;
+        }
+        for (node, ticket) in self.nodes.iter().zip(&self.awaited) {
+            if ticket.is_some_and(|t| !node.written(t)) {
+                node.flush(self.bounds, wake_reader);
+            }
+        }
+    }
+
+    /// Lets go of the pace, if held. The last thread to let go writes what
+    /// every node has queued, and wakes a sleeper to read a node whose
+    /// replies are due and unread; unless it goes on to read that node
+    /// itself (it awaits a reply there and is not `leaving`): like an event
+    /// loop, it then reads its nodes in turn, and the replies it reads wake
+    /// the other threads. With `batch`, it leaves the queues of its own
+    /// nodes for the next batch.
+    fn let_go(&mut self, leaving: bool, batch: bool) {
+        let pace = self.nodes.first().map(Node::pace);
+        if !std::mem::take(&mut self.held) || !pace.is_some_and(Pace::release) {
+            return;
+        }
+        for (i, node) in self.nodes.iter().enumerate() {
+            let reads_next = !leaving && self.awaits(i);
+            if !(reads_next && batch) {
+                node.flush(self.bounds, !reads_next);
+            }
+        }
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.end_batch(true);
+        self.let_go(true, false);
     }
 }

@@ -74,7 +74,39 @@ resource_lists!(
 /// [`retry_policy`](crate::RedlockBuilder::retry_policy) retries within its
 /// [`max_wait`](crate::RedlockBuilder::max_wait). Whatever the patience,
 /// a [`Cancel`] ends the wait, and so do errors that waiting cannot fix
-/// ([`LockError::Unusable`]).
+/// ([`LockError::Unusable`](crate::LockError::Unusable)).
+///
+/// # Waiting for a release
+///
+/// A waiting call does not sleep out its pause blindly. A holder's release
+/// `PUBLISH`es on the resource's channel on the nodes (in the release
+/// script: no extra round trip); a client's waiting threads share one
+/// subscription connection to one node, opened when a thread first waits
+/// and closed by the client's next operation once no thread has waited
+/// for a second; a message on a resource's channel ends one waiter's pause
+/// at once, and a release through the same client wakes its own waiter
+/// without the network. These are hints: a woken waiter makes an ordinary
+/// attempt, so safety never depends on them, and a missed one costs at
+/// most the pause. There is no fairness or FIFO order: whoever's round
+/// lands first wins.
+///
+/// - Attempts made at news come on top of the retries counted, within
+///   the same pause; one that loses right after news is tried once more
+///   soon (a release reaches the nodes at slightly different times).
+/// - A clean-up after a failed attempt publishes nothing, so waiters hear
+///   only holders' releases.
+/// - Over TLS, and for an ACL user without channel permissions (the
+///   default for new users on Redis 7), waiters only sleep their pauses;
+///   the client then tries the subscription again less and less often
+///   (from every second up to every minute).
+/// - Channels are per server, not per database: clients on other
+///   databases of the same servers may wake a waiter for nothing (it costs
+///   an attempt).
+/// - With [`For`](Self::For) or [`Until`](Self::Until), a call gives up
+///   within the deadline plus its last attempt's round and clean-up (each
+///   at most `io_timeout`); a pause that would run past the deadline is
+///   cut to it, so a release heard before the deadline still brings an
+///   attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Patience {

@@ -117,11 +117,8 @@ pub(crate) struct Pause {
     under_way: Option<(Instant, bool)>,
     /// The wait under way ends soon after news, before the pause does.
     soon: bool,
-    /// A clean-up's message woke this pause once already, in vain: the rest
-    /// of the pause waits for a holder's release only.
-    pub(crate) deaf_to_clean_ups: bool,
-    /// The last attempt followed a release heard from one node, or the
-    /// subscription coming up. A release reaches the nodes at slightly
+    /// The last attempt followed a hint (a release heard of, the
+    /// subscription coming up). A release reaches the nodes at slightly
     /// different times, and the node listened on may have said so (it
     /// publishes where the key is absent too) before the nodes that held the
     /// key deleted it; and news that came just as the subscription came up,
@@ -183,8 +180,7 @@ impl Pause {
     /// budget is used up: no attempt starts past it, even one that news
     /// woke.
     pub(crate) fn woken(&mut self, wake: Wake) -> bool {
-        self.deaf_to_clean_ups |= wake == Wake::CleanedUp;
-        self.after_news = matches!(wake, Wake::Released | Wake::ReleasedHere | Wake::Subscribed);
+        self.after_news = wake != Wake::TimedOut;
         let Some((until, last)) = self.under_way else {
             return true;
         };

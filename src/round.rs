@@ -11,23 +11,8 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::error::Failure;
-use crate::node::{Enlisted, Node, Pace, Ticket, Waiter, FLUSH_GRACE, RECHECK};
+use crate::node::{Bounds, Node, Turn};
 use crate::script::Command;
-
-/// From how many rounds awaiting replies on the wire a round that starts
-/// alone (no other thread awake) leaves its command queued for the batch
-/// that those replies will set off, rather than write it alone: below
-/// this, the wait for the batch costs more than the write it saves (at 2
-/// and 4 threads, a fifth of the pairs per second; see the README's
-/// Performance section).
-const BATCH_FROM: u64 = 6;
-
-/// How many times a round gives up the CPU (`thread::yield_now`) before it
-/// parks to wait for its replies. The threads that run meanwhile are often
-/// the ones reading those replies; a reply stored while its round still
-/// yields costs no futex call and no sleep. At 8 and 16 threads it raised
-/// pairs per second by a tenth (see the README's Performance section).
-const YIELDS: u32 = 4;
 
 /// Where the next round starts reading.
 static ROTATION: AtomicUsize = AtomicUsize::new(0);
@@ -36,8 +21,6 @@ static ROTATION: AtomicUsize = AtomicUsize::new(0);
 pub(crate) struct Reply {
     pub(crate) result: Result<Value, Failure>,
     pub(crate) elapsed: Duration,
-    /// The request on the node's connection, if it was sent.
-    ticket: Option<Ticket>,
 }
 
 /// Runs `cmd` on the nodes for which `ask` is true. Returns one reply a node,
@@ -60,37 +43,37 @@ pub(crate) fn run(
     ask: impl Fn(usize) -> bool,
     (to_decide, decided): (usize, impl FnMut(&Result<Value, Failure>) -> bool),
 ) -> Vec<Reply> {
+    let bounds = Bounds {
+        deadline,
+        connect_timeout,
+    };
     let mut round = Round {
         nodes,
         cmd,
         start,
-        deadline,
-        connect_timeout,
+        bounds,
+        turn: Turn::new(nodes, bounds),
         replies: nodes
             .iter()
             .map(|_| Reply {
                 result: Err(Failure::NotAwaited),
                 elapsed: Duration::ZERO,
-                ticket: None,
             })
             .collect(),
         decided,
         done: false,
         to_decide,
         counted: 0,
-        flush_by: None,
-        batch_until: None,
-        pace: nodes.first().map(Node::pace),
-        held: false,
     };
     let (connecting, connected) = by_connect(nodes, &ask);
-    round.queue_on_connected(&connected, connecting.is_empty());
+    for (i, queued) in round.turn.queue(cmd, &connected, connecting.is_empty()) {
+        round.sent(i, queued);
+    }
     round.connect_the_rest(&connecting);
     let order = round.order_for_reading(connected, connecting);
     let left = round.read_until_decided(order);
     round.leave_the_rest(left);
-    round.leave();
-    std::mem::take(&mut round.replies)
+    round.replies
 }
 
 /// One round under way: what it runs where, and what came back.
@@ -98,8 +81,9 @@ struct Round<'a, D> {
     nodes: &'a [Node],
     cmd: &'a Command,
     start: Instant,
-    deadline: Instant,
-    connect_timeout: Duration,
+    bounds: Bounds,
+    /// The requests on the nodes' connections, and their dispatch.
+    turn: Turn<'a>,
     replies: Vec<Reply>,
     /// The caller's tally: true once the outcome is decided.
     decided: D,
@@ -109,137 +93,26 @@ struct Round<'a, D> {
     /// `decided` has counted.
     to_decide: usize,
     counted: usize,
-    /// When a thread awake is overdue writing our queued commands.
-    flush_by: Option<Instant>,
-    /// Our commands wait for the next batch (see [`BATCH_FROM`]) until
-    /// then, even while no thread is awake.
-    batch_until: Option<Instant>,
-    /// The client's pace (the same on every node), and whether this round
-    /// holds it: from its start until its commands are queued, and again
-    /// once woken with a reply, until it blocks or ends.
-    pace: Option<&'a Pace>,
-    held: bool,
-}
-
-impl<D> Round<'_, D> {
-    /// Lets go of the pace, if held, before blocking on the nodes still
-    /// awaited: see [`let_go`](Self::let_go).
-    fn release(&mut self) {
-        self.let_go(false, false);
-    }
-
-    /// Lets go of the pace, if held, before leaving the round.
-    fn leave(&mut self) {
-        self.end_batch(true);
-        self.let_go(true, false);
-    }
-
-    /// Stops waiting for the next batch (see [`BATCH_FROM`]): writes the
-    /// round's commands still queued. For a round that leaves, blocks on
-    /// one node, or waited its [`FLUSH_GRACE`]; `wake_reader` as for
-    /// [`Node::flush`].
-    fn end_batch(&mut self, wake_reader: bool) {
-        if self.batch_until.take().is_none() {
-            return;
-        }
-        for (node, reply) in self.nodes.iter().zip(&self.replies) {
-            if reply.ticket.is_some_and(|t| !node.written(t)) {
-                node.flush(self.deadline, self.connect_timeout, wake_reader);
-            }
-        }
-    }
-
-    /// Lets go of the pace, if held. The last thread to let go writes what
-    /// every node has queued, and wakes a sleeper to read a node whose
-    /// replies are due and unread; unless it goes on to read that node
-    /// itself (it awaits a reply there and is not `leaving`): like an event
-    /// loop, it then reads its nodes in turn, and the replies it reads wake
-    /// the other threads. With `batch`, it leaves the queues of its own
-    /// nodes for the next batch (see [`BATCH_FROM`]).
-    fn let_go(&mut self, leaving: bool, batch: bool) {
-        if !std::mem::take(&mut self.held) || !self.pace.is_some_and(Pace::release) {
-            return;
-        }
-        for (i, node) in self.nodes.iter().enumerate() {
-            let reads_next = !leaving && self.awaits(i);
-            if !(reads_next && batch) {
-                node.flush(self.deadline, self.connect_timeout, !reads_next);
-            }
-        }
-    }
-
-    /// Whether the round was sent a command to node `i` and has no reply
-    /// from it yet.
-    fn awaits(&self, i: usize) -> bool {
-        let reply = &self.replies[i];
-        reply.ticket.is_some() && reply.result == Err(Failure::NotAwaited)
-    }
-}
-
-impl<D> Drop for Round<'_, D> {
-    fn drop(&mut self) {
-        self.leave();
-    }
 }
 
 impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
-    /// Queues the command on the nodes that are connected, first, so that
-    /// their replies travel while we connect to the others. It is written
-    /// with the commands of the client's other threads, in one write per
-    /// node, by the last of them to let go of the pace: this thread, unless
-    /// others are queuing too.
-    ///
-    /// A round that starts alone (no other thread awake) writes its
-    /// command at once, unless at least [`BATCH_FROM`] other rounds await
-    /// replies on the wire from each of its nodes (all split connections,
-    /// that answer quickly) and it connects to no node (`may_batch`): the
-    /// threads those replies wake write it then, with their own next
-    /// commands, as an event loop would. Otherwise the thread that left a
-    /// round last, having written every other thread's next command,
-    /// would write its own next command alone. The wait is bounded: the
-    /// round writes its commands itself after [`FLUSH_GRACE`] (every read
-    /// it makes meanwhile pauses then), and before it leaves or blocks on
-    /// one node ([`wait_for`](Self::wait_for)).
-    fn queue_on_connected(&mut self, connected: &[usize], may_batch: bool) {
-        let mut alone = false;
-        if let Some(pace) = self.pace.filter(|_| !self.held) {
-            alone = pace.hold();
-            self.held = true;
-        }
-        for &i in connected {
-            let sent = self.nodes[i].queue(self.cmd, self.deadline, self.connect_timeout);
-            self.sent(i, sent);
-        }
-        let batch = may_batch
-            && alone
-            && !connected.is_empty()
-            && connected
-                .iter()
-                .all(|&i| self.nodes[i].awaited_on_wire() >= BATCH_FROM);
-        if batch {
-            let by = Instant::now() + FLUSH_GRACE;
-            self.batch_until = Some(by);
-            self.flush_by = Some(by);
-        }
-        self.let_go(false, batch);
-    }
-
     /// Connects to the other nodes side by side, so that one node whose
     /// connect hangs does not use up the others' time, and writes the
     /// command to each.
     fn connect_the_rest(&mut self, connecting: &[usize]) {
-        let (nodes, cmd, deadline, connect_timeout) =
-            (self.nodes, self.cmd, self.deadline, self.connect_timeout);
-        let submit = |i: usize| nodes[i].submit(cmd, deadline, connect_timeout);
+        let (nodes, cmd, bounds) = (self.nodes, self.cmd, self.bounds);
+        let submit = |i: usize| nodes[i].submit(cmd, bounds);
         for (i, sent) in side_by_side(connecting, submit) {
-            self.sent(i, sent);
+            if let Ok(ticket) = sent {
+                self.turn.sent(i, ticket);
+            }
+            self.sent(i, sent.map(drop));
         }
     }
 
-    /// Records that the command was written to node `i` (its ticket), or
-    /// why not (which counts as its reply).
-    fn sent(&mut self, i: usize, sent: Result<Ticket, Failure>) {
-        let ticket = sent.as_ref().ok().copied();
+    /// Records that the command was written to node `i`, or why not (which
+    /// counts as its reply).
+    fn sent(&mut self, i: usize, sent: Result<(), Failure>) {
         // Until its reply is read, a node that was sent the command stands
         // as not awaited.
         let result = sent.and(Err(Failure::NotAwaited));
@@ -250,7 +123,6 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
         self.replies[i] = Reply {
             result,
             elapsed: self.start.elapsed(),
-            ticket,
         };
     }
 
@@ -262,7 +134,7 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
         let mut order = connected;
         order.extend(connecting);
         order.sort_unstable();
-        order.retain(|&i| self.replies[i].ticket.is_some());
+        order.retain(|&i| self.turn.awaits(i));
         let len = order.len().max(1);
         order.rotate_left(ROTATION.fetch_add(1, Ordering::Relaxed) % len);
         // (Each node asked once: the question takes its lock.)
@@ -279,26 +151,8 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
             let mut progressed = false;
             let mut k = 0;
             while k < pending.len() && !self.done {
-                if self.batch_until.is_some_and(|by| Instant::now() >= by) {
-                    // No batch came in time: write our commands ourselves.
-                    self.end_batch(false);
-                }
                 let i = pending[k];
-                // A poll may block on a read.
-                self.release();
-                let mut held = false;
-                let polled = self.replies[i].ticket.and_then(|t| {
-                    self.nodes[i].poll(
-                        self.cmd,
-                        t,
-                        self.deadline,
-                        self.connect_timeout,
-                        self.batch_until,
-                        &mut held,
-                    )
-                });
-                self.held |= held;
-                match polled {
+                match self.turn.poll(i, self.cmd) {
                     Some(result) => {
                         pending.remove(k);
                         self.received(i, result);
@@ -311,7 +165,8 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
             // thread (or its write is owed by one): sleep until enough of
             // our replies are handed over to decide, on any of them.
             if !progressed && !self.done {
-                self.sleep_on(&pending);
+                let need = (self.to_decide.saturating_sub(self.counted)).clamp(1, pending.len());
+                self.turn.sleep_on(&pending, need);
             }
         }
         pending
@@ -322,94 +177,9 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
     /// replies that it is drained now.
     fn leave_the_rest(&mut self, unread: Vec<usize>) {
         for i in unread {
-            let Some(ticket) = self.replies[i].ticket else {
-                continue;
-            };
-            if self.nodes[i].backlogged(ticket) {
-                self.wait_for(i);
-            } else {
-                self.nodes[i].abandon(ticket);
+            if let Some(result) = self.turn.leave_unread(i, self.cmd) {
+                self.received(i, result);
             }
-        }
-    }
-
-    /// Sleeps until as many of `pending`'s replies are stored as could
-    /// decide the round, or a reading role among them is free, or a
-    /// connection ends, or the deadline (or, while a command is queued, the
-    /// grace of the thread owing its write) passes. The caller polls after.
-    fn sleep_on(&mut self, pending: &[usize]) {
-        self.release();
-        let need = self
-            .to_decide
-            .saturating_sub(self.counted)
-            .clamp(1, pending.len().max(1));
-        let waiter = Waiter::new(need);
-        let mut enlisted = Vec::with_capacity(pending.len());
-        let mut ready = false;
-        let mut queued = false;
-        for &i in pending {
-            let Some(ticket) = self.replies[i].ticket else {
-                continue;
-            };
-            match self.nodes[i].enlist(ticket, &waiter) {
-                Enlisted::Ready => {
-                    ready = true;
-                    break;
-                }
-                Enlisted::Asleep { queued: q } => {
-                    queued |= q;
-                    enlisted.push((i, ticket));
-                }
-            }
-        }
-        let mut until = self.deadline.min(Instant::now() + RECHECK);
-        if queued {
-            until = until.min(
-                *self
-                    .flush_by
-                    .get_or_insert_with(|| Instant::now() + FLUSH_GRACE),
-            );
-        }
-        for _ in 0..YIELDS {
-            if ready || waiter.woken() || Instant::now() >= until {
-                break;
-            }
-            std::thread::yield_now();
-        }
-        while !ready && !waiter.woken() {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            std::thread::park_timeout(left);
-        }
-        for &(i, ticket) in &enlisted {
-            self.nodes[i].delist(ticket);
-        }
-        self.held |= waiter.holds_pace();
-        if queued && !waiter.woken() && self.flush_by.is_some_and(|by| Instant::now() >= by) {
-            // The thread owing the write is overdue: write it ourselves.
-            for &(i, _) in &enlisted {
-                self.nodes[i].flush(self.deadline, self.connect_timeout, false);
-            }
-        }
-    }
-
-    /// Waits for node `i`'s reply, and records it.
-    fn wait_for(&mut self, i: usize) {
-        if let Some(ticket) = self.replies[i].ticket {
-            self.end_batch(true);
-            self.release();
-            let mut held = false;
-            let result = self.nodes[i].wait(
-                self.cmd,
-                ticket,
-                self.deadline,
-                self.connect_timeout,
-                &mut held,
-            );
-            self.held |= held;
-            self.received(i, result);
         }
     }
 
@@ -480,7 +250,11 @@ pub(crate) fn send_only(
     // As in a round: nodes that must be connected first are connected side
     // by side, so that the clean-up costs one connect timeout at most.
     let (connecting, connected) = by_connect(nodes, &ask);
-    let send = |i: usize| match nodes[i].submit_eval(cmd, deadline, connect_timeout) {
+    let bounds = Bounds {
+        deadline,
+        connect_timeout,
+    };
+    let send = |i: usize| match nodes[i].submit_eval(cmd, bounds) {
         Ok(ticket) => {
             // Queued behind another thread's write or connect, it may yet
             // be lost with that connection: owe it too (a release sent

@@ -26,9 +26,8 @@ pub(crate) struct Script {
 pub(crate) const RELEASED_CHANNEL_PREFIX: &str = "redlock-sync:released:";
 
 /// What a clean-up after a failed attempt passes as the release script's
-/// second argument: its message is the token behind this mark, so waiters
-/// can tell it from a holder's release.
-pub(crate) const CLEAN_UP_MARK: &[u8] = b"c:";
+/// second argument: it publishes nothing.
+pub(crate) const QUIET: &[u8] = b"quiet";
 
 /// Deletes each key whose value is our token; returns how many it deleted.
 /// The node still held the lock when that equals the number of keys.
@@ -41,7 +40,9 @@ pub(crate) const CLEAN_UP_MARK: &[u8] = b"c:";
 /// the server a hash lookup; a key held by another publishes nothing. A
 /// holder's release (no second argument) publishes where the key is absent
 /// too: the holder may never have reached that node, and it may be the one
-/// a waiter listens on; a clean-up ([`CLEAN_UP_MARK`]) does not. The
+/// a waiter listens on. A clean-up ([`QUIET`]) publishes nothing: its key
+/// was never the lock, and waiters of two clients whose clean-ups woke each
+/// other would try again and again while the lock stays held. The
 /// `PUBLISH` goes by `pcall`: where the user may not publish (an ACL user
 /// without channel permissions, the default for new users since Redis 7)
 /// the release still happens, and waiters sleep out their pause.
@@ -51,33 +52,41 @@ pub(crate) const RELEASE: Script = Script {
            for _, key in ipairs(KEYS) do\n  \
            local v = redis.call('get', key)\n  \
            if v == ARGV[1] then\n    \
-           local d = redis.call('del', key)\n    \
-           if d == 1 then\n      \
-           redis.pcall('publish', 'redlock-sync:released:' .. key, (ARGV[2] or '') .. ARGV[1])\n    \
-           end\n    \
-           n = n + d\n  \
-           elseif v == false and ARGV[2] == nil then\n    \
+           n = n + redis.call('del', key)\n  \
+           end\n  \
+           if ARGV[2] == nil and (v == ARGV[1] or v == false) then\n    \
            redis.pcall('publish', 'redlock-sync:released:' .. key, ARGV[1])\n  \
            end\n\
            end\n\
            return n",
-    sha: "d34cd12d1ddf103a3ddba43ce375a5c341e6c4d0",
+    sha: "94b1672c1843acdad052af017a661cf14fbbfd4f",
 };
 
-/// Sets a new TTL (ARGV[2], milliseconds) on every key if, and only if, every
-/// key's value is our token. Returns 1 if it did, 0 if not.
+/// Sets a new TTL (ARGV[2], milliseconds) on every lock key if, and only if,
+/// every one holds our token (ARGV[1]), and returns 1; else returns 0 and
+/// writes nothing. With a third argument (a re-take) a key that is absent
+/// counts as ours and is set again, and the script returns 2 if it set any:
+/// all or nothing, and a key that holds another token still refuses. A
+/// third argument above zero is a fenced lock's token: the last key is then
+/// its fencing counter, raised to at least that token (read before any
+/// write, so a counter that is not a number fails the script unwritten).
 pub(crate) const EXTEND: Script = Script {
     bit: 2,
-    body: "for _, key in ipairs(KEYS) do\n  \
-             if redis.call('get', key) ~= ARGV[1] then\n    \
-               return 0\n  \
-             end\n\
+    body: "local fence = tonumber(ARGV[3] or '0')\n\
+           local n, voted = #KEYS - (fence > 0 and 1 or 0), 1\n\
+           for i = 1, n do\n  \
+             local v = redis.call('get', KEYS[i])\n  \
+             if v == false and ARGV[3] then voted = 2\n  \
+             elseif v ~= ARGV[1] then return 0 end\n\
            end\n\
-           for _, key in ipairs(KEYS) do\n  \
-             redis.call('pexpire', key, ARGV[2])\n\
+           if fence > 0 and tonumber(redis.call('get', KEYS[#KEYS]) or '0') < fence then\n  \
+             redis.call('set', KEYS[#KEYS], ARGV[3])\n\
            end\n\
-           return 1",
-    sha: "3fdb96af36d7519568db1de89f03882d59b5de1d",
+           for i = 1, n do\n  \
+             redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2])\n\
+           end\n\
+           return voted",
+    sha: "50e1696cffbdc067e5451e9c802cd1824202ce39",
 };
 
 /// Sets every key to our token with a TTL if, and only if, none of them
@@ -283,9 +292,8 @@ mod tests {
 
     #[test]
     fn the_release_script_publishes_on_the_channels_waiters_listen_on() {
-        let publish = format!(
-            "redis.pcall('publish', '{RELEASED_CHANNEL_PREFIX}' .. key, (ARGV[2] or '') .. ARGV[1])"
-        );
+        let publish =
+            format!("redis.pcall('publish', '{RELEASED_CHANNEL_PREFIX}' .. key, ARGV[1])");
         assert!(RELEASE.body.contains(&publish), "{}", RELEASE.body);
     }
 

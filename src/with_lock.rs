@@ -1,24 +1,22 @@
-//! Locks kept alive by a watchdog thread: [`LockGuard`], which
+//! Locks kept alive by the client's watchdog: [`LockGuard`], which
 //! [`Redlock::lock`] returns and which releases the lock when dropped, and
 //! [`Redlock::with_lock`], which runs a closure under such a guard.
 //!
-//! The watchdog is a thread of its own, holding the lease by `Arc` and a
-//! clone of the client. It sleeps on a condition variable until the next
-//! extension is due, and wakes at once when the guard is unlocked or
-//! dropped; the guard joins it before the release round, so no extension
-//! can land after the release. A guard that is never dropped
-//! (`mem::forget`) leaves its watchdog extending the lock up to the hold
-//! cap, or as long as the process lives.
-//!
-//! The guard's view of the lock is its validity deadline, under a mutex
-//! the watchdog takes only to publish a round's outcome: it only moves
-//! forward while the lock is held, and once lost (whoever first sees it
-//! passed, the guard or the watchdog, marks it) it stays so; an extension
-//! that ended after the deadline passed does not revive it.
+//! Each guard shares its [`Lease`] with the client's watchdog (see
+//! `watch.rs`), which extends it when due. The guard's view of the lock is
+//! its validity deadline, under a mutex the watchdog takes only to claim an
+//! extension and to publish its outcome: it only moves forward while the
+//! lock is held, and once lost (whoever first sees it passed, the guard or
+//! the watchdog, marks it) it stays so; an extension that ended after the
+//! deadline passed does not revive it. The guard marks itself done under
+//! the same mutex and waits for an extension in flight, and the watchdog
+//! claims no extension of a lease that is done: no extension is written
+//! after the release round starts. A guard that is never dropped
+//! (`mem::forget`) stays extended up to the hold cap, or as long as the
+//! client lives.
 
 use std::fmt;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::client::Redlock;
@@ -26,9 +24,14 @@ use crate::error::{LockError, Report};
 use crate::kind::Kind;
 use crate::lock::{Lock, Token};
 use crate::request::{Call, IntoResources, LockOptions};
+use crate::retry::later;
+use crate::watch::What;
+
+/// A loss callback ([`LockGuard::on_lost`]).
+type OnLost = Box<dyn FnOnce(&LockError) + Send>;
 
 /// A lock held until the guard is dropped or [unlocked](Self::unlock),
-/// and kept alive meanwhile by a watchdog thread: what [`Redlock::lock`]
+/// and kept alive meanwhile by the client's watchdog: what [`Redlock::lock`]
 /// returns, and what the closure of [`Redlock::with_lock`] gets.
 ///
 /// The watchdog extends the lock each time only a share of its validity is
@@ -48,8 +51,19 @@ use crate::request::{Call, IntoResources, LockOptions};
 /// never panics (a release that fails leaves keys that expire within the
 /// TTL). [`unlock`](Self::unlock) does the same and says how it went:
 /// whether the lock was held throughout, and what the nodes answered.
-/// Either waits for the watchdog to stop, which takes at most the
-/// watchdog's round in progress (`io_timeout`).
+/// Either waits for an extension of this guard in flight, which takes at
+/// most one round (`connect_timeout` + `io_timeout`).
+///
+/// The client's one watchdog thread keeps all its guards (see
+/// [`RedlockBuilder::observer`](crate::RedlockBuilder::observer) for its
+/// events): with any number of guards, two threads besides the callers'
+/// (the watchdog, and the notifier that runs [`on_lost`](Self::on_lost)
+/// callbacks), and up to three short-lived helpers while a batch of
+/// extensions that fell due together meets slow rounds. A failed extension
+/// (too few nodes answered) is retried while validity is left, after the
+/// retry policy's pause or half the validity left, whichever is shorter. A
+/// guard that is never dropped (`mem::forget`) stays extended up to the
+/// hold cap, or as long as the client lives.
 ///
 /// ```no_run
 /// # use redlock_sync::{LockError, Redlock};
@@ -67,21 +81,25 @@ use crate::request::{Call, IntoResources, LockOptions};
 pub struct LockGuard {
     lease: Arc<Lease>,
     client: Redlock,
-    /// The watchdog, until the guard stops it; `None` once released.
-    watchdog: Option<JoinHandle<()>>,
+    /// The guard released the lock.
+    released: bool,
 }
 
 /// The lease as the guard and the watchdog share it: what it holds, and
 /// its state under one lock.
-struct Lease {
+pub(crate) struct Lease {
     /// No extension reaches past this.
     hold_deadline: Option<Instant>,
     kind: Kind,
     resources: Vec<String>,
     token: Token,
     fencing_token: Option<u64>,
+    ttl: Duration,
+    when_left: f64,
+    /// The lock, as the watchdog's extensions measure it.
+    lock: Mutex<Lock>,
     state: Mutex<State>,
-    /// Wakes the watchdog when the guard is done.
+    /// Wakes the guard when an extension ends or the lock is lost.
     wake: Condvar,
 }
 
@@ -95,18 +113,36 @@ struct State {
     /// What the nodes answered in the watchdog's last round (at first, in
     /// the acquisition's): the report of the lost-lock error.
     report: Report,
-    /// The guard is done: the watchdog stops.
+    /// The guard is done: no extension starts any more.
     done: bool,
+    /// An extension is in flight.
+    extending: bool,
+    /// Extensions failed in a row.
+    failures: u32,
+    /// The loss callbacks, until the loss is told.
+    on_lost: Vec<OnLost>,
+    told: bool,
+}
+
+impl State {
+    /// The validity deadline while the lock is held; marks the lock lost
+    /// for good once its deadline has passed.
+    fn deadline(&mut self) -> Option<Instant> {
+        self.deadline = self.deadline.filter(|&d| Instant::now() < d);
+        self.deadline
+    }
 }
 
 impl Lease {
-    fn new(lock: &Lock, hold_deadline: Option<Instant>) -> Lease {
+    fn new(lock: Lock, hold_deadline: Option<Instant>, ttl: Duration, when_left: f64) -> Lease {
         Lease {
             hold_deadline,
             kind: lock.kind,
             resources: lock.resources.clone(),
             token: lock.token,
             fencing_token: lock.fencing_token,
+            ttl,
+            when_left,
             state: Mutex::new(State {
                 deadline: Some(lock.valid_until),
                 // A cap the acquisition's validity already reaches leaves
@@ -114,7 +150,12 @@ impl Lease {
                 ending: hold_deadline.is_some_and(|hold| hold <= lock.valid_until),
                 report: lock.report.clone(),
                 done: false,
+                extending: false,
+                failures: 0,
+                on_lost: Vec::new(),
+                told: false,
             }),
+            lock: Mutex::new(lock),
             wake: Condvar::new(),
         }
     }
@@ -123,132 +164,135 @@ impl Lease {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The validity deadline while the lock is held; marks the lock lost
-    /// for good once its deadline has passed.
+    fn wait<'a>(&self, state: MutexGuard<'a, State>, timeout: Duration) -> MutexGuard<'a, State> {
+        (self.wake.wait_timeout(state, timeout))
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+    }
+
     fn deadline(&self) -> Option<Instant> {
-        let mut state = self.state();
-        state.deadline = state.deadline.filter(|&d| Instant::now() < d);
-        state.deadline
+        self.state().deadline()
     }
 
     fn held(&self) -> bool {
         self.deadline().is_some()
     }
 
-    /// Publishes an extension's new deadline, if the lock is still held:
-    /// an extension that ended after the old deadline passed does not
-    /// revive the lock. Returns whether the lock is held and will be
-    /// extended again.
-    fn extended(&self, valid_until: Instant, report: &Report) -> bool {
-        let mut state = self.state();
-        state.report = report.clone();
-        state.deadline = (state.deadline)
-            .filter(|&d| Instant::now() < d)
-            .map(|_| valid_until);
-        state.deadline.is_some() && !state.ending
+    /// The lost-lock error, with the report of the last round.
+    fn lost(&self) -> LockError {
+        self.lost_error(&self.state().report)
     }
 
-    /// Takes in a failed extension's report; a refused one loses the lock.
-    fn failed(&self, report: &Report, lost: bool) {
-        let mut state = self.state();
-        state.report = report.clone();
-        if lost {
-            state.deadline = None;
-            state.ending = true;
-        }
-    }
-
-    fn lost_error(&self) -> LockError {
+    fn lost_error(&self, report: &Report) -> LockError {
         LockError::Lost {
             resource: self.resources[0].clone(),
-            report: self.state().report.clone(),
+            report: report.clone(),
         }
     }
 
-    /// Tells the watchdog to stop, and wakes it.
-    fn stop(&self) {
-        self.state().done = true;
-        self.wake.notify_all();
+    /// When the next extension is due: once only the share `when_left`
+    /// of the validity until `valid_until` is left. Measured on the
+    /// validity each round leaves, not on the TTL: the next extension is
+    /// always some time away, whatever the fraction and the drift term.
+    fn next_due(&self, valid_until: Instant) -> Instant {
+        let now = Instant::now();
+        let validity = valid_until.saturating_duration_since(now);
+        later(now, validity.mul_f64(1.0 - self.when_left)).min(valid_until)
     }
 
-    /// Sleeps until `until`, or until told to stop; returns false if told
-    /// to stop.
-    fn sleep_until(&self, until: Instant) -> bool {
-        let mut state = self.state();
-        while !state.done {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return true;
+    /// The watchdog's turn on this lease: extends it by its TTL (shortened
+    /// to end at the hold cap), unless the guard is done. Returns when the
+    /// lease is due next, or `None` when the watchdog is done with it (the
+    /// guard is done, or the loss was told). A refused extension loses the
+    /// lock; a failed one (too few nodes answered) is due again after the
+    /// retry policy's pause, while validity is left. A lease that is not
+    /// extended any more is due at its deadline, to tell the loss then.
+    pub(crate) fn step(&self, client: &Redlock) -> Option<Instant> {
+        let ttl = {
+            let mut state = self.state();
+            if state.done {
+                return None;
             }
-            state = (self.wake.wait_timeout(state, left))
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
-        false
-    }
-
-    /// The watchdog: extends `lock` by `ttl` each time only the share
-    /// `when_left` of its validity is left, until told to stop, the lock is
-    /// lost, or the hold cap is reached. A refused extension loses the lock;
-    /// a failed one (too few nodes answered) is retried after the retry
-    /// policy's pause while validity is left.
-    fn watch(&self, client: &Redlock, lock: &mut Lock, ttl: Duration, when_left: f64) {
-        // Measured on the validity each round leaves, not on the TTL: the
-        // next extension is always some time away, whatever the fraction
-        // and the drift term.
-        let next_due = |valid_until: Instant| {
-            let now = Instant::now();
-            let validity = valid_until.saturating_duration_since(now);
-            now.checked_add(validity.mul_f64(1.0 - when_left))
-                .unwrap_or(valid_until)
-        };
-        let mut due = next_due(lock.valid_until());
-        let mut failures = 0;
-        while self.sleep_until(due) {
-            let Some(deadline) = self.deadline() else {
-                return;
+            let Some(deadline) = state.deadline() else {
+                return self.tell(client, state);
             };
             let now = Instant::now();
-            let mut this_ttl = ttl;
-            if let Some(hold) = self.hold_deadline {
-                let room = hold.saturating_duration_since(now);
-                if room < ttl {
-                    // The last extension: shortened to end at the cap.
-                    self.state().ending = true;
-                    if room <= deadline.saturating_duration_since(now) {
-                        return;
-                    }
-                    this_ttl = room;
-                }
+            let room = (self.hold_deadline).map_or(self.ttl, |h| h.saturating_duration_since(now));
+            if state.ending || room <= deadline.saturating_duration_since(now) {
+                state.ending = true;
+                return Some(deadline);
             }
-            match client.extend_call(lock, this_ttl, &Call::default()) {
-                Ok(()) => {
-                    failures = 0;
-                    // The shortened TTL was measured before the round began:
-                    // never let the validity run past the cap.
-                    let valid_until = (self.hold_deadline)
-                        .map_or(lock.valid_until(), |hold| hold.min(lock.valid_until()));
-                    if !self.extended(valid_until, lock.report()) {
-                        return;
-                    }
-                    due = next_due(lock.valid_until());
+            state.extending = true;
+            room.min(self.ttl)
+        };
+        let mut lock = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let result = client.extend_call(&mut lock, ttl, &Call::default());
+        let what = [What::ExtendFailed, What::Extended][usize::from(result.is_ok())];
+        let outcome = result.as_ref().map(|()| &lock.report);
+        client.observe(what, (&self.resources, &self.token), 0, outcome);
+        let mut state = self.state();
+        state.extending = false;
+        self.wake.notify_all();
+        match result {
+            Ok(()) => {
+                // A TTL shortened to end at the cap was the last.
+                state.ending = ttl < self.ttl;
+                state.failures = 0;
+                state.report = lock.report.clone();
+                // The shortened TTL was measured before the round began:
+                // never let the validity run past the cap.
+                let valid_until = (self.hold_deadline)
+                    .map_or(lock.valid_until, |hold| hold.min(lock.valid_until));
+                state.deadline = state.deadline().map(|_| valid_until);
+            }
+            Err(LockError::Lost { report, .. }) => {
+                state.report = report;
+                state.deadline = None;
+            }
+            // Only a shortened last TTL can be refused as an argument:
+            // it was too short to extend anything.
+            Err(LockError::Argument(_)) => state.ending = true,
+            Err(e) => {
+                if let Some(report) = e.report() {
+                    state.report = report.clone();
                 }
-                Err(LockError::Lost { report, .. }) => return self.failed(&report, true),
-                // Only a shortened last TTL can be refused as an argument:
-                // it was too short to extend anything.
-                Err(LockError::Argument(_)) => return,
-                Err(e) => {
-                    if let Some(report) = e.report() {
-                        self.failed(report, false);
-                    }
-                    // Never spin, even with a zero retry delay.
-                    failures += 1;
-                    let pause = client.config().retry.pause(failures);
-                    due = (Instant::now().checked_add(pause.max(Duration::from_millis(1))))
-                        .map_or(deadline, |t| t.min(deadline));
+                state.failures += 1;
+                if let Some(deadline) = state.deadline() {
+                    // At most half the validity left: more tries before it
+                    // runs out, whatever the retry delay. Never spin, even
+                    // with a zero retry delay.
+                    let now = Instant::now();
+                    let pause = (client.config().retry.pause(state.failures))
+                        .min(deadline.saturating_duration_since(now) / 2);
+                    return Some(later(now, pause.max(Duration::from_millis(1))));
                 }
             }
         }
+        match state.deadline() {
+            None => self.tell(client, state),
+            Some(d) if state.ending => Some(d),
+            Some(d) => Some(self.next_due(d)),
+        }
+    }
+
+    /// Tells the loss once: wakes the threads waiting for it, and hands
+    /// the callbacks to the notifier thread. Returns `None`: the watchdog
+    /// is done with the lease.
+    fn tell(&self, client: &Redlock, mut state: MutexGuard<'_, State>) -> Option<Instant> {
+        state.ending = true;
+        if state.done || std::mem::replace(&mut state.told, true) {
+            return None;
+        }
+        let (callbacks, report) = (std::mem::take(&mut state.on_lost), state.report.clone());
+        drop(state);
+        let lost = self.lost_error(&report);
+        client.observe(What::Lost, (&self.resources, &self.token), 0, Err(&lost));
+        self.wake.notify_all();
+        for callback in callbacks {
+            let error = self.lost_error(&report);
+            client.watch().notify(Box::new(move || callback(&error)));
+        }
+        None
     }
 }
 
@@ -400,8 +444,89 @@ impl LockGuard {
         if self.lease.held() {
             Ok(())
         } else {
-            Err(self.lease.lost_error())
+            Err(self.lease.lost())
         }
+    }
+
+    /// Blocks until the lock is lost or `timeout` has passed; returns
+    /// whether it is lost. It returns as soon as the watchdog learns of
+    /// the loss (an extension refused by a quorum) or the validity runs
+    /// out (extensions kept failing, or the hold cap stopped them): within
+    /// one extension retry of the moment the loss is known. Another thread
+    /// can wait while the owner works (the guard is `Sync`).
+    ///
+    /// ```no_run
+    /// # use redlock_sync::{LockError, Redlock};
+    /// # use std::time::Duration;
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// locks.with_lock("leader", Duration::from_secs(10), |guard| {
+    ///     while !guard.wait_lost(Duration::from_secs(1)) {
+    ///         println!("still the leader");
+    /// #       break;
+    ///     }
+    ///     guard.check() // Err(Lost) once lost
+    /// })?;
+    /// # Ok::<(), LockError>(())
+    /// ```
+    pub fn wait_lost(&self, timeout: Duration) -> bool {
+        let end = later(Instant::now(), timeout);
+        let mut state = self.lease.state();
+        loop {
+            let Some(deadline) = state.deadline() else {
+                return true;
+            };
+            let now = Instant::now();
+            if now >= end {
+                return false;
+            }
+            let until = deadline.min(end);
+            state = self.lease.wait(state, until.saturating_duration_since(now));
+        }
+    }
+
+    /// Registers `callback` to run once if the lock is lost while the
+    /// guard holds it (at once if it is lost already), with the lost-lock
+    /// error. It runs on the client's notifier thread, not the caller's,
+    /// within one extension retry of the moment the loss is known (see
+    /// [`wait_lost`](Self::wait_lost)). A callback never runs once the
+    /// guard released the lock (dropped or [unlocked](Self::unlock)).
+    ///
+    /// Callbacks run one at a time: one that blocks delays the callbacks
+    /// after it (never an extension of any guard); a panic in one is
+    /// caught. A callback may drop or unlock guards, its own included.
+    ///
+    /// ```no_run
+    /// # use redlock_sync::{LockError, Redlock};
+    /// # use std::sync::atomic::{AtomicBool, Ordering};
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// let stop = Arc::new(AtomicBool::new(false));
+    /// locks.with_lock("reindex", Duration::from_secs(10), |guard| {
+    ///     let stop_on_loss = Arc::clone(&stop);
+    ///     guard.on_lost(move |e| {
+    ///         eprintln!("{e}");
+    ///         stop_on_loss.store(true, Ordering::SeqCst);
+    ///     });
+    ///     while !stop.load(Ordering::SeqCst) {
+    ///         // one step of the work
+    /// #       break;
+    ///     }
+    ///     guard.check()
+    /// })?;
+    /// # Ok::<(), LockError>(())
+    /// ```
+    pub fn on_lost(&self, callback: impl FnOnce(&LockError) + Send + 'static) {
+        let mut state = self.lease.state();
+        if state.done {
+            return;
+        }
+        if !state.told {
+            return state.on_lost.push(Box::new(callback));
+        }
+        let error = self.lease.lost_error(&state.report);
+        drop(state);
+        (self.client.watch()).notify(Box::new(move || callback(&error)));
     }
 
     /// Whether the lock will not be extended any more: its validity
@@ -471,32 +596,33 @@ impl LockGuard {
     /// - [`LockError::NoQuorum`] when too few nodes answered the release to
     ///   tell. The keys not deleted expire within the TTL.
     pub fn unlock(mut self) -> Result<Report, LockError> {
-        self.finish()
-            .unwrap_or_else(|| Err(self.lease.lost_error()))
+        self.finish().unwrap_or_else(|| Err(self.lease.lost()))
     }
 
-    /// Stops and joins the watchdog, then releases the lock: the first
-    /// time only (`None` after that).
+    /// Takes the lease from the watchdog (waiting for an extension in
+    /// flight), then releases the lock: the first time only (`None` after
+    /// that).
     fn finish(&mut self) -> Option<Result<Report, LockError>> {
-        let watchdog = self.watchdog.take()?;
+        if std::mem::replace(&mut self.released, true) {
+            return None;
+        }
+        let lease = &*self.lease;
+        let mut state = lease.state();
         // Held now means held all along: the deadline never moves forward
         // once passed.
-        let held = self.lease.held();
-        self.lease.stop();
-        // Joined first: no extension can land after the release. A watchdog
-        // that panicked extends no more, and the lease says the rest.
-        let _ = watchdog.join();
-        let lease = &*self.lease;
+        let held = state.deadline().is_some();
+        state.done = true;
+        state.on_lost.clear();
+        while state.extending {
+            state = lease.wait(state, Duration::from_secs(1));
+        }
+        drop(state);
         let released = (self.client).release_token(lease.kind, &lease.resources, &lease.token);
-        Some(if held {
-            released
-        } else {
-            Err(lease.lost_error())
-        })
+        Some(if held { released } else { Err(lease.lost()) })
     }
 }
 
-/// Stops the watchdog and releases the lock, unless
+/// Takes the lease from the watchdog and releases the lock, unless
 /// [`unlock`](LockGuard::unlock) did. Never panics: the release's outcome
 /// is dropped.
 impl Drop for LockGuard {
@@ -521,7 +647,7 @@ impl fmt::Debug for LockGuard {
 impl Redlock {
     /// Acquires a lock as [`acquire`](Self::acquire) does (waiting per the
     /// options' patience) and returns a guard that keeps it alive with a
-    /// watchdog thread and releases it when dropped: the form of
+    /// watchdog and releases it when dropped: the form of
     /// [`with_lock`](Self::with_lock) for code that does not fit in a
     /// closure.
     ///
@@ -611,6 +737,11 @@ impl Redlock {
     /// `From<LockError>`, so `?` works on both the lock's errors and your
     /// own. A cancel handle in the options ends the wait for the lock only,
     /// never `f`.
+    ///
+    /// Record results under the lock: write "job done" inside `f`, after a
+    /// last [`check`](LockGuard::check). Written after `with_lock` returns,
+    /// it comes after the release, and another worker may have taken the
+    /// lock in between (`examples/batch_jobs.rs` shows the pattern).
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -728,29 +859,26 @@ impl Redlock {
         let hold_deadline = call
             .max_hold
             .and_then(|cap| Instant::now().checked_add(cap));
-        let lease = Arc::new(Lease::new(&lock, hold_deadline));
-        if !lease.held() {
-            // Out of validity already: no guard.
-            let _ = self.release(lock);
-            return Err(lease.lost_error());
-        }
-        let spawned = {
-            let (lease, client, mut lock) = (Arc::clone(&lease), self.clone(), lock);
-            let ttl = options.ttl;
-            std::thread::Builder::new()
-                .name("redlock-watchdog".to_string())
-                .spawn(move || lease.watch(&client, &mut lock, ttl, call.extend_when_left))
+        let lease = Lease::new(lock, hold_deadline, options.ttl, call.extend_when_left);
+        let lease = Arc::new(lease);
+        let guard = LockGuard {
+            lease: Arc::clone(&lease),
+            client: self.clone(),
+            released: false,
         };
-        match spawned {
-            Ok(watchdog) => Ok(LockGuard {
-                lease,
-                client: self.clone(),
-                watchdog: Some(watchdog),
-            }),
-            Err(e) => {
-                let _ = self.release_token(lease.kind, &lease.resources, &lease.token);
-                Err(LockError::Thread(e))
-            }
+        let Some(deadline) = lease.deadline() else {
+            // Out of validity already: no guard (its drop releases).
+            return Err(lease.lost());
+        };
+        let due = if lease.state().ending {
+            deadline
+        } else {
+            lease.next_due(deadline)
+        };
+        match self.watch().add(self, lease, due) {
+            Ok(()) => Ok(guard),
+            // The guard's drop releases.
+            Err(e) => Err(LockError::Thread(e)),
         }
     }
 }

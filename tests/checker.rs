@@ -2,7 +2,7 @@
 //! contend for one resource with fenced locks while a random schedule of
 //! faults hits the nodes: kills with a delayed restart (without
 //! persistence), pauses shorter and longer than the TTL, partitions,
-//! latency and connection resets.
+//! latency and connection resets, and one rolling restart of every node.
 //!
 //! Every critical section records its fencing token, its start, its end and
 //! its validity deadline(s) in one log. The checker then asserts that no two
@@ -13,7 +13,8 @@
 //! longest TTL): without it, a node restarted without persistence can hand
 //! out a lock that is still held (see tests/restart_guard.rs).
 //!
-//! It runs for about 40 s. `REDLOCK_CHECKER_SECS=600` runs longer, and
+//! It runs for about 40 s. `REDLOCK_CHECKER_SECS=600` runs longer (with
+//! `REDLOCK_SYNC_TEST_TIMEOUT=900`, past the harness's time bound), and
 //! `REDLOCK_CHECKER_SEED=<u64>` replays a fault schedule (thread timing
 //! still varies). Run with `--nocapture` to see the counts.
 //! `REDLOCK_CHECKER_GUARD=off` runs the clients without the guard, to see
@@ -296,6 +297,36 @@ fn inject(
     }
 }
 
+/// A rolling restart, as an upgrade does it: once, `after` the start, every
+/// node in turn is killed and started empty on its port, each once the one
+/// before it votes again (twice the grace apart; a node another fault
+/// thread is hurting is waited for).
+fn rolling_restart(
+    nodes: &Cluster,
+    busy: &Mutex<Vec<bool>>,
+    after: Duration,
+    grace: Duration,
+    faults: &Mutex<FaultLog>,
+) {
+    thread::sleep(after);
+    for (i, node) in nodes.nodes().iter().enumerate() {
+        wait_until(
+            Duration::from_secs(5),
+            "the node is free to restart",
+            || !std::mem::replace(&mut busy.lock().unwrap()[i], true),
+        );
+        node.restart().expect("restart");
+        thread::sleep((grace * 2).max(Duration::from_millis(500)));
+        busy.lock().unwrap()[i] = false;
+    }
+    *faults
+        .lock()
+        .unwrap()
+        .counts
+        .entry("rolling restart")
+        .or_default() += 1;
+}
+
 /// Pairs of sections that held the lock at the same time while both had
 /// validity left.
 fn overlaps(log: &[Section]) -> Vec<String> {
@@ -404,6 +435,8 @@ fn sections_never_overlap_with_validity_left_and_fencing_tokens_increase_under_r
             let fault_seed = seed.rotate_left(17 + 13 * f as u32) ^ f;
             s.spawn(move || inject(nodes, proxies, busy, fault_seed, stop, faults));
         }
+        let (nodes, busy, faults) = (&nodes, &busy, &faults);
+        s.spawn(move || rolling_restart(nodes, busy, run_for / 4, grace, faults));
         thread::sleep(run_for);
         // Faults stop first (and heal), then the workers.
         stop_faults.store(true, Ordering::Relaxed);
@@ -440,6 +473,12 @@ fn sections_never_overlap_with_validity_left_and_fencing_tokens_increase_under_r
     assert!(
         injected >= 10,
         "expected at least 10 faults, got {injected}"
+    );
+    assert_eq!(
+        faults.counts.get("rolling restart"),
+        Some(&1),
+        "{:?}",
+        faults.counts
     );
     assert!(
         overlapping.is_empty() && regressions.is_empty(),

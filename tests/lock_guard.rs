@@ -208,3 +208,38 @@ fn a_guard_shows_its_lock_in_debug_with_the_token_redacted() {
     assert!(!shown.contains(&token[8..]), "{shown}");
     locks.release(lock).unwrap();
 }
+
+#[test]
+fn a_failed_extension_is_retried_within_the_validity_left_however_long_the_retry_delay() {
+    let nodes = cluster(3);
+    let (failed, told) = std::sync::mpsc::channel();
+    let failed = std::sync::Mutex::new(failed);
+    // Ten-second pauses between retries, against a 3 s TTL: a retry planned
+    // by the policy alone would come after the lock ran out.
+    let locks = common::builder(&nodes)
+        .retry_count(100)
+        .retry_delay(Duration::from_secs(10))
+        .observer(move |event| {
+            if matches!(event.what, redlock_sync::What::ExtendFailed) {
+                let _ = failed.lock().unwrap().send(());
+            }
+        })
+        .build()
+        .unwrap();
+    let guard = locks.lock("retried", Duration::from_secs(3)).unwrap();
+    // A majority stops answering: the first extension fails.
+    nodes.node(1).pause().unwrap();
+    nodes.node(2).pause().unwrap();
+    let first_failure = told.recv_timeout(Duration::from_secs(10));
+    nodes.node(1).resume().unwrap();
+    nodes.node(2).resume().unwrap();
+    first_failure.expect("the watchdog's first extension failed");
+    // The retry comes while validity is left, and keeps the lock: held
+    // well past the TTL that the acquisition gave it.
+    let start = Instant::now();
+    holds_throughout(Duration::from_secs(4), "the guard holds the lock", || {
+        guard.is_held()
+    });
+    assert!(start.elapsed() >= Duration::from_secs(4));
+    guard.unlock().expect("held throughout");
+}

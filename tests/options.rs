@@ -266,9 +266,14 @@ fn a_backoff_of_ones_own_plans_every_pause() {
         matches!(waited, Err(LockError::Contended { attempts: 3, .. })),
         "{waited:?}"
     );
-    // Two retries, each after a pause the backoff planned (news of a
-    // release, which would come on top, there was none).
-    assert_eq!(calls.load(Ordering::Relaxed), 2);
+    // Two retries, each after a pause the backoff planned. An attempt that
+    // news (the subscription coming up) set off near a pause's end can end
+    // after it, and then the rest of the wait is planned anew: a third call.
+    let planned = calls.load(Ordering::Relaxed);
+    assert!(
+        (2..=3).contains(&planned),
+        "the backoff planned {planned} pauses"
+    );
     locks.release(held).unwrap();
 }
 

@@ -94,7 +94,7 @@ fn a_bad_node_url_never_shows_a_password_given_in_the_wrong_place() {
 }
 
 #[test]
-#[ignore = "known limit (README, Known limits): std's UnixStream has no connect timeout, \
+#[ignore = "known limit (the crate docs, Known limits): std's UnixStream has no connect timeout, \
             and the crate uses no libc or unsafe"]
 fn a_unix_socket_node_whose_listen_backlog_is_full_costs_a_round_no_more_than_its_deadline() {
     use std::os::unix::net::UnixStream;
@@ -241,7 +241,7 @@ fn a_full_server_with_a_password_is_not_reported_as_refusing_the_password() {
 }
 
 #[test]
-#[ignore = "known limit (README, Known limits): a connect cut short by the round's deadline \
+#[ignore = "known limit (the crate docs, Known limits): a connect cut short by the round's deadline \
             starts the reconnect backoff; with io_timeout = connect_timeout (the default) every \
             connect is, and the backoff is what keeps a stopped node from costing every round"]
 fn a_connect_cut_short_by_the_rounds_deadline_does_not_bar_the_node_from_the_next_round() {

@@ -132,7 +132,7 @@ pub struct NodeArgs {
 
     /// Keep a node that has been up for less than this from voting (it
     /// may have restarted and forgotten locks): at least the longest TTL
-    /// in use. Off by default; status ignores it.
+    /// in use. Off by default; with it, status counts no such node.
     #[arg(long, value_name = "DURATION", value_parser = duration, help_heading = NODES)]
     pub restart_grace: Option<Duration>,
 
@@ -167,7 +167,8 @@ pub struct Acquisition {
 
     // `run` adds to this help ([`watchdog_pause`]); `acquire` never extends.
     /// The pause between two attempts while waiting, plus up to half as
-    /// much again at random (so waiters spread out).
+    /// much again at random (so waiters spread out); it ends as soon as
+    /// the holder releases the lock.
     #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "200ms", help_heading = TAKING)]
     pub retry_delay: Duration,
 
@@ -201,6 +202,7 @@ while the command runs (it is extended each time a third of its validity is left
 command ends, and exit with the command's status.\n\n",
         "By default wait for the lock as long as it takes (while too few nodes answer, saying so on standard \
 error at once and then at most every 10 s); --wait bounds the wait and --no-wait (-n) gives up at once. \
+The wait is not a poll: it ends as soon as the holder releases the lock, whatever --retry-delay. \
 When the lock is not had, the command does not run. Nodes that refuse this client (a wrong or missing \
 password, a missing ACL permission, a TLS failure, a host that does not exist) are said once; if they leave too few nodes for a quorum, it exits at \
 once with 77, waiting or not.\n\n",
@@ -218,8 +220,9 @@ before the lock is released.\n\n",
 waits for it to be gone, releases the lock and exits with 71. Not covered: a process that leaves the \
 command's process group (setsid, a daemon that detaches), and redlock and its supervisor both killed \
 with SIGKILL at once.\n\n",
-        "SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to redlock are passed on to the command's group; the lock is \
-released after the command exits. A signal while still waiting for the lock ends the wait at once. When \
+        "SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to redlock are passed on to the command's \
+group; the lock is released after the command exits. A signal while still waiting for the lock ends the \
+wait at once (within --io-timeout). When \
 standard input is the terminal, the command's group is the terminal's foreground group while it runs \
 (Ctrl-C and reading the terminal reach it, as for any foreground command), and redlock's is again \
 after; so in a pipeline, the other commands (`redlock run ... | less`) cannot read the terminal \
@@ -325,7 +328,8 @@ fencing token, separated by a space). The lock is not kept alive: it expires aft
 `redlock extend` renews it in time, and `redlock release` gives it back. For scripts that take and give \
 back a lock in separate steps; `redlock run` is simpler where it fits.\n\n",
         "Waits as `redlock run` does (--wait, --no-wait; while too few nodes answer, it says so on standard \
-error); a signal while waiting ends the wait at once.\n\n",
+error; the wait ends as soon as the holder releases the lock); a signal while waiting ends the wait at once \
+(within --io-timeout).\n\n",
         nodes_note!()
     ),
     after_help = "Run `redlock acquire --help` for the exit codes and an example.",

@@ -1,8 +1,12 @@
 //! Signals to the tool, as events its loops can wait for with a timeout:
 //! INT, TERM, HUP, QUIT, USR1 and USR2 (to end a wait, or to pass on to
 //! the command), CHLD (a child may have ended); for the supervisor, INT,
-//! TERM, HUP, CHLD and USR1 (its parent-death signal); and the lines of a
-//! pipe ([`Events::read_lines`]).
+//! TERM, HUP, CHLD, USR1 (its parent-death signal) and TSTP, TTIN, TTOU
+//! (caught, so that they never stop it); and the lines of a pipe
+//! ([`Events::read_lines`]).
+//!
+//! A stop signal also cancels [`Events::cancel`], the handle that the
+//! library's waiting calls are given: a wait for a lock ends at once.
 //!
 //! A thread blocks on `signal-hook`'s iterator and sends each signal down a
 //! channel, so that waiting for "the next signal, or this much time" is one
@@ -10,7 +14,9 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use redlock_sync::Cancel;
 
 use crate::exit::Failure;
 
@@ -38,6 +44,9 @@ pub struct Events {
     /// For [`read_lines`](Self::read_lines); also keeps the channel open
     /// where no listener holds it.
     tx: Sender<Event>,
+    /// Cancelled by the first stop signal, after its [`Event::Stop`] is
+    /// sent.
+    cancel: Cancel,
     #[cfg(unix)]
     listener: Option<unix::Listener>,
 }
@@ -60,11 +69,13 @@ impl Events {
 
     fn start(#[allow(unused_variables)] wake: bool) -> Result<Events, Failure> {
         let (tx, events) = mpsc::channel();
+        let cancel = Cancel::new();
         #[cfg(unix)]
-        let listener = Some(unix::Listener::start(tx.clone(), wake)?);
+        let listener = Some(unix::Listener::start(tx.clone(), cancel.clone(), wake)?);
         Ok(Events {
             events,
             tx,
+            cancel,
             #[cfg(unix)]
             listener,
         })
@@ -96,22 +107,11 @@ impl Events {
         self.events.recv_timeout(timeout).ok()
     }
 
-    /// Waits up to `timeout` for a stop signal, passing over child events;
-    /// returns the signal if one came.
-    ///
-    /// `timeout` comes from the command line (`--retry-delay`), and
-    /// `Instant + Duration` panics past what an `Instant` can hold: a pause
-    /// that long has no deadline, and only a signal ends it.
-    pub fn stop_within(&self, timeout: Duration) -> Option<i32> {
-        let deadline = Instant::now().checked_add(timeout);
-        loop {
-            let left = deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
-            match self.next(left) {
-                Some(Event::Stop(signal)) => return Some(signal),
-                Some(_) if !left.is_zero() => continue,
-                _ => return None,
-            }
-        }
+    /// The handle that a stop signal cancels, for the library's waiting
+    /// calls ([`LockOptions::cancel`](redlock_sync::LockOptions::cancel)).
+    /// Its signal is then [`pending_stop`](Self::pending_stop)'s.
+    pub fn cancel(&self) -> &Cancel {
+        &self.cancel
     }
 
     /// A stop signal that has already arrived, if any.
@@ -137,6 +137,7 @@ mod unix {
     use std::sync::mpsc::Sender;
     use std::thread::JoinHandle;
 
+    use redlock_sync::Cancel;
     use signal_hook::consts::{
         SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP, SIGTTIN, SIGTTOU, SIGUSR1, SIGUSR2,
     };
@@ -152,7 +153,9 @@ mod unix {
     }
 
     impl Listener {
-        pub fn start(tx: Sender<Event>, wake: bool) -> Result<Listener, Failure> {
+        /// Forwards each signal to `tx`; a stop signal also cancels
+        /// `cancel` (once sent, so that the waiter it wakes finds it).
+        pub fn start(tx: Sender<Event>, cancel: Cancel, wake: bool) -> Result<Listener, Failure> {
             // SIGUSR1 is the supervisor's parent-death signal; the stop
             // signals are caught so that they never stop the supervisor.
             // For `run`, USR1 is one more signal to pass on, as QUIT and
@@ -175,8 +178,12 @@ mod unix {
                             SIGUSR1 | SIGTSTP | SIGTTIN | SIGTTOU if wake => Event::Wake,
                             stop => Event::Stop(stop),
                         };
+                        let stop = matches!(event, Event::Stop(_));
                         if tx.send(event).is_err() {
                             return;
+                        }
+                        if stop {
+                            cancel.cancel();
                         }
                     }
                 })

@@ -4,14 +4,14 @@
 
 use std::time::Duration;
 
-use redlock_sync::{Kind, Lock, LockOptions, Redlock, Token};
+use redlock_sync::{Kind, Lock, Redlock, Token};
 use serde_json::json;
 
 use crate::args::{AcquireArgs, ExtendArgs, LockRef, NodeArgs, ReleaseArgs};
 use crate::events::Events;
 use crate::exit::{millis, nodes_json, print_line, Failure};
 use crate::nodes;
-use crate::wait::{keep_trying, warn_refusals, Patience};
+use crate::wait::{keep_trying, paced, warn_refusals, Form, Patience};
 
 /// Runs `redlock acquire`: prints the token; returns the exit code.
 pub fn acquire(args: &AcquireArgs) -> Result<u8, Failure> {
@@ -19,13 +19,13 @@ pub fn acquire(args: &AcquireArgs) -> Result<u8, Failure> {
     // first one opened would take its place, and get the token.
     stdout_is_open()?;
     let take = &args.acquisition;
-    let locks = nodes::client(&args.nodes, |builder| builder.retry_count(0))?;
+    let locks = nodes::client(&args.nodes, |builder| paced(builder, take))?;
     let events = Events::listen()?;
     let resource = args.resource.as_str();
-    let lock = keep_trying(&Patience::new(take), &events, resource, || {
-        locks
-            .try_acquire(resource, LockOptions::new(take.ttl).kind(kind(take.fenced)))
-            .into()
+    // The library's wait, which a signal cancels and a release wakes.
+    let lock = keep_trying(&Patience::new(take), &events, resource, |form| match form {
+        Form::Once(options) => locks.try_acquire(resource, options),
+        Form::Wait(options) => locks.acquire(resource, options),
     })?;
     warn_refusals(lock.report());
     if let Some(signal) = events.pending_stop() {

@@ -13,24 +13,22 @@ use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
-use redlock_sync::{LockError, LockGuard, LockOptions};
+use redlock_sync::{LockError, LockGuard};
 
 use crate::args::RunArgs;
 use crate::events::{Event, Events};
 use crate::exit::{self, say, Failure};
 use crate::nodes;
 use crate::supervisor::{monotonic_ns, Kill, Message, Report, Term};
-use crate::wait::{keep_trying, round_ms, warn_refusals, Patience};
+use crate::wait::{keep_trying, paced, round_ms, warn_refusals, Form, Patience};
 
 /// Runs `redlock run`; returns the exit code.
 pub fn run(args: &RunArgs) -> Result<u8, Failure> {
     let take = &args.acquisition;
     let locks = nodes::client(&args.nodes, |builder| {
-        // The watchdog retries a failed extension after a pause like the
-        // tool's between attempts.
-        let builder = builder
-            .retry_delay(take.retry_delay)
-            .retry_jitter(take.retry_delay / 2);
+        // The pause between attempts while waiting, and before the
+        // watchdog retries a failed extension.
+        let builder = paced(builder, take);
         match args.max_hold {
             Some(cap) => builder.max_hold(cap),
             None => builder,
@@ -50,11 +48,10 @@ pub fn run(args: &RunArgs) -> Result<u8, Failure> {
     };
     let resource = args.resource.as_str();
 
-    // One round per attempt (`try_`): the tool waits between attempts
-    // itself, where a signal can cut the wait short.
-    let guard = keep_trying(&patience, &events, resource, || {
-        let options = LockOptions::new(take.ttl).kind(crate::explicit::kind(take.fenced));
-        locks.try_lock(resource, options).into()
+    // The library's wait, which a signal cancels and a release wakes.
+    let guard = keep_trying(&patience, &events, resource, |form| match form {
+        Form::Once(options) => locks.try_lock(resource, options),
+        Form::Wait(options) => locks.lock(resource, options),
     })?;
     let status = command.supervise(&guard, &events);
     // Released before any message is printed: whatever happened, the lock
@@ -224,6 +221,12 @@ impl Command<'_> {
             .spawn()
             .map_err(|e| Failure::system(format!("cannot start redlock's supervisor: {e}")))?;
         let (mut control, report) = pipes.ours();
+        // Told by the library the moment the lock is lost (on its notifier
+        // thread): the command is stopped at once, not at the next tick.
+        // The loop below sees the loss too, and records it.
+        if let Ok(mut on_loss) = control.try_clone() {
+            guard.on_lost(move |_| drop(on_loss.write_all(Message::Stop.line().as_bytes())));
+        }
         let mut tell = |message: Message| {
             // Gone already: its report says why.
             let _ = control.write_all(message.line().as_bytes());

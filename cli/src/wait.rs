@@ -1,15 +1,23 @@
-//! Waiting for a lock: one attempt at a time, with pauses that a signal
-//! cuts short.
+//! Waiting for a lock, through the library's cancellable wait.
 //!
-//! The library's `acquire` and `lock` sleep between their retries where no
-//! signal can reach them, so the tool runs one-round attempts
-//! (`try_acquire`, `try_lock` and their fenced forms) in this loop
-//! instead, and pauses by waiting for a signal with a timeout.
+//! The first attempt is one round (`try_lock`, `try_acquire`), so that what
+//! it finds (too few nodes, nodes that refuse this client, the lock held)
+//! is said at once, and `--no-wait` stops there. Then the library waits
+//! (`lock`, `acquire` with a [`LibPatience::For`] and the [`Events`]'
+//! [`Cancel`](redlock_sync::Cancel), which a stop signal cancels): its
+//! pauses end early when the holder releases the lock (wake-on-release),
+//! and a signal ends them at once. The library says nothing while it waits,
+//! and too few nodes must be said at most every [`SAY_NODES_EVERY`] during
+//! a wait without end, so the tool hands it the wait in slices of that
+//! long (or of `--retry-delay`, if longer), and looks at each slice's
+//! error in between. The last attempt is one round as `--wait` runs out.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redlock_sync::{LockError, NodeOutcome, Report, Token};
+use redlock_sync::{
+    LockError, LockOptions, NodeOutcome, Patience as LibPatience, RedlockBuilder, Report,
+};
 
 use crate::args::Acquisition;
 use crate::events::Events;
@@ -18,8 +26,13 @@ use crate::exit::{self, say, Failure};
 /// How often, at most, a wait that keeps finding too few nodes says so
 /// again: said once only, a wait that lasts hours would look like a hang;
 /// said at every attempt, it would flood a log. (`redlock run --help` says
-/// 10 s.)
+/// 10 s.) Also the longest slice of a wait handed to the library (unless
+/// `--retry-delay` is longer).
 const SAY_NODES_EVERY: Duration = Duration::from_secs(10);
+
+/// The signal to report for a wait cancelled without a signal in sight
+/// (cannot happen: the signal is sent before the cancellation): SIGTERM.
+const SIGTERM: i32 = 15;
 
 /// How long to keep trying, and how to pause between attempts.
 #[derive(Debug, Clone)]
@@ -29,22 +42,42 @@ pub struct Patience {
     /// One attempt only.
     once: bool,
     /// The fixed part of the pause; up to half as much again is added at
-    /// random.
+    /// random (the library's retry policy, see [`paced`]).
     delay: Duration,
+    /// The options of every attempt: the TTL and the kind.
+    options: LockOptions,
     /// The exit code when the lock is held by another client, if given
     /// (`-E`): then that says nothing, unless `verbose`.
     conflict: Option<u8>,
     verbose: bool,
 }
 
+/// The library's pause between two attempts as `--retry-delay` asks: the
+/// delay, plus up to half as much again at random (so waiters spread out).
+pub fn paced(builder: RedlockBuilder, args: &Acquisition) -> RedlockBuilder {
+    builder
+        .retry_delay(args.retry_delay)
+        .retry_jitter(args.retry_delay / 2)
+}
+
+/// One call to the library: which form, with which options.
+pub enum Form {
+    /// One round (a `try_` form).
+    Once(LockOptions),
+    /// The waiting form (`lock`, `acquire`): its options carry the
+    /// patience and the cancellation.
+    Wait(LockOptions),
+}
+
 impl Patience {
-    /// The patience `--wait`, `--no-wait`, `--retry-delay` and
-    /// `--conflict-exit-code` ask for, counted from now.
+    /// The patience `--wait`, `--no-wait`, `--retry-delay`, `--ttl`,
+    /// `--fenced` and `--conflict-exit-code` ask for, counted from now.
     pub fn new(args: &Acquisition) -> Patience {
         Patience {
             deadline: args.wait.and_then(|wait| Instant::now().checked_add(wait)),
             once: args.no_wait,
             delay: args.retry_delay,
+            options: LockOptions::new(args.ttl).kind(crate::explicit::kind(args.fenced)),
             conflict: args.conflict_exit_code,
             verbose: args.verbose,
         }
@@ -66,80 +99,92 @@ impl Patience {
         }
         failure
     }
-}
 
-/// One attempt's outcome.
-pub enum Tried<T> {
-    /// The lock was had (and maybe used and released): done.
-    Had(T),
-    /// The lock was not had, for this reason.
-    NotHad(LockError),
-}
-
-impl<T> From<Result<T, LockError>> for Tried<T> {
-    /// A one-round attempt's result: had, or not had for its error.
-    fn from(attempt: Result<T, LockError>) -> Tried<T> {
-        match attempt {
-            Ok(value) => Tried::Had(value),
-            Err(e) => Tried::NotHad(e),
+    /// The next call's form at `now`: one round first and last, the
+    /// library's wait for a slice in between.
+    fn form(&self, events: &Events, once: bool, now: Instant) -> Form {
+        if once {
+            return Form::Once(self.options.clone());
         }
+        let mut slice = SAY_NODES_EVERY.max(self.delay);
+        if let Some(deadline) = self.deadline {
+            slice = slice.min(deadline.saturating_duration_since(now));
+        }
+        Form::Wait(
+            (self.options.clone())
+                .patience(LibPatience::For(slice))
+                .cancel(events.cancel()),
+        )
     }
 }
 
-/// Runs `attempt` until it has the lock, fails for a reason that waiting
-/// cannot mend, the wait runs out, or a stop signal arrives (then at once:
-/// the pause between attempts is a wait for a signal).
+/// Tries to take the lock with `call` until it has it, fails for a reason
+/// that waiting cannot mend, the wait runs out, or a stop signal arrives
+/// (then at once: it cancels the library's wait).
 ///
 /// # Errors
 ///
 /// The last attempt's error as a [`Failure`] (held by another: the
-/// conflict code; too few nodes: the nodes code), or
-/// [`Failure::interrupted`].
+/// conflict code; too few nodes: the nodes code; nodes that refuse this
+/// client: the refused code), or [`Failure::interrupted`].
 pub fn keep_trying<T>(
     patience: &Patience,
     events: &Events,
     resource: &str,
-    mut attempt: impl FnMut() -> Tried<T>,
+    mut call: impl FnMut(Form) -> Result<T, LockError>,
 ) -> Result<T, Failure> {
     let started = Instant::now();
     let mut said_waiting = false;
     let mut nodes_down = NodesDown::default();
     let mut warned: Vec<Arc<str>> = Vec::new();
+    let mut attempts = 0u32;
+    let mut once = true;
     loop {
-        let e = match attempt() {
-            Tried::Had(value) => return Ok(value),
-            Tried::NotHad(e) => e,
+        let e = match call(patience.form(events, once, Instant::now())) {
+            Ok(value) => return Ok(value),
+            Err(e) => e,
         };
+        let (tried, retryable) = match &e {
+            LockError::Contended { attempts, .. } | LockError::NoQuorum { attempts, .. } => {
+                (*attempts, true)
+            }
+            LockError::TooSlow { .. } => (1, true),
+            _ => (1, false),
+        };
+        attempts = attempts.saturating_add(tried);
+        if let LockError::Cancelled { .. } = e {
+            let signal = events.pending_stop().unwrap_or(SIGTERM);
+            return Err(Failure::interrupted(
+                signal,
+                &format!("while waiting for `{resource}`"),
+            ));
+        }
         if let Some(report) = e.report() {
             refusals(report, &mut warned)?;
         }
-        if !matches!(e, LockError::NoQuorum { .. }) {
+        let too_few = matches!(e, LockError::NoQuorum { .. });
+        if !too_few {
             nodes_down.mended();
         }
-        let retryable = matches!(
-            e,
-            LockError::Contended { .. } | LockError::NoQuorum { .. } | LockError::TooSlow { .. }
-        );
         if !retryable || patience.once {
             return Err(patience.failure(e));
         }
-        let mut pause = patience.delay.saturating_add(jitter(patience.delay / 2));
-        if let Some(deadline) = patience.deadline {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                let waited = humantime::format_duration(round_ms(started.elapsed()));
-                return Err(patience.failure(e).context(format_args!(
-                    "gave up waiting for `{resource}` after {waited}"
-                )));
+        let now = Instant::now();
+        if patience.deadline.is_some_and(|deadline| now >= deadline) {
+            if once {
+                return Err(gave_up(patience, e, resource, started, (tried, attempts)));
             }
             // One last attempt as the wait runs out.
-            pause = pause.min(left);
+            once = true;
+        } else {
+            once = false;
         }
         // Too few nodes is said even without --verbose: without a limit
         // the wait lasts until they come back, and it must not look like
         // a hang. The library's message names the failed nodes, never a
         // password.
-        if matches!(e, LockError::NoQuorum { .. }) && nodes_down.due(Instant::now()) {
+        let e = recount(&e.to_string(), (tried, attempts));
+        if too_few && nodes_down.due(now) {
             if said_waiting {
                 let waited = humantime::format_duration(round_secs(started.elapsed()));
                 say(format_args!(
@@ -153,13 +198,35 @@ pub fn keep_trying<T>(
             say(format_args!("waiting for `{resource}`: {e}"));
             said_waiting = true;
         }
-        if let Some(signal) = events.stop_within(pause) {
-            return Err(Failure::interrupted(
-                signal,
-                &format!("while waiting for `{resource}`"),
-            ));
-        }
     }
+}
+
+/// `said` (a library error's message) with the attempts of the whole wait
+/// (`attempts`) where the library counts those of its last call (`tried`).
+fn recount(said: &str, (tried, attempts): (u32, u32)) -> String {
+    said.replacen(
+        &format!("after {tried} attempt(s)"),
+        &format!("after {attempts} attempt(s)"),
+        1,
+    )
+}
+
+/// The failure of a wait that ran out: the last call's error, with how
+/// long the wait lasted and how many attempts it made in all (`tried`:
+/// the last call's, `attempts`: the whole wait's).
+fn gave_up(
+    patience: &Patience,
+    e: LockError,
+    resource: &str,
+    started: Instant,
+    (tried, attempts): (u32, u32),
+) -> Failure {
+    let waited = humantime::format_duration(round_ms(started.elapsed()));
+    let mut failure = patience.failure(e);
+    failure.message = recount(&failure.message, (tried, attempts));
+    failure.context(format_args!(
+        "gave up waiting for `{resource}` after {waited} and {attempts} attempt(s)"
+    ))
 }
 
 /// Nodes that refuse this client (a wrong or missing password, a missing
@@ -246,20 +313,6 @@ impl NodesDown {
     }
 }
 
-/// A random duration below `max`, from the library's token source (the
-/// operating system's); none if that fails, which only costs the spread.
-fn jitter(max: Duration) -> Duration {
-    let max_ns = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
-    match Token::random() {
-        Ok(token) if max_ns > 0 => {
-            let mut bytes = [0u8; 8];
-            bytes.copy_from_slice(&token.as_bytes()[..8]);
-            Duration::from_nanos(u64::from_le_bytes(bytes) % max_ns)
-        }
-        _ => Duration::ZERO,
-    }
-}
-
 /// `d` to whole milliseconds, for messages.
 pub fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(d.as_millis().try_into().unwrap_or(u64::MAX))
@@ -287,5 +340,14 @@ mod tests {
         // Back, then down again: said at once.
         nodes_down.mended();
         assert!(nodes_down.due(at(16)));
+    }
+
+    #[test]
+    fn a_message_counts_the_attempts_of_the_whole_wait_not_of_the_last_call() {
+        let said = "`r` is held by another client: not granted after 2 attempt(s); last round: ...";
+        assert_eq!(
+            recount(said, (2, 9)),
+            "`r` is held by another client: not granted after 9 attempt(s); last round: ..."
+        );
     }
 }

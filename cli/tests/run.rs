@@ -9,7 +9,7 @@ use common::*;
 use redlock_sync_testing::Cluster;
 
 /// The two kinds of lock `run` holds, both kept alive by the library's
-/// `LockGuard`: plain (`try_lock`) and `--fenced` (`try_lock_fenced`).
+/// `LockGuard`: plain and `--fenced`.
 const MODES: [&[&str]; 2] = [&[], &["--fenced"]];
 
 /// A `redlock run` whose command holds `resource` until [`finish`](Self::finish).
@@ -80,18 +80,8 @@ fn two_runs_on_one_resource_take_turns_and_their_commands_never_overlap() {
     );
     std::fs::write(&gate, "").unwrap();
 
-    assert_eq!(
-        first.wait(PATIENCE).code(),
-        Some(0),
-        "{}",
-        first.stderr_text()
-    );
-    assert_eq!(
-        second.wait(PATIENCE).code(),
-        Some(0),
-        "{}",
-        second.stderr_text()
-    );
+    first.succeeds();
+    second.succeeds();
     assert_eq!(
         read(&marks),
         "start first\nend first\nstart second\nend second\n"
@@ -150,6 +140,53 @@ fn no_wait_exits_with_the_conflict_code_and_never_runs_the_command() {
     assert!(!ran.exists(), "a command ran without the lock");
 
     assert_eq!(holder.finish(), Some(0));
+}
+
+#[test]
+fn a_waiting_run_starts_within_two_seconds_of_the_holders_end_not_at_its_ten_second_retry() {
+    for mode in MODES {
+        let cluster = cluster(3);
+        let marks = scratch(&cluster, "marks");
+        let (started, gate) = (scratch(&cluster, "started"), scratch(&cluster, "gate"));
+        let mut first = Tool::spawn(
+            redlock("run", &cluster)
+                .args(mode)
+                .args(["--ttl", "5s", "wake", "--"])
+                .args(sh(&format!(
+                    "echo started > '{}'; while [ ! -e '{}' ]; do sleep 0.02; done; {}",
+                    started.display(),
+                    gate.display(),
+                    stamp(&marks, "end")
+                ))),
+        );
+        wait_until("the first command started", || started.exists());
+        // A retry delay far longer than the bound below: only the news of
+        // the release can start it in time.
+        let mut second = Tool::spawn(
+            redlock("run", &cluster)
+                .args(mode)
+                .args(["-v", "--ttl", "5s", "--retry-delay", "10s", "wake", "--"])
+                .args(sh(&stamp(&marks, "start"))),
+        );
+        second.wait_for_stderr("waiting for `wake`");
+        // Inside the library's wait: subscribed to the resource's releases.
+        wait_until("the second run listens for the release", || {
+            listeners(&cluster, "wake") >= 1
+        });
+        std::fs::write(&gate, "").unwrap();
+
+        first.succeeds();
+        second.succeeds();
+        let marks = stamps(&marks);
+        let labels: Vec<&str> = marks.iter().map(|(label, _)| label.as_str()).collect();
+        assert_eq!(labels, ["end", "start"], "mode {mode:?}");
+        let gap = marks[1].1 - marks[0].1;
+        assert!(
+            gap < 2.0,
+            "mode {mode:?}: the second command started {gap:.3} s after the first ended"
+        );
+        assert_eq!(keys_on(&cluster, "wake"), 0, "the lock is released");
+    }
 }
 
 #[test]
@@ -394,15 +431,31 @@ fn sigterm_while_waiting_for_the_lock_ends_the_wait_at_once() {
     };
 
     let ran = scratch(&cluster, "ran");
-    // A long retry delay: only the signal can end this wait quickly.
+    // A long retry delay: only the signal can end this wait quickly. The
+    // library's wait ends within an --io-timeout of the cancellation (its
+    // reads of the release channel last that long at most): shorter here
+    // than the other tests' 2 s.
     let mut waiter = Tool::spawn(
-        redlock("run", &cluster)
+        bare()
+            .args(["run", "--nodes", &cluster.urls().join(",")])
+            .args(["--io-timeout", "500ms", "--connect-timeout", "2s"])
             .args(["-v", "--retry-delay", "30s", "queue", "touch"])
             .arg(&ran),
     );
     waiter.wait_for_stderr("waiting for `queue`");
+    // Inside the library's wait (subscribed to the resource's releases):
+    // the signal cancels it.
+    wait_until("the waiter listens for the release", || {
+        listeners(&cluster, "queue") >= 1
+    });
     waiter.signal("TERM");
+    let signalled = Instant::now();
     let status = waiter.wait(Duration::from_secs(10));
+    assert!(
+        signalled.elapsed() < Duration::from_secs(2),
+        "ended {:?} after the signal",
+        signalled.elapsed()
+    );
     assert_eq!(status.code(), Some(128 + 15), "{}", waiter.stderr_text());
     assert!(waiter
         .stderr_text()

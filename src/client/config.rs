@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::error::ConfigError;
 use crate::node::Endpoint;
 use crate::retry::RetryPolicy;
+use crate::watch::{Event, Observer};
 
 /// The largest TTL accepted: Redis rejects expiry times that overflow a
 /// signed 64-bit count of milliseconds since the epoch; half of that range
@@ -59,6 +60,7 @@ pub(crate) struct Config {
     pub(crate) max_wait: Option<Duration>,
     /// A node up for less than this does not vote (zero: no check).
     pub(crate) restart_grace: Duration,
+    pub(crate) observer: Option<Observer>,
 }
 
 impl Default for Config {
@@ -72,6 +74,7 @@ impl Default for Config {
             max_hold: None,
             max_wait: None,
             restart_grace: Duration::ZERO,
+            observer: None,
         }
     }
 }
@@ -264,6 +267,41 @@ impl RedlockBuilder {
         self
     }
 
+    /// Calls `observer` with an [`Event`] for each acquisition attempt and
+    /// its outcome (won, contended, failed), each node that failed or
+    /// timed out in a round, each extension (and failed extension, which
+    /// a guard retries), each loss of a guard's lock, and each release.
+    /// It runs inline, on the thread doing the operation (for a guard's
+    /// extensions and losses, the watchdog): keep it quick, never block in
+    /// it, and never call the client from it. A panic in it is caught and
+    /// does not reach the lock. Defaults to none; with none, no event is
+    /// built.
+    ///
+    /// The crate has no logging dependency: hand the events to yours.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use std::sync::Arc;
+    /// use redlock_sync::{Redlock, What};
+    ///
+    /// let contended = Arc::new(AtomicU64::new(0));
+    /// let count = Arc::clone(&contended);
+    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
+    ///     .observer(move |event| {
+    ///         if event.what == What::Contended {
+    ///             count.fetch_add(1, Ordering::Relaxed);
+    ///         }
+    ///         // With the `log` crate: log::debug!("{event:?}");
+    ///         // with `tracing`: tracing::debug!(resource = event.resource, what = ?event.what, "redlock");
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
+    pub fn observer(mut self, observer: impl Fn(&Event<'_>) + Send + Sync + 'static) -> Self {
+        self.config.observer = Some(Observer(std::sync::Arc::new(observer)));
+        self
+    }
+
     /// Sets the restarted-node guard: a node that has been up for less than
     /// `grace` does not vote.
     ///
@@ -282,7 +320,16 @@ impl RedlockBuilder {
     /// plus a margin for clock rate differences. The uptime has whole-second
     /// resolution; the guard takes the least the real uptime can be (a
     /// second less than reported), so a node is kept out up to about two
-    /// seconds longer than `grace`, never shorter. A node whose `INFO`
+    /// seconds longer than `grace`, never shorter. And the node's clock may
+    /// be stepped after it started (time sync after a boot with a wrong
+    /// clock), which makes its uptime jump: so once this client has seen a
+    /// node restart (a `run_id` other than the one it reached before, or an
+    /// uptime below the grace), it keeps the node out for the whole grace
+    /// from then on its own monotonic clock, whatever uptime the node
+    /// reports later. A client that first meets the node after such a step
+    /// has only the node's word. What locks held across restarts need, and
+    /// why eviction is a restart too, is in
+    /// [`Redlock::extend`](crate::Redlock::extend). A node whose `INFO`
     /// command is disabled or answers without an uptime never votes while
     /// the guard is on. The check relies on a restarted server being
     /// reachable only through new connections, which holds for direct

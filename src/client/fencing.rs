@@ -117,6 +117,7 @@ mod tests {
             node: Arc::from(format!("127.0.0.1:{i}")),
             outcome: outcome.clone(),
             elapsed,
+            retook: false,
         };
         Report {
             nodes: (1..=3).map(node).collect(),

@@ -142,7 +142,7 @@ impl Connector {
         }
         self.owed.settle(&owed.ids);
         if let Some(grace) = self.restart_grace {
-            restart_guard::check(&info, grace).map_err(Failure::Error)?;
+            restart_guard::check(&info, grace, &self.endpoint.restarts).map_err(Failure::Error)?;
         }
         self.servers
             .claim(&info, self.index, &self.endpoint.name)

@@ -38,6 +38,8 @@ pub(crate) struct Endpoint {
     pub(super) sends_auth: bool,
     /// What to check in the URL when the node refuses to authenticate us.
     pub(super) auth_hint: &'static str,
+    /// The restarts of this node that the restart guard saw.
+    pub(super) restarts: restart_guard::Seen,
 }
 
 impl Endpoint {
@@ -143,6 +145,7 @@ impl Endpoint {
             script_replies,
             sends_auth: redis.password().is_some(),
             auth_hint: auth_hint(redis.username().is_some(), redis.password().is_some(), unix),
+            restarts: restart_guard::Seen::default(),
         })
     }
 

@@ -14,7 +14,8 @@
 //! connection is never reused), so no command of a round ever reaches a
 //! server process that has been up for less than the grace period.
 
-use std::time::Duration;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use redis::Value;
 
@@ -29,8 +30,15 @@ pub(crate) fn info_server() -> Vec<u8> {
     out
 }
 
+/// What the guard saw of one node's restarts: the server process (its
+/// `run_id`) the node last reached, and until when a restart seen keeps the
+/// node out, by this client's monotonic clock.
+#[derive(Default)]
+pub(crate) struct Seen(Mutex<(Option<String>, Option<Instant>)>);
+
 /// Checks an `INFO server` reply against the grace period: `Ok` if the node
-/// has certainly been up for at least `grace`.
+/// has certainly been up for at least `grace`, by its own word and by what
+/// this client saw of it (`seen`).
 ///
 /// `uptime_in_seconds` is the difference of two whole-second readings of
 /// the node's clock (now, and when it started), so a node that reports `u`
@@ -38,20 +46,39 @@ pub(crate) fn info_server() -> Vec<u8> {
 /// more: that lower bound is what is compared with the grace, which errs on
 /// the side of refusing.
 ///
+/// The node's clock may be stepped after it started (time sync after a boot
+/// with a wrong clock), and then its uptime jumps. So once this client sees
+/// a restart (a `run_id` other than the one it reached before, or a new one
+/// with an uptime below the grace), it keeps the node out for the whole
+/// grace from then on its own clock, whatever uptime the node reports later.
+///
 /// A reply without a readable uptime is refused too: with the guard on, a
 /// node that cannot show how long it has been up does not vote.
-pub(crate) fn check(info: &Value, grace: Duration) -> Result<(), NodeError> {
+pub(crate) fn check(info: &Value, grace: Duration, seen: &Seen) -> Result<(), NodeError> {
     let uptime = uptime(info).ok_or_else(|| {
         NodeError::Protocol(
             "INFO server has no readable uptime_in_seconds; the restart guard cannot tell how long the node has been up"
                 .to_string(),
         )
     })?;
-    if uptime.saturating_sub(Duration::from_secs(1)) < grace {
-        Err(NodeError::Restarted { uptime, grace })
-    } else {
-        Ok(())
+    let now = Instant::now();
+    let young = uptime.saturating_sub(Duration::from_secs(1)) < grace;
+    let mut seen = seen.0.lock().unwrap_or_else(PoisonError::into_inner);
+    let run_id = info_field(info, "run_id");
+    if run_id != seen.0.as_deref() {
+        if young || seen.0.is_some() {
+            seen.1 = Some(now + grace);
+        }
+        seen.0 = run_id.map(str::to_string);
     }
+    let left = seen
+        .1
+        .map_or(Duration::ZERO, |t| t.saturating_duration_since(now));
+    if young || !left.is_zero() {
+        let uptime = if young { uptime } else { grace - left };
+        return Err(NodeError::Restarted { uptime, grace });
+    }
+    Ok(())
 }
 
 /// `uptime_in_seconds` from an `INFO` reply.
@@ -74,25 +101,31 @@ mod tests {
 
     #[test]
     fn a_node_certainly_up_for_at_least_the_grace_votes() {
-        assert_eq!(check(&info("61"), Duration::from_secs(60)), Ok(()));
-        assert_eq!(check(&info("3600"), Duration::from_secs(60)), Ok(()));
-        assert_eq!(check(&info("0"), Duration::ZERO), Ok(()));
+        assert_eq!(
+            check(&info("61"), Duration::from_secs(60), &Seen::default()),
+            Ok(())
+        );
+        assert_eq!(
+            check(&info("3600"), Duration::from_secs(60), &Seen::default()),
+            Ok(())
+        );
+        assert_eq!(check(&info("0"), Duration::ZERO, &Seen::default()), Ok(()));
     }
 
     #[test]
     fn a_node_maybe_up_for_less_than_the_grace_is_refused() {
         // 60 read means anywhere above 59 s: maybe less than 60 s.
         assert_eq!(
-            check(&info("60"), Duration::from_secs(60)),
+            check(&info("60"), Duration::from_secs(60), &Seen::default()),
             Err(NodeError::Restarted {
                 uptime: Duration::from_secs(60),
                 grace: Duration::from_secs(60)
             })
         );
         // 2 read means anywhere above 1 s: not surely 1.5 s.
-        assert!(check(&info("2"), Duration::from_millis(1500)).is_err());
-        assert!(check(&info("3"), Duration::from_millis(1500)).is_ok());
-        assert!(check(&info("0"), Duration::from_millis(1)).is_err());
+        assert!(check(&info("2"), Duration::from_millis(1500), &Seen::default()).is_err());
+        assert!(check(&info("3"), Duration::from_millis(1500), &Seen::default()).is_ok());
+        assert!(check(&info("0"), Duration::from_millis(1), &Seen::default()).is_err());
     }
 
     #[test]
@@ -107,12 +140,35 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    check(&reply, Duration::from_secs(1)),
+                    check(&reply, Duration::from_secs(1), &Seen::default()),
                     Err(NodeError::Protocol(_))
                 ),
                 "{reply:?} was not refused as unreadable"
             );
         }
+    }
+
+    #[test]
+    fn a_node_seen_restarting_stays_out_for_the_grace_on_this_clock_whatever_uptime_it_reports_later(
+    ) {
+        let at = |run_id: &str, uptime: u64| {
+            Value::BulkString(
+                format!("run_id:{run_id}\r\nuptime_in_seconds:{uptime}\r\n").into_bytes(),
+            )
+        };
+        let grace = Duration::from_millis(300);
+        // Seen young, then its clock steps a minute forward.
+        let seen = Seen::default();
+        assert!(check(&at("a", 0), grace, &seen).is_err());
+        assert!(check(&at("a", 60), grace, &seen).is_err());
+        // A server this client reached before, then another one (a restart),
+        // old by its word: kept out too.
+        let other = Seen::default();
+        assert_eq!(check(&at("b", 60), grace, &other), Ok(()));
+        assert!(check(&at("c", 60), grace, &other).is_err());
+        std::thread::sleep(grace);
+        assert_eq!(check(&at("a", 60), grace, &seen), Ok(()));
+        assert_eq!(check(&at("c", 60), grace, &other), Ok(()));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use redis::Value;
 
-use super::shared::Pace;
+use super::pace::Pace;
 use crate::error::NodeError;
 
 /// What the nodes of one client share: the servers they reached, by

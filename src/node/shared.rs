@@ -5,10 +5,10 @@
 //! does: a round queues its command on every node's outbox, and the last of
 //! the client's threads to fall asleep (see [`Pace`]) writes every outbox in
 //! one write per node. A thread alone writes its own command at once
-//! (unless a batch is due soon: see [`crate::round`]). Writing and reading
-//! are separate roles: a command never waits for a read to return (except
-//! over TLS, whose connection cannot be split: there its reader writes
-//! what was queued once its read returns). A thread whose own command
+//! (unless a batch is due soon: see `Turn` in [`crate::node`]). Writing
+//! and reading are separate roles: a command never waits for a read to
+//! return (except over TLS, whose connection cannot be split: there its
+//! reader writes what was queued once its read returns). A thread whose own command
 //! waits in the queue may read meanwhile, but its read pauses when the
 //! wait ([`FLUSH_GRACE`]) is over, and it writes the command. Replies come
 //! back in order: each is matched to its request by sequence number and handed
@@ -18,7 +18,7 @@
 //! and the one that stores as many as could decide the round wakes it
 //! (`thread::park` / `unpark`; before it parks, a round yields the CPU a
 //! few times, and a reply stored meanwhile needs no wake-up: see
-//! [`crate::round`]). A reader that lets the reading role go with
+//! [`SpinWait`](super::pace::SpinWait)). A reader that lets the reading role go with
 //! replies due wakes a sleeper to read on only when no thread is awake to
 //! poll the node, and one sleeper woken to read serves every node it
 //! waits on (see [`hand_off`]).
@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use super::connect::Connector;
+use super::pace::{Pace, FLUSH_GRACE, RECHECK};
 use super::transport::{Reader, Writer};
 use crate::error::{Failure, NodeError};
 use crate::script::{is_noscript, Command};
@@ -51,50 +52,12 @@ use crate::script::{is_noscript, Command};
 /// holds up one round in this many.
 const MAX_BACKLOG: u64 = 32;
 
-/// How long a thread whose command is queued waits for the thread owing
-/// the write before it writes the command itself: a bound on what
-/// batching may cost, should the client's threads never all fall asleep.
-pub(crate) const FLUSH_GRACE: Duration = Duration::from_millis(2);
-
-/// How long a thread sleeps at most before it looks again whether a
-/// reading role it waits on is free: a reader lets go without waking
-/// anyone while a thread is awake (see [`hand_off`]), and this bounds what
-/// that may cost, should that thread go elsewhere.
-pub(crate) const RECHECK: Duration = Duration::from_millis(2);
-
-/// The pace of one client's threads: how many are running round code that
-/// will queue commands soon. Commands queued meanwhile wait, and the last
-/// of these threads to fall asleep (to block on a read, to sleep until a
-/// reply comes, or to leave its round) writes every node's queue, each in
-/// one write: as an event loop writes once all its tasks ran. A thread
-/// blocked on a read never counts, so no command waits behind a read.
-///
-/// A round holds the pace while it queues its command on every node, and
-/// a thread woken with its reply holds it from then on, on the waker's
-/// account: the threads one read wakes queue their next commands together.
-/// Whoever lets go of the pace last writes what is queued.
-#[derive(Default)]
-pub(crate) struct Pace {
-    awake: AtomicUsize,
-}
-
-impl Pace {
-    /// One more thread will queue commands soon. Returns true if no other
-    /// thread was awake.
-    pub(crate) fn hold(&self) -> bool {
-        self.awake.fetch_add(1, Ordering::AcqRel) == 0
-    }
-
-    /// A thread that held the pace falls asleep or leaves. Returns true if
-    /// it was the last awake: it must write every node's queue.
-    pub(crate) fn release(&self) -> bool {
-        self.awake.fetch_sub(1, Ordering::AcqRel) == 1
-    }
-
-    /// Whether a thread awake will write what is queued now.
-    fn others_awake(&self) -> bool {
-        self.awake.load(Ordering::Acquire) > 0
-    }
+/// The bounds of one round's I/O: nothing blocks past `deadline`, and a
+/// connect takes at most `connect_timeout`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    pub(crate) deadline: Instant,
+    pub(crate) connect_timeout: Duration,
 }
 
 /// A request on a node's connection: which epoch, and its place in line.
@@ -360,8 +323,7 @@ impl Shared {
         &self,
         connector: &Connector,
         cmd: &Command,
-        deadline: Instant,
-        connect_timeout: Duration,
+        bounds: Bounds,
         dispatch: Dispatch,
     ) -> Result<Ticket, Failure> {
         let mut link = self.lock();
@@ -381,7 +343,7 @@ impl Shared {
         if dispatch == Dispatch::Queued && link.conn.open {
             return Ok(ticket);
         }
-        link = self.write_out(link, connector, deadline, connect_timeout, true);
+        link = self.write_out(link, connector, bounds, true);
         check(&link, ticket)?;
         Ok(ticket)
     }
@@ -415,16 +377,10 @@ impl Shared {
     /// is awake (see [`hand_off`]); a thread that goes on to read the node
     /// itself passes false, so that nobody is woken to find the reading
     /// role taken.
-    pub(super) fn flush(
-        &self,
-        connector: &Connector,
-        deadline: Instant,
-        connect_timeout: Duration,
-        wake_reader: bool,
-    ) {
+    pub(super) fn flush(&self, connector: &Connector, bounds: Bounds, wake_reader: bool) {
         let mut link = self.lock();
         if !link.conn.outbox.is_empty() {
-            drop(self.write_out(link, connector, deadline, connect_timeout, wake_reader));
+            drop(self.write_out(link, connector, bounds, wake_reader));
         } else if wake_reader {
             // Nothing to write, but replies may be due with nobody to read
             // them, now that the last thread awake lets go.
@@ -434,8 +390,8 @@ impl Shared {
 
     /// Takes the reply to `ticket`, reading it (and whatever comes before
     /// it) when no other thread is doing I/O. Unless `block`, returns `None`
-    /// instead of sleeping while another thread does the I/O. Sets `held`
-    /// if the thread was woken with its reply: it holds the client's
+    /// instead of sleeping while another thread does the I/O. Also returns
+    /// whether the thread was woken with its reply: it holds the client's
     /// [`Pace`] then, and must let go of it before it blocks again.
     ///
     /// A command still queued is written by this thread when no other
@@ -444,101 +400,70 @@ impl Shared {
     /// nobody is awake (the threads woken by the replies on the wire write
     /// it); a poll returns `None` once that time is past, so that the round
     /// writes its queued commands before any read may block.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn take(
         &self,
         connector: &Connector,
         ticket: Ticket,
-        deadline: Instant,
-        connect_timeout: Duration,
+        bounds: Bounds,
         block: bool,
         batch_until: Option<Instant>,
-        held: &mut bool,
-    ) -> Option<Result<Value, Failure>> {
-        let pace = &connector.servers.pace;
+    ) -> (Option<Result<Value, Failure>>, bool) {
         let mut link = self.lock();
+        let mut held = false;
         // When to stop waiting for other threads to write our command.
         let mut flush_by = batch_until;
         let taken = loop {
-            if let Err(failure) = check(&link, ticket) {
-                break Some(Err(failure));
-            }
-            if let Some(i) = link
-                .conn
-                .replies
-                .iter()
-                .position(|(seq, _)| *seq == ticket.seq)
-            {
-                break Some(Ok(link.conn.replies.swap_remove(i).1));
-            }
             let now = Instant::now();
-            let left = deadline.saturating_duration_since(now);
-            if !block && batch_until.is_some_and(|by| now >= by) {
-                // No batch came in time: back to the round, which writes
-                // every command it left queued before a read may block.
-                break None;
-            }
-            // Our command is queued: a thread awake owes its write, or the
-            // next batch will carry it, until `by`; unless nobody is awake
-            // and no batch is awaited, or it is overdue.
-            let mut queued_until = None;
-            if ticket.seq >= link.conn.written && !link.conn.writing && !link.conn.outbox.is_empty()
-            {
-                if left.is_zero() {
-                    // Too late for a reply: it stays queued, abandoned.
-                    give_up(&mut link.conn, ticket.seq);
-                    break Some(Err(Failure::TimedOut));
+            let next = match taken_now(&mut link, ticket) {
+                Some(taken) => break Some(taken),
+                None if !block && batch_until.is_some_and(|by| now >= by) => {
+                    // No batch came in time: back to the round, which writes
+                    // every command it left queued before a read may block.
+                    break None;
                 }
-                let by = *flush_by.get_or_insert(now + FLUSH_GRACE);
-                if (!pace.others_awake() && batch_until.is_none()) || now >= by {
-                    // This thread reads next: nobody need be woken to.
-                    link = self.write_out(link, connector, deadline, connect_timeout, false);
-                    continue;
+                None => {
+                    let pace = &connector.servers.pace;
+                    let deadline = bounds.deadline;
+                    next_step(
+                        &mut link,
+                        pace,
+                        ticket,
+                        deadline,
+                        batch_until,
+                        &mut flush_by,
+                        now,
+                    )
                 }
-                queued_until = Some(by);
-            }
-            if link.conn.next_read < link.conn.written && can_read(&link.conn) {
-                if left.is_zero() && link.conn.live > 1 {
-                    // Late, and other threads still want replies on this
-                    // connection: a read that timed out now would drop it
-                    // for them too. Leave the reading to them.
-                    give_up(&mut link.conn, ticket.seq);
-                    break Some(Err(Failure::TimedOut));
+            };
+            match next {
+                Step::Write => link = self.write_out(link, connector, bounds, false),
+                Step::Read { pause } => {
+                    // While our command waits, a read pauses when its wait
+                    // is over: it never waits behind a read of a slow node.
+                    // So does a read while the round's commands on other
+                    // nodes wait for the batch.
+                    let pause = pause.or(batch_until);
+                    link = self.read_one(link, connector, bounds, pause);
                 }
-                // While our command waits, a read pauses when its wait is
-                // over: it never waits behind a read of a slow node.
-                // So does a read while the round's commands on other nodes
-                // wait for the batch.
-                let pause = queued_until.or(batch_until);
-                link = self.read_one(link, connector, deadline, connect_timeout, pause);
-                continue;
+                Step::Done(taken) => break Some(taken),
+                Step::Sleep(_) if !block => break None,
+                Step::Sleep(until) => {
+                    let waiter = Waiter::new(1);
+                    link.sleepers.push(Sleeper {
+                        ticket,
+                        waiter: Arc::clone(&waiter),
+                        stored: false,
+                    });
+                    drop(link);
+                    thread::park_timeout(until.min(now + RECHECK).saturating_duration_since(now));
+                    link = self.lock();
+                    delist(&mut link, ticket);
+                    held |= waiter.holds_pace();
+                }
             }
-            let mut sleep = left;
-            if let Some(by) = queued_until {
-                sleep = sleep.min(by - now);
-            }
-            if left.is_zero() {
-                give_up(&mut link.conn, ticket.seq);
-                break Some(Err(Failure::TimedOut));
-            }
-            if !block {
-                break None;
-            }
-            sleep = sleep.min(RECHECK);
-            let waiter = Waiter::new(1);
-            link.sleepers.push(Sleeper {
-                ticket,
-                waiter: Arc::clone(&waiter),
-                stored: false,
-            });
-            drop(link);
-            thread::park_timeout(sleep);
-            link = self.lock();
-            delist(&mut link, ticket);
-            *held |= waiter.holds_pace();
         };
-        hand_off(&mut link, pace);
-        taken
+        hand_off(&mut link, &connector.servers.pace);
+        (taken, held)
     }
 
     /// Enlists `waiter` for the reply to `ticket`: the reader that stores
@@ -644,8 +569,7 @@ impl Shared {
         &'a self,
         mut link: Locked<'a>,
         connector: &Connector,
-        deadline: Instant,
-        connect_timeout: Duration,
+        bounds: Bounds,
         wake_reader: bool,
     ) -> Locked<'a> {
         if link.conn.writing || link.conn.outbox.is_empty() {
@@ -665,73 +589,17 @@ impl Shared {
             let count = link.conn.next_seq - link.conn.written;
             let connect_after = link.connect_after;
             drop(link);
-            let mut opened = None;
-            let (mut w, sent) = match writer.take() {
-                Some(w) => (Some(w), Ok(())),
-                None => {
-                    match connector.connect_unless_backing_off(
-                        connect_after,
-                        deadline,
-                        connect_timeout,
-                    ) {
-                        Ok(new) => {
-                            opened = Some((new.reader, new.scripts));
-                            (Some(new.writer), Ok(()))
-                        }
-                        Err(failure) => (None, Err(failure)),
-                    }
-                }
-            };
-            let sent = sent.and_then(|()| match &mut w {
-                Some(w) => w.send(&out, deadline),
-                None => Ok(()),
-            });
+            let written = write_or_connect(connector, writer.take(), connect_after, &out, bounds);
             link = self.lock();
             if link.epoch != epoch {
                 // The reader ended the connection meanwhile: what was just
                 // written failed with it.
                 break;
             }
-            if opened.is_some() {
-                link.connect_after = None;
-            }
-            match (sent, w) {
-                (Ok(()), Some(w)) => {
-                    if let Some((reader, scripts)) = opened {
-                        link.conn.unsplit = w.is_unsplit();
-                        link.conn.reader = reader;
-                        link.conn.scripts = scripts;
-                    }
-                    if connecting {
-                        // The handshake is over: replies may be read now,
-                        // while more is written.
-                        connecting = false;
-                        link.conn.reading = false;
-                        wake_one(&mut link);
-                    }
-                    writer = Some(w);
-                    link.conn.written += count;
-                    if link.conn.outbox.is_empty() {
-                        // Keep the buffer's capacity for the next batch.
-                        link.conn.outbox = out;
-                        link.conn.outbox.clear();
-                    }
-                }
-                (Err(Failure::ConnectTimedOut), _) => {
-                    link.connect_after = Instant::now().checked_add(connector.reconnect_backoff);
-                    end_epoch(&mut link, Failure::TimedOut);
-                    break;
-                }
-                (Err(failure), w) => {
-                    // The cause is recorded first: ending the socket makes the
-                    // reader fail too, for no reason of its own.
-                    end_epoch(&mut link, failure);
-                    if let Some(w) = w {
-                        w.shutdown();
-                    }
-                    break;
-                }
-                (Ok(()), None) => break,
+            let backoff = connector.reconnect_backoff;
+            writer = record_write(&mut link, written, out, count, &mut connecting, backoff);
+            if writer.is_none() {
+                break;
             }
         }
         if link.epoch == epoch {
@@ -740,11 +608,11 @@ impl Shared {
             if connecting {
                 link.conn.reading = false;
             }
-        }
-        // Sleepers want replies: a thread that is reading hands them over.
-        // Otherwise what was written may be theirs to read now.
-        if link.epoch == epoch && wake_reader {
-            hand_off(&mut link, &connector.servers.pace);
+            // Sleepers want replies: a thread that is reading hands them
+            // over. Otherwise what was written may be theirs to read now.
+            if wake_reader {
+                hand_off(&mut link, &connector.servers.pace);
+            }
         }
         link
     }
@@ -759,8 +627,7 @@ impl Shared {
         &'a self,
         mut link: Locked<'a>,
         connector: &Connector,
-        deadline: Instant,
-        connect_timeout: Duration,
+        bounds: Bounds,
         pause: Option<Instant>,
     ) -> Locked<'a> {
         let epoch = link.epoch;
@@ -770,48 +637,20 @@ impl Shared {
             link.conn.writing = true;
         }
         let mut reader = link.conn.reader.take();
-        let mut writer = if unsplit {
-            link.conn.writer.take()
-        } else {
-            None
-        };
+        let mut writer = unsplit.then(|| link.conn.writer.take()).flatten();
         drop(link);
-        let began = Instant::now();
-        let received = match (&mut reader, &mut writer) {
-            (Some(r), _) => r
-                .recv_until(deadline, pause.unwrap_or(deadline))
-                .transpose(),
-            (None, Some(w)) => Some(w.recv(deadline)),
-            (None, None) => Some(Err(Failure::Error(NodeError::Io(
-                "the connection has no reading half".to_string(),
-            )))),
-        };
-        let waited = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
-        // `None`: paused with nothing read (a wait of at least `waited`).
-        let ok = !matches!(received, Some(Err(_)));
-        // Every other reply already buffered whole, parsed before the lock
-        // is taken: the other threads need it meanwhile.
-        // (No allocation unless a read brought several.)
-        let mut more = Vec::new();
-        if ok {
-            while let Some(next) = reader.as_mut().and_then(Reader::recv_buffered) {
-                let failed = next.is_err();
-                more.push(next);
-                if failed {
-                    break;
-                }
-            }
-        }
+        let (received, more, waited) = receive(&mut reader, &mut writer, bounds.deadline, pause);
         link = self.lock();
         if link.epoch == epoch {
-            let pace = &connector.servers.pace;
-            if ok {
+            if !matches!(received, Some(Err(_))) {
+                // `None`: paused with nothing read (a wait of at least
+                // `waited`).
                 link.slow &= received.is_none();
                 link.wait_us = link.wait_us - link.wait_us / 8 + waited / 8;
             }
             for next in received.into_iter().chain(more) {
                 match next {
-                    Ok(value) => store(&mut link, value, pace),
+                    Ok(value) => store(&mut link, value, &connector.servers.pace),
                     Err(failure) => {
                         // The cause is recorded first: ending the socket
                         // makes a writer fail too, for no reason of its own.
@@ -832,10 +671,206 @@ impl Shared {
             }
         }
         if unsplit {
-            link = self.write_out(link, connector, deadline, connect_timeout, true);
+            link = self.write_out(link, connector, bounds, true);
         }
         link
     }
+}
+
+/// What a thread that wants a reply not stored yet does next.
+enum Step {
+    /// Write what is queued, its command among it.
+    Write,
+    /// Read the connection, pausing at `pause` if given.
+    Read { pause: Option<Instant> },
+    /// Sleep until woken, or until then at the latest.
+    Sleep(Instant),
+    /// No reply will come: why.
+    Done(Result<Value, Failure>),
+}
+
+/// The reply to `ticket` if it is stored, or why none will come.
+fn taken_now(link: &mut Link, ticket: Ticket) -> Option<Result<Value, Failure>> {
+    if let Err(failure) = check(link, ticket) {
+        return Some(Err(failure));
+    }
+    let i = (link.conn.replies.iter()).position(|(seq, _)| *seq == ticket.seq)?;
+    Some(Ok(link.conn.replies.swap_remove(i).1))
+}
+
+/// What to do for `ticket`'s reply, not stored yet. Our command is
+/// queued: a thread awake owes its write, or the next batch (before
+/// `batch_until`) will carry it, until `flush_by`; unless nobody is awake
+/// and no batch is awaited, or it is overdue: then we write it. Past the
+/// deadline, the reply is given up.
+fn next_step(
+    link: &mut Link,
+    pace: &Pace,
+    ticket: Ticket,
+    deadline: Instant,
+    batch_until: Option<Instant>,
+    flush_by: &mut Option<Instant>,
+    now: Instant,
+) -> Step {
+    let late = now >= deadline;
+    let mut queued_until = None;
+    let conn = &mut link.conn;
+    if ticket.seq >= conn.written && !conn.writing && !conn.outbox.is_empty() {
+        if late {
+            // Too late for a reply: it stays queued, abandoned.
+            give_up(conn, ticket.seq);
+            return Step::Done(Err(Failure::TimedOut));
+        }
+        let by = *flush_by.get_or_insert(now + FLUSH_GRACE);
+        if (!pace.others_awake() && batch_until.is_none()) || now >= by {
+            return Step::Write;
+        }
+        queued_until = Some(by);
+    }
+    if conn.next_read < conn.written && can_read(conn) && !(late && conn.live > 1) {
+        return Step::Read {
+            pause: queued_until,
+        };
+    }
+    // Late, and other threads still want replies on this connection: a
+    // read that timed out now would drop it for them too. Leave the
+    // reading to them.
+    if late {
+        give_up(conn, ticket.seq);
+        return Step::Done(Err(Failure::TimedOut));
+    }
+    Step::Sleep(queued_until.map_or(deadline, |by| by.min(deadline)))
+}
+
+/// What one write of the outbox did.
+struct Written {
+    writer: Option<Writer>,
+    /// The new connection's reading half and known scripts, if it
+    /// connected.
+    opened: Option<(Option<Reader>, u8)>,
+    sent: Result<(), Failure>,
+}
+
+/// Writes `out` with `writer`, or over a new connection if there is none
+/// (unless backing off reconnecting). No lock is held.
+fn write_or_connect(
+    connector: &Connector,
+    writer: Option<Writer>,
+    connect_after: Option<Instant>,
+    out: &[u8],
+    bounds: Bounds,
+) -> Written {
+    let mut written = Written {
+        writer,
+        opened: None,
+        sent: Ok(()),
+    };
+    if written.writer.is_none() {
+        let (deadline, timeout) = (bounds.deadline, bounds.connect_timeout);
+        match connector.connect_unless_backing_off(connect_after, deadline, timeout) {
+            Ok(new) => {
+                written.writer = Some(new.writer);
+                written.opened = Some((new.reader, new.scripts));
+            }
+            Err(failure) => written.sent = Err(failure),
+        }
+    }
+    if let (Some(w), Ok(())) = (&mut written.writer, &written.sent) {
+        written.sent = w.send(out, bounds.deadline);
+    }
+    written
+}
+
+/// Records a write of `count` requests (`out`, whose buffer is kept for
+/// the next batch): returns the writer to go on with, or none once the
+/// write failed and ended the epoch.
+fn record_write(
+    link: &mut Link,
+    written: Written,
+    out: Vec<u8>,
+    count: u64,
+    connecting: &mut bool,
+    reconnect_backoff: Duration,
+) -> Option<Writer> {
+    if written.opened.is_some() {
+        link.connect_after = None;
+    }
+    match (written.sent, written.writer) {
+        (Ok(()), Some(w)) => {
+            if let Some((reader, scripts)) = written.opened {
+                link.conn.unsplit = w.is_unsplit();
+                link.conn.reader = reader;
+                link.conn.scripts = scripts;
+            }
+            if std::mem::take(connecting) {
+                // The handshake is over: replies may be read now, while
+                // more is written.
+                link.conn.reading = false;
+                wake_one(link);
+            }
+            link.conn.written += count;
+            if link.conn.outbox.is_empty() {
+                // Keep the buffer's capacity for the next batch.
+                link.conn.outbox = out;
+                link.conn.outbox.clear();
+            }
+            Some(w)
+        }
+        (Err(Failure::ConnectTimedOut), _) => {
+            link.connect_after = Instant::now().checked_add(reconnect_backoff);
+            end_epoch(link, Failure::TimedOut);
+            None
+        }
+        (Err(failure), w) => {
+            // The cause is recorded first: ending the socket makes the
+            // reader fail too, for no reason of its own.
+            end_epoch(link, failure);
+            if let Some(w) = w {
+                w.shutdown();
+            }
+            None
+        }
+        (Ok(()), None) => None,
+    }
+}
+
+/// A reply read, or why none could be.
+type Received = Result<Value, Failure>;
+
+/// Reads one reply (with the reading half, or over an unsplit connection
+/// its writer), and every other one already buffered whole, parsed before
+/// the lock is taken: the other threads need it meanwhile. Returns the
+/// first (`None`: paused with nothing read), the others, and how long the
+/// read blocked, in microseconds.
+fn receive(
+    reader: &mut Option<Reader>,
+    writer: &mut Option<Writer>,
+    deadline: Instant,
+    pause: Option<Instant>,
+) -> (Option<Received>, Vec<Received>, u64) {
+    let began = Instant::now();
+    let received = match (&mut *reader, writer) {
+        (Some(r), _) => r
+            .recv_until(deadline, pause.unwrap_or(deadline))
+            .transpose(),
+        (None, Some(w)) => Some(w.recv(deadline)),
+        (None, None) => Some(Err(Failure::Error(NodeError::Io(
+            "the connection has no reading half".to_string(),
+        )))),
+    };
+    let waited = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
+    // (No allocation unless a read brought several.)
+    let mut more = Vec::new();
+    if !matches!(received, Some(Err(_))) {
+        while let Some(next) = reader.as_mut().and_then(Reader::recv_buffered) {
+            let failed = next.is_err();
+            more.push(next);
+            if failed {
+                break;
+            }
+        }
+    }
+    (received, more, waited)
 }
 
 /// Hands the next reply on the connection to its thread, waking it if it

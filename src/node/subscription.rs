@@ -16,7 +16,7 @@ use redis::Value;
 use super::connect::Connector;
 use super::transport::{Reader, Writer};
 use crate::error::{Failure, NodeError};
-use crate::script::pack;
+use crate::script::{pack, RELEASED_CHANNEL_PREFIX};
 
 /// Writes subscription commands. Their answers come through the
 /// [`Listener`], in order.
@@ -63,39 +63,48 @@ pub(super) fn open(
 }
 
 impl Sender {
-    /// `SUBSCRIBE` to `channels`.
+    /// `SUBSCRIBE` to the release channels of `resources` (nothing sent
+    /// for none).
     pub(crate) fn subscribe(
         &mut self,
-        channels: &[&str],
+        resources: &[String],
         deadline: Instant,
     ) -> Result<(), Failure> {
-        self.command(b"SUBSCRIBE", channels, deadline)
+        self.channels(b"SUBSCRIBE", resources, deadline)
     }
 
-    /// `UNSUBSCRIBE` from `channels`.
+    /// `UNSUBSCRIBE` from the release channels of `resources` (nothing sent
+    /// for none).
     pub(crate) fn unsubscribe(
         &mut self,
-        channels: &[&str],
+        resources: &[String],
         deadline: Instant,
     ) -> Result<(), Failure> {
-        self.command(b"UNSUBSCRIBE", channels, deadline)
+        self.channels(b"UNSUBSCRIBE", resources, deadline)
     }
 
     /// `PING`: its answer shows the connection still carries traffic (a
     /// partition keeps a connection open but silent).
     pub(crate) fn ping(&mut self, deadline: Instant) -> Result<(), Failure> {
-        self.command(b"PING", &[], deadline)
+        let mut bytes = Vec::new();
+        pack(&mut bytes, &[b"PING"]);
+        self.writer.send(&bytes, deadline)
     }
 
-    fn command(
+    fn channels(
         &mut self,
         name: &[u8],
-        channels: &[&str],
+        resources: &[String],
         deadline: Instant,
     ) -> Result<(), Failure> {
-        let mut args: Vec<&[u8]> = Vec::with_capacity(1 + channels.len());
-        args.push(name);
-        args.extend(channels.iter().map(|c| c.as_bytes()));
+        if resources.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = (resources.iter())
+            .map(|r| format!("{RELEASED_CHANNEL_PREFIX}{r}"))
+            .collect();
+        let mut args: Vec<&[u8]> = vec![name];
+        args.extend(names.iter().map(|c| c.as_bytes()));
         let mut bytes = Vec::new();
         pack(&mut bytes, &args);
         self.writer.send(&bytes, deadline)

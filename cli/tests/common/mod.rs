@@ -204,6 +204,13 @@ impl Tool {
         }
     }
 
+    /// Waits for the tool to end (within [`PATIENCE`]); fails the test,
+    /// with what it said, unless it exited with 0.
+    pub fn succeeds(&mut self) {
+        let code = self.wait(PATIENCE).code();
+        assert_eq!(code, Some(0), "{}", self.stderr_text());
+    }
+
     /// Everything it said on stderr (after `wait`).
     pub fn stderr_text(&self) -> String {
         self.stderr.join("\n")
@@ -363,4 +370,38 @@ pub fn kill(signal: &str, pid: u32, group: bool) {
         .status()
         .expect("kill runs");
     assert!(status.success(), "kill -{signal} {target} failed");
+}
+
+/// How many subscribers the nodes have, in all, on the channel where the
+/// releases of `resource` are said (see the library's `Patience`):
+/// a waiter inside the library's wait listens there.
+pub fn listeners(cluster: &Cluster, resource: &str) -> i64 {
+    let channel = format!("redlock-sync:released:{resource}");
+    let count =
+        |node: &redlock_sync_testing::Node| match node.query(&["PUBSUB", "NUMSUB", &channel]) {
+            Ok(redis::Value::Array(reply)) => match reply.get(1) {
+                Some(redis::Value::Int(n)) => *n,
+                _ => 0,
+            },
+            _ => 0,
+        };
+    cluster.nodes().iter().map(count).sum()
+}
+
+/// The instants (`date +%s.%N`, in seconds) that a command wrote to `path`
+/// by [`stamp`], one a line, after each line's label.
+pub fn stamps(path: &Path) -> Vec<(String, f64)> {
+    read(path)
+        .lines()
+        .filter_map(|line| {
+            let (label, at) = line.split_once(' ')?;
+            Some((label.to_string(), at.parse().ok()?))
+        })
+        .collect()
+}
+
+/// A shell step that appends `label` and the time now to `path`, for
+/// [`stamps`].
+pub fn stamp(path: &Path, label: &str) -> String {
+    format!("echo \"{label} $(date +%s.%N)\" >> '{}'", path.display())
 }

@@ -1,0 +1,222 @@
+//! `inspect`: a read-only look at what each node holds for a resource, and
+//! what a quorum of them says. One round of one read-only script, through
+//! the client's own connections and checks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::client::Redlock;
+use crate::error::{ArgumentError, LockError, NodeError, NodeOutcome};
+use crate::kind::fence_keys;
+use crate::script::{Command, Script};
+
+/// Reads the lock key, its time left and the fencing counter; writes
+/// nothing. Its bit is none: it always goes as `EVAL`, and is never loaded
+/// with the lock scripts.
+const INSPECT: Script = Script {
+    bit: 0,
+    body: "return {redis.call('get', KEYS[1]) or '', redis.call('pttl', KEYS[1]), redis.call('get', KEYS[2]) or ''}",
+    sha: "6b6bab4dcd950950ab3c340bee7f1b6cc26272c7",
+};
+
+/// How many characters of a token [`inspect`](Redlock::inspect) shows:
+/// enough to tell holders apart, too few to release the lock with.
+const SHOWN: usize = 8;
+
+/// What [`Redlock::inspect`] found: what each node holds, and the verdict
+/// of a quorum ([`verdict`](Self::verdict)).
+///
+/// ```no_run
+/// # use redlock_sync::{Redlock, Verdict};
+/// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+/// let seen = locks.inspect("invoice:42")?;
+/// if let Verdict::Held { token, .. } = seen.verdict() {
+///     println!("held by {token}…");
+/// }
+/// # Ok::<(), redlock_sync::LockError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Inspection {
+    /// The resource inspected.
+    pub resource: String,
+    /// How many nodes make a quorum.
+    pub quorum: usize,
+    /// Each node, in the client's order.
+    pub nodes: Vec<NodeView>,
+}
+
+/// What one node holds for the resource.
+///
+/// ```no_run
+/// # use redlock_sync::Redlock;
+/// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+/// for view in locks.inspect("invoice:42")?.nodes {
+///     println!("{}: {:?}, fence {:?}", view.node, view.holding, view.fence);
+/// }
+/// # Ok::<(), redlock_sync::LockError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct NodeView {
+    /// The node's address (never a password).
+    pub node: Arc<str>,
+    /// The lock key on that node, or why the node did not answer.
+    pub holding: Holding,
+    /// The resource's fencing counter there, if it was ever locked fenced.
+    pub fence: Option<u64>,
+}
+
+/// The lock key on one node.
+///
+/// ```no_run
+/// # use redlock_sync::{Holding, Redlock};
+/// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+/// for view in locks.inspect("invoice:42")?.nodes {
+///     match view.holding {
+///         Holding::Held { token, ttl } => println!("{}: {token}… for {ttl:?}", view.node),
+///         Holding::Free => println!("{}: free", view.node),
+///         Holding::Unknown(why) => println!("{}: {why}", view.node),
+///         _ => {}
+///     }
+/// }
+/// # Ok::<(), redlock_sync::LockError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Holding {
+    /// No key.
+    Free,
+    /// A key: the first 8 characters of the holder's token, and its time
+    /// left (`None`: it never expires, not a key this crate sets).
+    Held {
+        /// The token's first 8 characters.
+        token: String,
+        /// The key's time left.
+        ttl: Option<Duration>,
+    },
+    /// The node did not answer (timed out, failed, or does not vote: the
+    /// same server as another node, or restarted within the grace).
+    Unknown(NodeOutcome),
+}
+
+/// What a quorum of nodes says.
+///
+/// ```no_run
+/// # use redlock_sync::{Redlock, Verdict};
+/// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+/// match locks.inspect("invoice:42")?.verdict() {
+///     Verdict::Held { token, nodes } => println!("held by {token}… on {nodes} nodes"),
+///     Verdict::Free => println!("free"),
+///     _ => println!("too few nodes answered to tell"),
+/// }
+/// # Ok::<(), redlock_sync::LockError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Verdict {
+    /// One token is on a quorum of nodes.
+    Held {
+        /// The token's first 8 characters.
+        token: String,
+        /// On how many nodes.
+        nodes: usize,
+    },
+    /// No token is on a quorum, nor can be on the nodes that did not
+    /// answer.
+    Free,
+    /// Too few nodes answered to tell.
+    Unknown,
+}
+
+impl Inspection {
+    /// Held by one token (on a quorum of nodes), free (no token can be on
+    /// a quorum, counting the nodes that did not answer as holding it), or
+    /// unknown.
+    ///
+    /// ```no_run
+    /// # use redlock_sync::{Redlock, Verdict};
+    /// # use std::time::Duration;
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// let lock = locks.acquire("invoice:42", Duration::from_secs(10))?;
+    /// assert!(matches!(locks.inspect("invoice:42")?.verdict(), Verdict::Held { .. }));
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
+    pub fn verdict(&self) -> Verdict {
+        let tokens = self.nodes.iter().filter_map(|n| match &n.holding {
+            Holding::Held { token, .. } => Some(token),
+            _ => None,
+        });
+        let count = |t: &String| tokens.clone().filter(|u| *u == t).count();
+        let top = tokens.clone().map(|t| (count(t), t)).max();
+        let unknown = (self.nodes.iter())
+            .filter(|n| matches!(n.holding, Holding::Unknown(_)))
+            .count();
+        match top {
+            Some((nodes, token)) if nodes >= self.quorum => Verdict::Held {
+                token: token.clone(),
+                nodes,
+            },
+            top if top.map_or(0, |(n, _)| n) + unknown < self.quorum => Verdict::Free,
+            _ => Verdict::Unknown,
+        }
+    }
+}
+
+impl Redlock {
+    /// Looks, without writing anything, at what each node holds for
+    /// `resource`: held (by which token, its first 8 characters, and for
+    /// how long) or free, or why the node did not answer; and what a quorum
+    /// says ([`Inspection::verdict`]). One round through the client's own
+    /// connections, with all its checks: a server named by two URLs
+    /// answers once, a node within its restart grace does not count, and
+    /// a node that does not answer within `io_timeout` is unknown.
+    ///
+    /// ```no_run
+    /// # use redlock_sync::Redlock;
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// for node in locks.inspect("invoice:42")?.nodes {
+    ///     println!("{}: {:?}", node.node, node.holding);
+    /// }
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Argument`] for an empty resource name.
+    pub fn inspect(&self, resource: &str) -> Result<Inspection, LockError> {
+        if resource.is_empty() {
+            return Err(ArgumentError::EmptyResource.into());
+        }
+        let cmd = Command::script(&INSPECT, &fence_keys(resource), &[]);
+        let nodes = (self.replies(&cmd).into_iter())
+            .map(|(node, reply)| {
+                let read = reply.and_then(|value| {
+                    redis::from_redis_value::<(String, i64, String)>(value)
+                        .map_err(|e| NodeOutcome::Failed(NodeError::Protocol(e.to_string())))
+                });
+                let (holding, fence) = match read {
+                    Ok((token, _, fence)) if token.is_empty() => {
+                        (Holding::Free, fence.parse().ok())
+                    }
+                    Ok((token, ms, fence)) => {
+                        let (token, ttl) = (token.chars().take(SHOWN).collect(), u64::try_from(ms));
+                        let ttl = ttl.ok().map(Duration::from_millis);
+                        (Holding::Held { token, ttl }, fence.parse().ok())
+                    }
+                    Err(outcome) => (Holding::Unknown(outcome), None),
+                };
+                NodeView {
+                    node,
+                    holding,
+                    fence,
+                }
+            })
+            .collect();
+        Ok(Inspection {
+            resource: resource.to_string(),
+            quorum: self.quorum(),
+            nodes,
+        })
+    }
+}

@@ -1,0 +1,156 @@
+//! The observer: the events of a contended acquisition, a failed
+//! extension and a loss, in order, and never a password or a whole token.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{builder_over, cluster};
+use redlock_sync::{Event, What};
+use redlock_sync_testing::Fault;
+
+const PASSWORD: &str = "s3cret-pw";
+
+#[test]
+fn the_observer_sees_contention_a_failed_extension_and_a_loss_without_passwords_or_tokens() {
+    let started = Instant::now();
+    let nodes = cluster(3);
+    for node in nodes.nodes() {
+        node.query(&["CONFIG", "SET", "requirepass", PASSWORD])
+            .unwrap();
+    }
+    let proxies = nodes.proxies().unwrap();
+    let with_password = |url: String| url.replace("redis://", &format!("redis://:{PASSWORD}@"));
+    let holder = builder_over(nodes.urls().into_iter().map(with_password).collect())
+        .build()
+        .unwrap();
+    let seen: Arc<Mutex<Vec<(What, String)>>> = Arc::default();
+    let record = Arc::clone(&seen);
+    let locks = builder_over(proxies.iter().map(|p| with_password(p.url())).collect())
+        .retry_count(200)
+        .observer(move |event: &Event<'_>| {
+            record
+                .lock()
+                .unwrap()
+                .push((event.what, format!("{event:?}")));
+        })
+        .build()
+        .unwrap();
+    let whats = |from: usize| -> Vec<What> {
+        seen.lock().unwrap()[from..]
+            .iter()
+            .map(|(w, _)| *w)
+            .collect()
+    };
+
+    // Contended: refused until the holder releases, then won.
+    let held = holder
+        .acquire("contended", Duration::from_secs(10))
+        .unwrap();
+    let held_token = held.token().to_string();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        holder.release(held).unwrap();
+    });
+    let lock = locks.acquire("contended", Duration::from_secs(10)).unwrap();
+    release.join().unwrap();
+    let acquired = whats(0);
+    assert!(acquired.len() >= 2, "{acquired:?}");
+    assert!(
+        acquired[..acquired.len() - 1]
+            .iter()
+            .all(|w| *w == What::Contended),
+        "{acquired:?}"
+    );
+    assert_eq!(acquired.last(), Some(&What::Acquired));
+    let mut tokens = vec![held_token, lock.token().to_string()];
+    let from = seen.lock().unwrap().len();
+    locks.release(lock).unwrap();
+    assert_eq!(whats(from), [What::Released]);
+
+    // A guard whose extensions fail (two nodes cut off), then is lost.
+    let ttl = Duration::from_millis(1500);
+    let from = seen.lock().unwrap().len();
+    let guard = locks.lock("guarded", ttl).unwrap();
+    tokens.push(guard.token().to_string());
+    for proxy in &proxies[..2] {
+        proxy.set_fault(Fault::Partition);
+    }
+    assert!(guard.wait_lost(3 * ttl), "the guard was not lost");
+    common::wait_until(ttl, "the loss event", || whats(from).contains(&What::Lost));
+    let guarded = whats(from);
+    assert_eq!(guarded[0], What::Acquired, "{guarded:?}");
+    let failed = guarded.iter().position(|w| *w == What::ExtendFailed);
+    let failed = failed.unwrap_or_else(|| panic!("no failed extension: {guarded:?}"));
+    assert_eq!(
+        guarded[failed - 1],
+        What::NodeFailed,
+        "each failing node comes first: {guarded:?}"
+    );
+    assert_eq!(guarded.last(), Some(&What::Lost), "{guarded:?}");
+    drop(guard);
+
+    for (_, formatted) in seen.lock().unwrap().iter() {
+        assert!(!formatted.contains(PASSWORD), "{formatted}");
+        for token in &tokens {
+            assert!(!formatted.contains(token.as_str()), "{formatted}");
+            assert!(
+                !formatted.contains(&token[..9]),
+                "more than 8 characters: {formatted}"
+            );
+        }
+    }
+    assert!(started.elapsed() < Duration::from_secs(20));
+}
+
+#[test]
+fn a_panicking_observer_does_not_reach_the_lock() {
+    let nodes = cluster(3);
+    let locks = common::builder(&nodes)
+        .observer(|_: &Event<'_>| panic!("an observer that panics"))
+        .build()
+        .unwrap();
+    let lock = locks.acquire("observed", Duration::from_secs(10)).unwrap();
+    locks.release(lock).unwrap();
+    locks
+        .with_lock("observed", Duration::from_secs(10), |guard| guard.check())
+        .unwrap();
+}
+
+#[test]
+fn the_observer_is_told_which_node_re_took_a_key_it_had_lost() {
+    let nodes = cluster(3);
+    let seen: Arc<Mutex<Vec<(What, Option<String>)>>> = Arc::default();
+    let record = Arc::clone(&seen);
+    let locks = common::builder(&nodes)
+        .observer(move |event: &Event<'_>| {
+            let node = event.node.map(str::to_string);
+            record.lock().unwrap().push((event.what, node));
+        })
+        .build()
+        .unwrap();
+    let guard = locks.lock("retaken", Duration::from_millis(600)).unwrap();
+    // Node 2 restarts empty: it forgot the key.
+    nodes.node(2).restart().unwrap();
+    // Events name a node by its address, without the scheme.
+    let restarted = nodes.node(2).url().replace("redis://", "");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let retook = (seen.lock().unwrap().iter()).any(|(what, node)| {
+            *what == What::Retook && node.as_deref() == Some(restarted.as_str())
+        });
+        if retook {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no re-take told: {:?}",
+            seen.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(guard.is_held());
+    assert!(nodes.node(2).get("retaken").unwrap().is_some());
+    guard.unlock().unwrap();
+}

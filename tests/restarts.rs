@@ -1,0 +1,310 @@
+//! Locks across node restarts: an extension sets the key again (a re-take)
+//! on a node that restarted empty, so a lock held by `with_lock` or a guard
+//! outlives a rolling restart of every node, as an upgrade does it; and
+//! what a re-take may not do. (The restart guard's own clock, for a node
+//! whose clock is stepped after it restarted, is tested on the `INFO`
+//! replies the guard reads, in its unit tests.)
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{builder, cluster, wait_until, SETTLE};
+use redlock_sync::{Kind, Lock, LockError, LockOptions, NodeOutcome, Redlock, Token};
+use redlock_sync_testing::{Cluster, Fault};
+
+const TTL: Duration = Duration::from_secs(1);
+const GRACE: Duration = Duration::from_secs(2);
+const FENCE_KEY: &str = "redlock-sync:fence:";
+
+/// Who keeps the lock alive while the nodes restart.
+#[derive(Debug, Clone, Copy)]
+enum Holder {
+    WithLock,
+    Guard,
+}
+
+/// A client over `nodes` with the restart guard at `grace` (zero: off),
+/// once every node votes for it: with the guard on, fresh nodes are kept
+/// out until their grace has passed.
+fn warmed_up(nodes: &Cluster, grace: Duration) -> Redlock {
+    let locks = builder(nodes).restart_grace(grace).build().unwrap();
+    every_node_answers(&locks);
+    locks
+}
+
+/// Waits until every node answers `locks` (a node the guard keeps out, or
+/// a dead connection, shows as failed in a report).
+fn every_node_answers(locks: &Redlock) {
+    wait_until(Duration::from_secs(10), "every node answers", || {
+        locks
+            .try_acquire("warm-up", TTL)
+            .and_then(|lock| locks.release(lock))
+            .is_ok_and(|report| {
+                (report.nodes.iter())
+                    .all(|n| !matches!(n.outcome, NodeOutcome::Failed(_) | NodeOutcome::TimedOut))
+            })
+    });
+}
+
+/// Whether every node holds `token` under every one of `resources`.
+fn all_hold(nodes: &Cluster, resources: &[&str], token: &Token) -> bool {
+    let token = token.to_string();
+    (nodes.nodes().iter())
+        .all(|n| (resources.iter()).all(|r| n.get(r).ok().flatten().as_deref() == Some(&*token)))
+}
+
+/// Holds a lock of `kind` on `resources` (TTL 1 s) with `holder`, with the
+/// restart guard at `grace`, while every node of 5 in turn is killed and
+/// started empty on its port (1.5 s apart with the guard off, 2.5 s with
+/// it); meanwhile a second client tries every 100 ms. Checks that the lock
+/// was never lost, the second client never got it, and every node holds
+/// the lock at the end. Returns the lock's fencing token and the nodes.
+fn rolling_restart(
+    holder: Holder,
+    grace: Duration,
+    resources: &[&str],
+    kind: Kind,
+) -> (Option<u64>, Cluster) {
+    let nodes = cluster(5);
+    if kind == Kind::Fenced {
+        // Far above the clocks (the nodes share one): a counter that
+        // restarted from the clock would hand out smaller tokens.
+        let far = SystemClock::micros() + 1_000_000_000_000;
+        for node in nodes.nodes() {
+            let key = format!("{FENCE_KEY}{}", resources[0]);
+            node.query(&["SET", &key, &far.to_string()]).unwrap();
+        }
+    }
+    let (holding, other) = (warmed_up(&nodes, grace), warmed_up(&nodes, grace));
+    let options = LockOptions::new(TTL).kind(kind);
+    let gap = if grace.is_zero() {
+        Duration::from_millis(1500)
+    } else {
+        grace + Duration::from_millis(500)
+    };
+    // After the last restart: a kept-out node votes again within the grace
+    // plus the uptime's rounding, then the next extension re-takes.
+    let settle = grace + Duration::from_secs(3);
+    let [held_now, stop, stopped] = [(); 3].map(|()| AtomicBool::new(false));
+    let roll = |token: &Token| {
+        held_now.store(true, Ordering::Relaxed);
+        for node in nodes.nodes() {
+            thread::sleep(gap);
+            node.restart().unwrap();
+        }
+        wait_until(settle, "every node holds the lock again", || {
+            all_hold(&nodes, resources, token)
+        });
+        // The second client stops trying before the lock is released.
+        stop.store(true, Ordering::Relaxed);
+        wait_until(SETTLE, "the second client stopped", || {
+            stopped.load(Ordering::Relaxed)
+        });
+    };
+    let (held, won) = thread::scope(|s| {
+        // The second client stops also when the holder's side panics.
+        let _stops = StopOnDrop(&stop);
+        let trying = s.spawn(|| {
+            let mut won = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                thread::sleep(Duration::from_millis(100));
+                if !held_now.load(Ordering::Relaxed) {
+                    continue;
+                }
+                if let Ok(lock) = other.try_acquire(resources, options.clone()) {
+                    won.push(lock.report().to_string());
+                    let _ = other.release(lock);
+                }
+            }
+            stopped.store(true, Ordering::Relaxed);
+            won
+        });
+        let held = match holder {
+            Holder::WithLock => holding.with_lock(resources, options.clone(), |guard| {
+                roll(guard.token());
+                guard.check()?;
+                Ok::<_, LockError>(guard.fencing_token())
+            }),
+            Holder::Guard => holding.lock(resources, options.clone()).and_then(|guard| {
+                roll(guard.token());
+                let fence = guard.fencing_token();
+                guard.unlock().map(|_| fence)
+            }),
+        };
+        stop.store(true, Ordering::Relaxed);
+        (held, trying.join().unwrap())
+    });
+    let what = format!("{kind:?} lock on {resources:?} held by {holder:?}, grace {grace:?}");
+    assert!(won.is_empty(), "{what}: a second client got it: {won:?}");
+    let fence = held.unwrap_or_else(|e| panic!("{what}: lost across the restarts: {e}"));
+    (fence, nodes)
+}
+
+/// Sets its flag when dropped.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Microseconds since the epoch, as the nodes' clocks count.
+struct SystemClock;
+
+impl SystemClock {
+    fn micros() -> u64 {
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        since.unwrap().as_micros() as u64
+    }
+}
+
+#[test]
+fn a_lock_outlives_a_rolling_restart_of_every_node_under_with_lock_and_a_guard_with_the_restart_guard_off_and_on(
+) {
+    thread::scope(|s| {
+        for holder in [Holder::WithLock, Holder::Guard] {
+            for grace in [Duration::ZERO, GRACE] {
+                s.spawn(move || rolling_restart(holder, grace, &["leader"], Kind::Plain));
+            }
+        }
+    });
+}
+
+#[test]
+fn a_many_resource_lock_outlives_a_rolling_restart_of_every_node() {
+    thread::scope(|s| {
+        for (holder, grace) in [(Holder::WithLock, Duration::ZERO), (Holder::Guard, GRACE)] {
+            s.spawn(move || rolling_restart(holder, grace, &["from", "to", "log"], Kind::Plain));
+        }
+    });
+}
+
+#[test]
+fn a_fenced_lock_outlives_a_rolling_restart_and_no_later_token_is_smaller() {
+    thread::scope(|s| {
+        for (holder, grace) in [(Holder::Guard, Duration::ZERO), (Holder::WithLock, GRACE)] {
+            s.spawn(move || {
+                let (fence, nodes) = rolling_restart(holder, grace, &["ledger"], Kind::Fenced);
+                let fence = fence.expect("a fenced lock has a fencing token");
+                // Every node lost its counter; the re-takes raised it again.
+                for node in nodes.nodes() {
+                    let counter = node.get(&format!("{FENCE_KEY}ledger")).unwrap();
+                    let counter: u64 = counter.expect("a counter").parse().unwrap();
+                    assert!(
+                        counter >= fence,
+                        "counter {counter} below the token {fence}"
+                    );
+                }
+                let locks = warmed_up(&nodes, grace);
+                let next = locks.acquire("ledger", common::fenced(TTL)).unwrap();
+                let later = next.fencing_token().unwrap();
+                assert!(later > fence, "token {later} after {fence}");
+                locks.release(next).unwrap();
+            });
+        }
+    });
+}
+
+#[test]
+fn a_node_where_another_token_holds_a_key_refuses_the_re_take_and_a_node_re_takes_all_keys_or_none()
+{
+    let nodes = cluster(3);
+    let locks = builder(&nodes).build().unwrap();
+    let mut lock = locks.acquire(["a", "b"], Duration::from_secs(10)).unwrap();
+    common::wait_until_held_by(&nodes, &lock, 3);
+    // Node 0 restarted empty and another client took `b` there; node 1
+    // restarted empty.
+    nodes.node(0).restart().unwrap();
+    nodes.node(0).set("b", "another-client").unwrap();
+    nodes.node(1).restart().unwrap();
+    every_node_answers(&locks);
+    locks.extend(&mut lock, Duration::from_secs(10)).unwrap();
+    let report = lock.report();
+    let token = lock.token().to_string();
+    wait_until(SETTLE, "node 1 re-took both keys", || {
+        nodes.node(1).get("a").unwrap().as_deref() == Some(&*token)
+            && nodes.node(1).get("b").unwrap().as_deref() == Some(&*token)
+    });
+    assert_ne!(report.nodes[0].outcome, NodeOutcome::Granted, "{report}");
+    assert_eq!(nodes.node(0).get("a").unwrap(), None, "all or none");
+    assert_eq!(
+        nodes.node(0).get("b").unwrap().as_deref(),
+        Some("another-client")
+    );
+    if report.nodes[1].outcome == NodeOutcome::Granted {
+        assert!(report.nodes[1].retook, "{report:?}");
+    }
+    assert!(!report.nodes[2].retook, "node 2 renewed: {report:?}");
+    locks.release(lock).unwrap();
+}
+
+#[test]
+fn an_extension_whose_round_ends_after_the_validity_ran_out_reports_lost_and_releases_what_it_re_took(
+) {
+    let nodes = cluster(3);
+    let proxies = nodes.proxies().unwrap();
+    let locks = Redlock::builder(proxies.iter().map(|p| p.url()))
+        .retry_count(0)
+        .io_timeout(Duration::from_secs(3))
+        .connect_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let mut lock = locks.acquire("late", Duration::from_secs(3)).unwrap();
+    common::wait_until_held_by(&nodes, &lock, 3);
+    // Nodes 0 and 1 lose the key. When 400 ms of validity are left, every
+    // byte starts to take 300 ms each way: the round's commands land within
+    // the validity, and its replies come after it ran out.
+    nodes.node(0).restart().unwrap();
+    nodes.node(1).restart().unwrap();
+    every_node_answers(&locks);
+    thread::sleep(lock.validity().saturating_sub(Duration::from_millis(400)));
+    for proxy in &proxies {
+        proxy.set_fault(Fault::Delay(Duration::from_millis(300)));
+    }
+    assert!(lock.is_valid(), "the round must start within the validity");
+    let result = locks.extend(&mut lock, Duration::from_secs(30));
+    let ended = Instant::now();
+    for proxy in &proxies {
+        proxy.set_fault(Fault::None);
+    }
+    assert!(
+        ended > lock.valid_until(),
+        "the round ended within the validity"
+    );
+    match result {
+        Err(LockError::Lost { report, .. }) => {
+            assert!(report.nodes.iter().any(|n| n.retook), "{report:?}");
+        }
+        other => panic!("expected the lost error, got {other:?}"),
+    }
+    // Nothing it set stays: well before the 30 s it asked for, no node
+    // holds the token.
+    let token = lock.token().to_string();
+    wait_until(SETTLE, "no node holds the token", || {
+        (nodes.nodes().iter()).all(|n| n.get("late").unwrap().as_deref() != Some(&*token))
+    });
+}
+
+#[test]
+fn extending_a_lock_rebuilt_from_its_token_re_takes_nothing_until_an_extension_timed_it() {
+    let nodes = cluster(3);
+    let locks = builder(&nodes).build().unwrap();
+    let acquired = locks.acquire("rebuilt", Duration::from_secs(10)).unwrap();
+    common::wait_until_held_by(&nodes, &acquired, 3);
+    nodes.node(0).restart().unwrap();
+    let mut lock = Lock::from_token("rebuilt", *acquired.token(), Kind::Plain).unwrap();
+    every_node_answers(&locks);
+    locks.extend(&mut lock, Duration::from_secs(10)).unwrap();
+    thread::sleep(Duration::from_millis(200));
+    assert_ne!(lock.report().nodes[0].outcome, NodeOutcome::Granted);
+    assert_eq!(nodes.node(0).get("rebuilt").unwrap(), None, "re-taken");
+    // That extension measured the validity: the next one re-takes.
+    locks.extend(&mut lock, Duration::from_secs(10)).unwrap();
+    assert!(lock.report().nodes[0].retook, "{:?}", lock.report());
+    common::wait_until_held_by(&nodes, &lock, 3);
+    locks.release(lock).unwrap();
+}
