@@ -209,17 +209,20 @@ once with 77, waiting or not.\n\n",
         "The command runs in a process group of its own, owned by a small supervisor process (redlock \
 itself) that ends the whole group, grandchildren included, when the lock is no longer kept: if the lock is \
 lost (its extension is refused), or is not extended by the time --kill-after (at most a sixth of the TTL) \
-is left before it runs out (too few nodes answer, --max-hold is reached, or redlock is stopped with SIGSTOP \
+is left before it runs out (too few nodes answer, --max-hold is near, or redlock is stopped with SIGSTOP \
 or frozen), or redlock dies (even by SIGKILL), the group gets SIGTERM, then SIGKILL after --kill-after or \
-when the lock runs out, whichever comes first. redlock then exits with 76 and says on standard error when \
+when the lock runs out (or --max-hold is reached), whichever comes first. The supervisor is in a process group of \
+its own, apart from redlock's: a signal to redlock's group (a job runner's SIGKILL or SIGSTOP, timeout -s KILL) \
+does not reach it, and it ends the command as above. redlock then exits with 76 and says on standard error when \
 the lock was lost. When the command exits, what it left running in its group gets the same treatment \
 before the lock is released.\n\n",
-        "Not covered: a process that leaves the command's process group (setsid, a daemon that detaches), \
-and the supervisor itself killed (say, SIGKILL sent to the process group of redlock and its supervisor, \
-which the command's group is not part of).\n\n",
-        "SIGINT, SIGTERM and SIGHUP sent to redlock are passed on to the command's group; the lock is \
-released after the command exits. A signal while still waiting for the lock ends the wait at once (within \
---io-timeout). When \
+        "If the supervisor itself dies (say, by SIGKILL), redlock kills the command's group (SIGKILL), \
+waits for it to be gone, releases the lock and exits with 71. Not covered: a process that leaves the \
+command's process group (setsid, a daemon that detaches), and redlock and its supervisor both killed \
+with SIGKILL at once.\n\n",
+        "SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to redlock are passed on to the command's \
+group; the lock is released after the command exits. A signal while still waiting for the lock ends the \
+wait at once (within --io-timeout). When \
 standard input is the terminal, the command's group is the terminal's foreground group while it runs \
 (Ctrl-C and reading the terminal reach it, as for any foreground command), and redlock's is again \
 after; so in a pipeline, the other commands (`redlock run ... | less`) cannot read the terminal \
@@ -237,7 +240,8 @@ has seen).\n\n",
         common_codes!(),
         code_line!("75   ", "the lock is held by another client (or was until --wait ran out):\n         the command did not run; --conflict-exit-code changes it"),
         code_line!("77   ", "too many nodes refuse this client for a quorum (a wrong or missing\n         password, a missing ACL permission, TLS, an unknown host): waiting cannot fix that"),
-        code_line!("76   ", "the lock was lost or about to run out while the command ran, or\n         --max-hold was reached: the command's group was stopped (SIGTERM,\n         then SIGKILL)"),
+        code_line!("76   ", "the lock was lost or about to run out while the command ran, or\n         --max-hold was reached: the command's group was stopped (SIGTERM,\n         then SIGKILL); or the lock was lost or about to run out before the\n         command started, which did not run"),
+        code_line!("71   ", "also: redlock's supervisor died while the command ran; the command's\n         group was killed before the lock was released"),
         code_line!("126  ", "the command was found but could not be run"),
         code_line!("127  ", "the command was not found"),
         code_line!("128+N", "the command died of signal N (the shell's convention); or signal N\n         stopped the wait for the lock"),
@@ -260,8 +264,10 @@ pub struct RunArgs {
     #[command(flatten)]
     pub acquisition: Acquisition,
 
-    /// Hold the lock at most this long: then it is no longer extended and
-    /// the command is stopped as when the lock is lost.
+    /// Hold the lock at most this long: it is not extended past it, and the
+    /// command's group gets SIGTERM shortly before (--kill-after, at most
+    /// a sixth of the shorter of this and the TTL) and SIGKILL at it, also
+    /// when it is shorter than the TTL.
     #[arg(long, value_name = "DURATION", value_parser = duration, help_heading = TAKING)]
     pub max_hold: Option<Duration>,
 

@@ -1,7 +1,9 @@
 //! Signals to the tool, as events its loops can wait for with a timeout:
-//! INT, TERM and HUP (to end a wait, or to pass on to the command), CHLD
-//! (a child may have ended) and USR1 (the supervisor's parent-death
-//! signal); and the lines of a pipe ([`Events::read_lines`]).
+//! INT, TERM, HUP, QUIT, USR1 and USR2 (to end a wait, or to pass on to
+//! the command), CHLD (a child may have ended); for the supervisor, INT,
+//! TERM, HUP, CHLD, USR1 (its parent-death signal) and TSTP, TTIN, TTOU
+//! (caught, so that they never stop it); and the lines of a pipe
+//! ([`Events::read_lines`]).
 //!
 //! A stop signal also cancels [`Events::cancel`], the handle that the
 //! library's waiting calls are given: a wait for a lock ends at once.
@@ -21,11 +23,14 @@ use crate::exit::Failure;
 /// Something that happened to the tool.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
-    /// A signal that asks the tool (and its command) to stop.
+    /// A signal for the command: INT, TERM, HUP, QUIT, USR1 or USR2 (each
+    /// of which ends a process by default). It ends a wait; `run` passes
+    /// it on to the command's group.
     Stop(i32),
     /// A child changed state: reap it.
     Child,
-    /// SIGUSR1: the supervisor's parent may have died.
+    /// For the supervisor, SIGUSR1 (its parent may have died), or a stop
+    /// signal (TSTP, TTIN, TTOU), caught so that it does not stop it.
     Wake,
     /// A line read by [`Events::read_lines`].
     Line(String),
@@ -47,13 +52,16 @@ pub struct Events {
 }
 
 impl Events {
-    /// Starts listening. From now on INT, TERM and HUP no longer end the
-    /// tool by themselves: the tool decides.
+    /// Starts listening. From now on INT, TERM, HUP, QUIT, USR1 and USR2
+    /// no longer end the tool by themselves: the tool decides.
     pub fn listen() -> Result<Events, Failure> {
         Events::start(false)
     }
 
-    /// As [`listen`](Self::listen), and SIGUSR1 comes as [`Event::Wake`].
+    /// For the supervisor: INT, TERM, HUP and CHLD as [`listen`](Self::listen)
+    /// has them, SIGUSR1, TSTP, TTIN and TTOU as [`Event::Wake`]; QUIT and USR2 keep their
+    /// default action (`run` sees the supervisor die, and ends the
+    /// command's group).
     #[cfg(unix)]
     pub fn listen_waking() -> Result<Events, Failure> {
         Events::start(true)
@@ -130,7 +138,9 @@ mod unix {
     use std::thread::JoinHandle;
 
     use redlock_sync::Cancel;
-    use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM, SIGUSR1};
+    use signal_hook::consts::{
+        SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP, SIGTTIN, SIGTTOU, SIGUSR1, SIGUSR2,
+    };
     use signal_hook::iterator::{Handle, Signals};
 
     use super::Event;
@@ -146,14 +156,18 @@ mod unix {
         /// Forwards each signal to `tx`; a stop signal also cancels
         /// `cancel` (once sent, so that the waiter it wakes finds it).
         pub fn start(tx: Sender<Event>, cancel: Cancel, wake: bool) -> Result<Listener, Failure> {
-            let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP, SIGCHLD])
-                .and_then(|signals| {
-                    if wake {
-                        signals.add_signal(SIGUSR1)?;
-                    }
-                    Ok(signals)
-                })
-                .map_err(|e| Failure::system(format!("cannot handle signals: {e}")))?;
+            // SIGUSR1 is the supervisor's parent-death signal; the stop
+            // signals are caught so that they never stop the supervisor.
+            // For `run`, USR1 is one more signal to pass on, as QUIT and
+            // USR2.
+            let more: &[i32] = if wake {
+                &[SIGUSR1, SIGTSTP, SIGTTIN, SIGTTOU]
+            } else {
+                &[SIGQUIT, SIGUSR1, SIGUSR2]
+            };
+            let mut signals =
+                Signals::new([SIGINT, SIGTERM, SIGHUP, SIGCHLD].iter().chain(more))
+                    .map_err(|e| Failure::system(format!("cannot handle signals: {e}")))?;
             let handle = signals.handle();
             let thread = std::thread::Builder::new()
                 .name("redlock-signals".into())
@@ -161,7 +175,7 @@ mod unix {
                     for signal in signals.forever() {
                         let event = match signal {
                             SIGCHLD => Event::Child,
-                            SIGUSR1 => Event::Wake,
+                            SIGUSR1 | SIGTSTP | SIGTTIN | SIGTTOU if wake => Event::Wake,
                             stop => Event::Stop(stop),
                         };
                         let stop = matches!(event, Event::Stop(_));

@@ -4,10 +4,15 @@
 use std::ffi::OsString;
 use std::io::{self, PipeReader, PipeWriter, Write};
 use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::process::CommandExt;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant, SystemTime};
 
+use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+use nix::sys::signal::{killpg, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
 use redlock_sync::{LockError, LockGuard};
 
 use crate::args::RunArgs;
@@ -33,7 +38,7 @@ pub fn run(args: &RunArgs) -> Result<u8, Failure> {
     let patience = Patience::new(take);
     let command = Command {
         argv: args.argv(),
-        warn: warning(take.ttl, args.kill_after),
+        warn: warning(take.ttl, args.max_hold, args.kill_after),
         resource: &args.resource,
         kill_after: args.kill_after,
         // How often the lock is looked at while the command runs: often
@@ -102,12 +107,52 @@ struct Loss {
     reason: String,
 }
 
-/// How long before the lock runs out the command gets SIGTERM if the lock
-/// was not extended by then: --kill-after, but at most a sixth of the TTL
-/// (the watchdog extends the lock when a third is left, and SIGTERM must
-/// not race a healthy extension). SIGKILL follows when the lock runs out.
-fn warning(ttl: Duration, kill_after: Duration) -> Duration {
-    kill_after.min(ttl / 6)
+/// How long before the lock runs out (or reaches --max-hold) the command
+/// gets SIGTERM if the lock was not extended by then: --kill-after, but at
+/// most a sixth of the TTL or of --max-hold, whichever is shorter (the
+/// watchdog extends the lock when a third is left, and SIGTERM must not
+/// race a healthy extension; a short cap leaves the command most of it).
+/// SIGKILL follows when the lock runs out, or at the cap.
+fn warning(ttl: Duration, max_hold: Option<Duration>, kill_after: Duration) -> Duration {
+    kill_after.min(max_hold.map_or(ttl, |cap| cap.min(ttl)) / 6)
+}
+
+/// How long `run` waits, after the supervisor ended abnormally, for the
+/// command's group to be gone once it got SIGKILL.
+const GROUP_GONE: Duration = Duration::from_secs(5);
+
+/// The deadline the supervisor goes by, in nanoseconds of the monotonic
+/// clock: the lock's validity, or the --max-hold cap if that comes first
+/// (a cap shorter than the TTL is never reached by the validity).
+fn deadline(guard: &LockGuard) -> u64 {
+    let now = monotonic_ns();
+    let valid = now.saturating_add(nanos(guard.validity()));
+    guard.hold_deadline().map_or(valid, |hold| {
+        valid.min(now.saturating_add(nanos(hold.saturating_duration_since(Instant::now()))))
+    })
+}
+
+/// Ends what is left of the command's group after its supervisor ended
+/// without saying how the command ended: SIGKILL, then waits (bounded)
+/// until no process is left in the group, reaping those that came to us
+/// (`run` is their subreaper on Linux). Returns whether it is gone.
+fn end_group(pgid: Pid) -> bool {
+    let _ = killpg(pgid, Signal::SIGKILL);
+    let start = Instant::now();
+    loop {
+        while let Ok(status) = waitpid(Pid::from_raw(-pgid.as_raw()), Some(WaitPidFlag::WNOHANG)) {
+            if status == WaitStatus::StillAlive {
+                break;
+            }
+        }
+        if killpg(pgid, None) == Err(Errno::ESRCH) {
+            return true;
+        }
+        if start.elapsed() >= GROUP_GONE {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// A duration in whole milliseconds, saturated, for the supervisor's
@@ -127,10 +172,20 @@ impl Command<'_> {
         if let Some(signal) = events.pending_stop() {
             return Err(Failure::interrupted(signal, "before the command started"));
         }
+        if !guard.is_held() {
+            return Err(Failure::new(
+                exit::LOST,
+                "lost",
+                format!(
+                    "the lock on `{}` was lost before the command started; it did not run",
+                    self.resource
+                ),
+            ));
+        }
         let exe = std::env::current_exe()
             .map_err(|e| Failure::system(format!("cannot find redlock's own binary: {e}")))?;
         let pipes = Pipes::new()?;
-        let mut sent = monotonic_ns().saturating_add(nanos(guard.validity()));
+        let mut sent = deadline(guard);
         let mut command = std::process::Command::new(exe);
         command
             .arg("supervise")
@@ -154,6 +209,14 @@ impl Command<'_> {
             // An outer run's token must not pass for this lock's.
             None => command.env_remove("REDLOCK_FENCING_TOKEN"),
         };
+        // A group of its own: what is sent to `run`'s group (SIGKILL from
+        // a job runner, SIGSTOP) does not reach the supervisor, which then
+        // ends the command as the lock is no longer kept.
+        command.process_group(0);
+        // The command's processes come to `run` if the supervisor dies, so
+        // that `run` can reap them (and see the group gone).
+        #[cfg(target_os = "linux")]
+        let _ = nix::sys::prctl::set_child_subreaper(true);
         let mut supervisor = command
             .spawn()
             .map_err(|e| Failure::system(format!("cannot start redlock's supervisor: {e}")))?;
@@ -173,21 +236,21 @@ impl Command<'_> {
         // Seen no longer extended while still held: the hold cap, not a
         // loss, will end it.
         let mut capped = false;
-        let status = loop {
+        let waited = loop {
             match supervisor.try_wait() {
-                Ok(Some(status)) => break status,
+                Ok(Some(status)) => break Ok(status),
                 Ok(None) => {}
                 Err(e) => {
                     // Not killed: the supervisor ends the command's group
-                    // as `stop` and our end of the pipe closing tell it.
+                    // as `stop` tells it, and then its report ends.
                     tell(Message::Stop);
-                    return Err(Failure::system(format!("cannot wait for the command: {e}")));
+                    break Err(e);
                 }
             }
             if loss.is_none() {
                 if guard.is_held() {
                     capped = capped || guard.is_ending();
-                    let deadline = monotonic_ns().saturating_add(nanos(guard.validity()));
+                    let deadline = deadline(guard);
                     if deadline > sent.saturating_add(1_000_000) {
                         tell(Message::Deadline(deadline));
                         sent = deadline;
@@ -205,15 +268,23 @@ impl Command<'_> {
                 tell(Message::Signal(signal));
             }
         };
+        // Read to its end: the supervisor has exited (or, after a failed
+        // wait, ends once the command's group is gone).
         let report = Report::parse(&std::io::read_to_string(report).unwrap_or_default());
         if let Some((code, why)) = report.cannot_run {
             let kind = match code {
                 exit::NOT_FOUND => "not_found",
                 exit::CANNOT_RUN => "cannot_run",
+                exit::LOST => "lost",
                 _ => "system",
             };
             return Err(Failure::new(code, kind, why));
         }
+        if report.ended.is_none() {
+            return Err(self.supervisor_died(&report, &waited));
+        }
+        let status = waited
+            .map_err(|e| Failure::system(format!("cannot wait for redlock's supervisor: {e}")))?;
         // The supervisor's own status says the same, if its report was lost.
         let ended = report.ended.unwrap_or(status);
         // The supervisor stopped the command itself: the lock was about to
@@ -236,6 +307,31 @@ impl Command<'_> {
                 Ok(ended)
             }
         }
+    }
+
+    /// The supervisor ended without saying how the command ended (killed,
+    /// say): whatever is left of the command's group gets SIGKILL, and is
+    /// gone before the lock is released.
+    fn supervisor_died(&self, report: &Report, waited: &io::Result<ExitStatus>) -> Failure {
+        let how = match waited {
+            Ok(status) => status.to_string(),
+            Err(e) => format!("cannot wait for it: {e}"),
+        };
+        let group = match report.pgid {
+            None => "the command had not started".to_string(),
+            Some(pgid) if end_group(pgid) => {
+                format!("the command's process group {pgid} got SIGKILL and is gone")
+            }
+            Some(pgid) => format!(
+                "the command's process group {pgid} got SIGKILL but was not gone after {}",
+                humantime::format_duration(GROUP_GONE)
+            ),
+        };
+        Failure::system(format!(
+            "redlock's supervisor of the command under `{}` ended abnormally ({how}): \
+             {group}; the lock is released",
+            self.resource
+        ))
     }
 
     /// Why the lock is no longer kept: the hold cap, a loss, or the lock

@@ -10,9 +10,24 @@
 //!             ◀── pipe: what it did, how it ended ──
 //! ```
 //!
-//! - `run` sends each new validity deadline of the lock (nanoseconds of
-//!   the monotonic clock, which both processes read), `stop` when the lock
-//!   is lost or `--max-hold` is reached, and the INT, TERM and HUP it gets.
+//! - The supervisor runs in a process group of its own, apart from `run`'s:
+//!   a signal to `run`'s group (a CI runner ending the job's group,
+//!   `kill -STOP -PGID`, `timeout -s KILL`) does not reach it, so it is
+//!   there to end the command when `run` is gone or stopped. The
+//!   terminal's stop signals (TSTP, TTIN, TTOU) are caught, so that they
+//!   never stop it; the command starts with their default action (a
+//!   caught signal's is reset on exec, where a blocked or ignored one
+//!   would pass on).
+//! - It says the command's process group right after starting it (`pgid`
+//!   line): if the supervisor ends without saying how the command ended,
+//!   `run` kills that group and waits for it to be gone before it
+//!   releases the lock.
+//! - It starts nothing if `run` is already gone, or the deadline is not
+//!   ahead by more than the SIGTERM margin (then it says `cannot-run`).
+//! - `run` sends each new deadline (nanoseconds of the monotonic clock,
+//!   which both processes read: the lock's validity, or the `--max-hold`
+//!   cap if sooner), `stop` when the lock is lost, and the INT, TERM, HUP,
+//!   QUIT, USR1 and USR2 it gets.
 //! - The group gets SIGTERM on `stop`, when `run` dies (its end of the pipe
 //!   closes; on Linux also the parent-death signal; elsewhere a poll of the
 //!   parent pid), or a little before the last deadline received if no
@@ -28,8 +43,9 @@
 //! - Ctrl-Z (SIGTSTP) does not suspend the command: it is continued at
 //!   once.
 //!
-//! Not covered: a process that leaves the group (`setsid`, a daemon), and
-//! the supervisor itself killed with SIGKILL.
+//! Not covered: a process that leaves the group (`setsid`, a daemon); and
+//! the supervisor and `run` both killed with SIGKILL (`run` alone, or the
+//! supervisor alone, is covered).
 
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
@@ -42,7 +58,7 @@ use nix::errno::Errno;
 use nix::sys::signal::{killpg, pthread_sigmask, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::time::{clock_gettime, ClockId};
-use nix::unistd::{getpgrp, getppid, Pid};
+use nix::unistd::{getpgid, getppid, Pid};
 
 use crate::args::SuperviseArgs;
 use crate::events::{Event, Events};
@@ -120,8 +136,11 @@ pub enum Kill {
 /// What the supervisor reports, read by `run` once it has exited.
 #[derive(Debug, Default)]
 pub struct Report {
-    /// The command could not start: its exit code (126, 127) and why.
+    /// The command could not start: its exit code (126, 127; 76 if the
+    /// lock was about to run out; 71) and why.
     pub cannot_run: Option<(u8, String)>,
+    /// The command's process group, once it started.
+    pub pgid: Option<Pid>,
     pub term: Option<Term>,
     pub kill: Option<Kill>,
     /// How the command ended.
@@ -156,6 +175,7 @@ impl Report {
                     })
                 }
                 "ended" => report.ended = value.parse().ok().map(ExitStatus::from_raw),
+                "pgid" => report.pgid = value.parse().ok().map(Pid::from_raw),
                 _ => {}
             }
         }
@@ -165,12 +185,13 @@ impl Report {
 
 /// Runs `redlock supervise`; returns the exit code (the command's).
 pub fn supervise(args: &SuperviseArgs) -> u8 {
-    // Its own end of the report pipe first: everything after may fail.
+    // Its own end of the report pipe first: without it, `run` could not
+    // learn of the command, so none is started.
     let mut report = match open_inherited(args.report_fd, true) {
-        Ok(file) => Reporter(Some(file)),
+        Ok(file) => Reporter(file),
         Err(e) => {
             say(format_args!("supervise: cannot open the report pipe: {e}"));
-            Reporter(None)
+            return exit::SYSTEM;
         }
     };
     let control = open_inherited(args.control_fd, false);
@@ -196,6 +217,22 @@ pub fn supervise(args: &SuperviseArgs) -> u8 {
             return report.cannot_run(exit::SYSTEM, &format!("cannot open the control pipe: {e}"))
         }
     }
+    // After the parent-death signal is set: a parent gone before it was
+    // is seen here.
+    if getppid() != parent {
+        return report.cannot_run(exit::SYSTEM, "redlock ended before the command started");
+    }
+    let left = Duration::from_nanos(args.deadline_ns.saturating_sub(monotonic_ns()));
+    if left <= Duration::from_millis(args.warn_ms) {
+        return report.cannot_run(
+            exit::LOST,
+            &format!(
+                "the lock on `{}` was about to run out (or reach --max-hold) before the \
+                 command could start; it did not run",
+                args.resource
+            ),
+        );
+    }
     let child = match spawn(&args.command) {
         Ok(child) => child,
         Err(e) => {
@@ -208,14 +245,19 @@ pub fn supervise(args: &SuperviseArgs) -> u8 {
         }
     };
     let mut group = Group::new(&child, args);
+    report.line(format_args!("pgid {}", group.pgid));
     if args.verbose {
-        say(format_args!(
-            "holding `{}`; the command runs as pid {} in a process group of its own",
-            args.resource,
-            child.id()
-        ));
+        // From a background group: with TOSTOP, a caught SIGTTOU would
+        // restart the write for ever.
+        without_sigttou(|| {
+            say(format_args!(
+                "holding `{}`; the command runs as pid {} in a process group of its own",
+                args.resource,
+                child.id()
+            ))
+        });
     }
-    let terminal = Terminal::take(group.pgid);
+    let terminal = Terminal::take(group.pgid, parent);
     let status = group.watch(&events, parent, &mut report, &terminal);
     if let Some(terminal) = &terminal {
         terminal.give_back(group.pgid);
@@ -224,15 +266,13 @@ pub fn supervise(args: &SuperviseArgs) -> u8 {
     exit::status_code(status)
 }
 
-/// The report pipe; `None` if it could not be opened (then nothing is
-/// reported, and `run` goes by the exit status).
-struct Reporter(Option<File>);
+/// The report pipe.
+struct Reporter(File);
 
 impl Reporter {
     fn line(&mut self, line: std::fmt::Arguments) {
-        if let Some(file) = &mut self.0 {
-            let _ = writeln!(file, "{line}");
-        }
+        // `run` gone: nobody to tell.
+        let _ = writeln!(self.0, "{line}");
     }
 
     /// Reports that the command could not start; returns its exit code.
@@ -429,8 +469,9 @@ impl Group {
                 },
                 // `run` is gone: nobody keeps the lock alive any more.
                 Some(Event::Closed) => self.term(Term::ToolGone, report),
-                // INT, TERM and HUP reach the supervisor as part of `run`'s
-                // process group (a Ctrl-C); `run` passes them on itself.
+                // INT, TERM and HUP sent to the supervisor itself: `run`
+                // passes on what it gets; the supervisor ends the group
+                // only when the lock is no longer kept.
                 _ => {}
             }
         }
@@ -446,18 +487,20 @@ fn term_word(why: Term) -> &'static str {
     }
 }
 
-/// The controlling terminal, when standard input is it and our group is
-/// in its foreground: the command's group gets the foreground while it
-/// runs, so that it can read the terminal and Ctrl-C reaches it.
+/// The controlling terminal, when standard input is it and `run`'s group
+/// is in its foreground: the command's group gets the foreground while it
+/// runs, so that it can read the terminal and Ctrl-C reaches it. The
+/// supervisor, in a background group of the same session, may move the
+/// foreground with SIGTTOU blocked.
 struct Terminal {
-    /// The group that had the foreground: `run`'s (and ours).
+    /// The group that had the foreground: `run`'s.
     ours: Pid,
 }
 
 impl Terminal {
-    fn take(command: Pid) -> Option<Terminal> {
+    fn take(command: Pid, parent: Pid) -> Option<Terminal> {
         let stdin = io::stdin();
-        let ours = getpgrp();
+        let ours = getpgid(Some(parent)).ok()?;
         if nix::unistd::tcgetpgrp(&stdin).ok()? != ours {
             return None;
         }

@@ -12,93 +12,22 @@ use std::time::{Duration, Instant};
 use common::*;
 use redlock_sync_testing::Cluster;
 
-/// Whether any process is left in process group `pgid`.
-fn group_alive(pgid: &str) -> bool {
-    Command::new("kill")
-        .args(["-0", "--", &format!("-{pgid}")])
-        .stderr(Stdio::null())
-        .status()
-        .expect("kill runs")
-        .success()
-}
-
-/// A command that writes its process group's id to `pgid`, leaves a
-/// grandchild (`sleep 30`) in the background, and writes `mark` with a
-/// count to `marks` every 20 ms.
-fn marking(pgid: &std::path::Path, marks: &std::path::Path, mark: &str) -> [String; 3] {
-    sh(&format!(
-        "sleep 30 & echo $$ > '{p}.tmp'; mv '{p}.tmp' '{p}'; i=0; \
-         while :; do i=$((i+1)); echo '{mark}' $i >> '{m}'; sleep 0.02; done",
-        p = pgid.display(),
-        m = marks.display(),
-    ))
-}
-
-/// Starts a second run on `resource` that waits for the lock, marks `b`
-/// when its command starts, and ends at once; returns once it did. Then
-/// checks that no `a` mark came after `b`.
-fn second_run_never_overlaps(cluster: &Cluster, resource: &str, marks: &std::path::Path) {
-    let out = output(
-        redlock("run", cluster)
-            .args(["--retry-delay", "50ms", "--wait", "15s", resource, "--"])
-            .args(sh(&format!(
-                "echo b >> '{m}'; sleep 0.3; echo b-end >> '{m}'",
-                m = marks.display()
-            ))),
-    );
-    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
-    let seen = read(marks);
-    let after_b = seen
-        .split_once("b\n")
-        .map(|(_, rest)| rest)
-        .expect("the second run's mark");
-    assert_eq!(after_b, "b-end\n", "the first command ran on: {seen}");
-}
-
 #[test]
 fn kill_9_of_run_ends_its_whole_command_group_within_the_ttl_and_the_next_run_never_overlaps() {
     let cluster = cluster(3);
-    let (pgid, marks) = (scratch(&cluster, "pgid"), scratch(&cluster, "marks"));
-    let mut tool = Tool::spawn(
-        redlock("run", &cluster)
-            .args(["--ttl", "2s", "killed", "--"])
-            .args(marking(&pgid, &marks, "a")),
-    );
-    wait_until("the command started", || pgid.exists());
-    let group = read(&pgid).trim().to_string();
-    tool.signal("KILL");
-    let killed = Instant::now();
+    let mut tool = command_group_ends_within_the_ttl(&cluster, "killed", false, |pid| {
+        kill("KILL", pid, false)
+    });
     tool.wait(PATIENCE);
-    wait_until("the command's group is gone", || !group_alive(&group));
-    assert!(
-        killed.elapsed() < Duration::from_secs(2),
-        "gone {:?} after the kill, more than the TTL",
-        killed.elapsed()
-    );
-    second_run_never_overlaps(&cluster, "killed", &marks);
 }
 
 #[test]
 fn a_stopped_run_has_its_command_group_killed_when_the_lock_runs_out_and_the_next_run_never_overlaps(
 ) {
     let cluster = cluster(3);
-    let (pgid, marks) = (scratch(&cluster, "pgid"), scratch(&cluster, "marks"));
-    let mut tool = Tool::spawn(
-        redlock("run", &cluster)
-            .args(["--ttl", "2s", "stopped", "--"])
-            .args(marking(&pgid, &marks, "a")),
-    );
-    wait_until("the command started", || pgid.exists());
-    let group = read(&pgid).trim().to_string();
-    tool.signal("STOP");
-    let stopped = Instant::now();
-    wait_until("the command's group is gone", || !group_alive(&group));
-    assert!(
-        stopped.elapsed() < Duration::from_secs(2),
-        "gone {:?} after the stop, more than the TTL",
-        stopped.elapsed()
-    );
-    second_run_never_overlaps(&cluster, "stopped", &marks);
+    let mut tool = command_group_ends_within_the_ttl(&cluster, "stopped", false, |pid| {
+        kill("STOP", pid, false)
+    });
     tool.signal("CONT");
     let status = tool.wait(PATIENCE);
     assert_eq!(status.code(), Some(76), "{}", tool.stderr_text());

@@ -178,8 +178,20 @@ impl Tool {
         let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = child.try_wait().expect("try_wait works") {
-                if let Some(lines) = &self.lines {
-                    self.stderr.extend(lines.iter());
+                // Its standard error ends when every process that has it
+                // is gone: the command's too, which must not outlive it.
+                while let Some(lines) = &self.lines {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match lines.recv_timeout(left) {
+                        Ok(line) => self.stderr.push(line),
+                        Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                        Err(mpsc::RecvTimeoutError::Timeout) => panic!(
+                            "redlock ended, but its standard error was still open {limit:?} \
+                             after it started waiting (a process of its command lives on); \
+                             stderr so far: {:?}",
+                            self.stderr
+                        ),
+                    }
                 }
                 return status;
             }
@@ -267,6 +279,97 @@ pub fn keys_on(cluster: &Cluster, resource: &str) -> usize {
 /// A shell command line for the child: `sh -c SCRIPT`.
 pub fn sh(script: &str) -> [String; 3] {
     ["sh".into(), "-c".into(), script.into()]
+}
+
+/// Whether any process is left in process group `pgid`.
+pub fn group_alive(pgid: &str) -> bool {
+    Command::new("kill")
+        .args(["-0", "--", &format!("-{pgid}")])
+        .stderr(Stdio::null())
+        .status()
+        .expect("kill runs")
+        .success()
+}
+
+/// A command that writes its process group's id to `pgid`, leaves a
+/// grandchild (`sleep 30`) in the background, and writes `mark` with a
+/// count to `marks` every 20 ms.
+pub fn marking(pgid: &std::path::Path, marks: &std::path::Path, mark: &str) -> [String; 3] {
+    sh(&format!(
+        "sleep 30 & echo $$ > '{p}.tmp'; mv '{p}.tmp' '{p}'; i=0; \
+         while :; do i=$((i+1)); echo '{mark}' $i >> '{m}'; sleep 0.02; done",
+        p = pgid.display(),
+        m = marks.display(),
+    ))
+}
+
+/// Starts a second run on `resource` that waits for the lock, marks `b`
+/// when its command starts, and ends at once; returns once it did. Then
+/// checks that no `a` mark came after `b`.
+pub fn second_run_never_overlaps(cluster: &Cluster, resource: &str, marks: &std::path::Path) {
+    let out = output(
+        redlock("run", cluster)
+            .args(["--retry-delay", "50ms", "--wait", "15s", resource, "--"])
+            .args(sh(&format!(
+                "echo b >> '{m}'; sleep 0.3; echo b-end >> '{m}'",
+                m = marks.display()
+            ))),
+    );
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let seen = read(marks);
+    let after_b = seen
+        .split_once("b\n")
+        .map(|(_, rest)| rest)
+        .expect("the second run's mark");
+    assert_eq!(after_b, "b-end\n", "the first command ran on: {seen}");
+}
+
+/// Starts `redlock run --ttl 2s RESOURCE -- <marking command>` (with `job`,
+/// in a process group of its own, as a job runner starts a job: its pid
+/// is its group's id), calls `signal` with its pid once the command runs,
+/// and checks that every process of the command's group is gone within
+/// the TTL and that a second run never overlaps it. Returns the tool.
+pub fn command_group_ends_within_the_ttl(
+    cluster: &Cluster,
+    resource: &str,
+    job: bool,
+    signal: impl FnOnce(u32),
+) -> Tool {
+    let (pgid, marks) = (scratch(cluster, "pgid"), scratch(cluster, "marks"));
+    let mut cmd = redlock("run", cluster);
+    cmd.args(["--ttl", "2s", resource, "--"])
+        .args(marking(&pgid, &marks, "a"));
+    if job {
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    }
+    let tool = Tool::spawn(&mut cmd);
+    wait_until("the command started", || pgid.exists());
+    let group = read(&pgid).trim().to_string();
+    signal(tool.pid());
+    let signalled = Instant::now();
+    wait_until("the command's group is gone", || !group_alive(&group));
+    assert!(
+        signalled.elapsed() < Duration::from_secs(2),
+        "gone {:?} after the signal, more than the TTL",
+        signalled.elapsed()
+    );
+    second_run_never_overlaps(cluster, resource, &marks);
+    tool
+}
+
+/// Sends `signal` (a `kill` name) to process `pid`, or with `group` to
+/// every process of group `pid`.
+pub fn kill(signal: &str, pid: u32, group: bool) {
+    let target = if group {
+        format!("-{pid}")
+    } else {
+        pid.to_string()
+    };
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), "--", &target])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{signal} {target} failed");
 }
 
 /// How many subscribers the nodes have, in all, on the channel where the
