@@ -68,6 +68,7 @@ pub(crate) struct Ticket {
 }
 
 /// A node's shared connection: what its threads share, behind a mutex.
+#[derive(Default)]
 pub(super) struct Shared {
     link: Mutex<Link>,
 }
@@ -163,6 +164,7 @@ pub(crate) enum Enlisted {
 
 /// Everything behind a node's mutex: the connection of the current epoch,
 /// and what outlives it.
+#[derive(Default)]
 struct Link {
     /// Bumped whenever the connection is dropped.
     epoch: u64,
@@ -292,21 +294,6 @@ struct Connection {
 }
 
 impl Shared {
-    pub(super) fn new() -> Shared {
-        Shared {
-            link: Mutex::new(Link {
-                epoch: 0,
-                conn: Connection::default(),
-                ended: None,
-                sleepers: Vec::new(),
-                slow: false,
-                connect_after: None,
-                wait_us: 0,
-                wakes: Vec::new(),
-            }),
-        }
-    }
-
     fn lock(&self) -> Locked<'_> {
         Locked {
             guard: Some(self.link.lock().unwrap_or_else(|e| e.into_inner())),
@@ -1021,7 +1008,7 @@ mod tests {
     /// its recheck), and not while the lock is held.
     #[test]
     fn a_thread_woken_under_the_lock_is_unparked_when_the_lock_is_let_go() {
-        let shared = Shared::new();
+        let shared = Shared::default();
         let waiter = Waiter::new(1);
         let mut link = shared.lock();
         assert!(waiter.wake(AWAKE_REPLY, &mut link.wakes));
