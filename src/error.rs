@@ -635,25 +635,16 @@ impl fmt::Display for NodeOutcome {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let nodes: Vec<String> = (self.nodes.iter())
+            .map(|n| format!("{}: {} after {:?}", n.node, n.outcome, n.elapsed))
+            .collect();
+        let (granted, all) = (self.granted(), self.nodes.len());
+        let (quorum, elapsed) = (self.quorum, self.elapsed);
+        let nodes = nodes.join("; ");
         write!(
             f,
-            "{} of {} granted, quorum {}, in {:?} [",
-            self.granted(),
-            self.nodes.len(),
-            self.quorum,
-            self.elapsed
-        )?;
-        for (i, node) in self.nodes.iter().enumerate() {
-            if i > 0 {
-                f.write_str("; ")?;
-            }
-            write!(
-                f,
-                "{}: {} after {:?}",
-                node.node, node.outcome, node.elapsed
-            )?;
-        }
-        f.write_str("]")
+            "{granted} of {all} granted, quorum {quorum}, in {elapsed:?} [{nodes}]"
+        )
     }
 }
 

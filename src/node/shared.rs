@@ -436,11 +436,7 @@ impl Shared {
                 Step::Sleep(_) if !block => break None,
                 Step::Sleep(until) => {
                     let waiter = Waiter::new(1);
-                    link.sleepers.push(Sleeper {
-                        ticket,
-                        waiter: Arc::clone(&waiter),
-                        stored: false,
-                    });
+                    enlist(&mut link, ticket, &waiter);
                     drop(link);
                     thread::park_timeout(until.min(now + RECHECK).saturating_duration_since(now));
                     link = self.lock();
@@ -467,11 +463,7 @@ impl Shared {
             return Enlisted::Ready;
         }
         let queued = ticket.seq >= conn.written && !conn.writing;
-        link.sleepers.push(Sleeper {
-            ticket,
-            waiter: Arc::clone(waiter),
-            stored: false,
-        });
+        enlist(&mut link, ticket, waiter);
         Enlisted::Asleep { queued }
     }
 
@@ -520,16 +512,8 @@ impl Shared {
         if link.epoch != ticket.epoch {
             return;
         }
-        match link
-            .conn
-            .replies
-            .iter()
-            .position(|(seq, _)| *seq == ticket.seq)
-        {
-            Some(i) => {
-                let (_, reply) = link.conn.replies.swap_remove(i);
-                forget_scripts_if_lost(&mut link.conn, &reply);
-            }
+        match take_stored(&mut link.conn, ticket.seq) {
+            Some(reply) => forget_scripts_if_lost(&mut link.conn, &reply),
             None => give_up(&mut link.conn, ticket.seq),
         }
         hand_off(&mut link, pace);
@@ -539,11 +523,8 @@ impl Shared {
     pub(super) fn note_script(&self, ticket: Ticket, bit: u8, known: bool) {
         let mut link = self.lock();
         if link.epoch == ticket.epoch {
-            if known {
-                link.conn.scripts |= bit;
-            } else {
-                link.conn.scripts &= !bit;
-            }
+            let others = link.conn.scripts & !bit;
+            link.conn.scripts = others | if known { bit } else { 0 };
         }
     }
 
@@ -678,11 +659,16 @@ enum Step {
 
 /// The reply to `ticket` if it is stored, or why none will come.
 fn taken_now(link: &mut Link, ticket: Ticket) -> Option<Result<Value, Failure>> {
-    if let Err(failure) = check(link, ticket) {
-        return Some(Err(failure));
+    match check(link, ticket) {
+        Err(failure) => Some(Err(failure)),
+        Ok(()) => take_stored(&mut link.conn, ticket.seq).map(Ok),
     }
-    let i = (link.conn.replies.iter()).position(|(seq, _)| *seq == ticket.seq)?;
-    Some(Ok(link.conn.replies.swap_remove(i).1))
+}
+
+/// Takes the stored reply to request `seq`, if any.
+fn take_stored(conn: &mut Connection, seq: u64) -> Option<Value> {
+    let i = conn.replies.iter().position(|(s, _)| *s == seq)?;
+    Some(conn.replies.swap_remove(i).1)
 }
 
 /// What to do for `ticket`'s reply, not stored yet. Our command is
@@ -924,6 +910,16 @@ fn wake_one(link: &mut Link) {
             return;
         }
     }
+}
+
+/// Adds `waiter` as the sleeper of `ticket`.
+fn enlist(link: &mut Link, ticket: Ticket, waiter: &Arc<Waiter>) {
+    let waiter = Arc::clone(waiter);
+    (link.sleepers).push(Sleeper {
+        ticket,
+        waiter,
+        stored: false,
+    });
 }
 
 /// Removes the sleeper of `ticket`.
