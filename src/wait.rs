@@ -254,10 +254,7 @@ impl Waiters {
         let mut st = self.lock();
         if st.hints.unsupported {
             while !stop() && Instant::now() < until {
-                let left = until.saturating_duration_since(Instant::now());
-                st = (self.changed.wait_timeout(st, left))
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+                st = self.sleep(st, until.saturating_duration_since(Instant::now()));
             }
             return Wake::TimedOut;
         }
@@ -292,14 +289,8 @@ impl Waiters {
             }
             // Another thread reads or connects, or no node serves: sleep
             // until news or the end of the pause.
-            let left = st
-                .hints
-                .sleep_until(now, until)
-                .saturating_duration_since(now);
-            st = self
-                .changed
-                .wait_timeout(st, left)
-                .map_or_else(|e| e.into_inner().0, |r| r.0);
+            let left = st.hints.sleep_until(now, until);
+            st = self.sleep(st, left.saturating_duration_since(now));
         };
         drop(st);
         drop(watch);
@@ -308,6 +299,12 @@ impl Waiters {
             std::thread::sleep(random_below(WAKE_SPREAD).min(left));
         }
         wake
+    }
+
+    /// Sleeps until news (see [`changed`](Self::changed)) or for `left`.
+    fn sleep<'a>(&self, st: MutexGuard<'a, State>, left: Duration) -> MutexGuard<'a, State> {
+        let slept = self.changed.wait_timeout(st, left);
+        slept.map_or_else(|e| e.into_inner().0, |r| r.0)
     }
 
     /// Wakes every waiting thread to look at its `stop` again.

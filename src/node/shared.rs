@@ -202,32 +202,23 @@ impl Deref for Locked<'_> {
     type Target = Link;
 
     fn deref(&self) -> &Link {
-        self.guard
-            .as_deref()
-            .expect("a Locked holds its guard until dropped")
+        self.guard.as_deref().expect("held until dropped")
     }
 }
 
 impl DerefMut for Locked<'_> {
     fn deref_mut(&mut self) -> &mut Link {
-        self.guard
-            .as_deref_mut()
-            .expect("a Locked holds its guard until dropped")
+        self.guard.as_deref_mut().expect("held until dropped")
     }
 }
 
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
-        let Some(mut guard) = self.guard.take() else {
-            return;
-        };
-        if guard.wakes.is_empty() {
-            return;
-        }
-        let wakes = std::mem::take(&mut guard.wakes);
-        drop(guard);
-        for thread in wakes {
-            thread.unpark();
+        // (An empty list keeps its capacity for the next wake-ups.)
+        if let Some(mut guard) = self.guard.take().filter(|g| !g.wakes.is_empty()) {
+            let wakes = std::mem::take(&mut guard.wakes);
+            drop(guard);
+            wakes.iter().for_each(Thread::unpark);
         }
     }
 }
@@ -601,9 +592,7 @@ impl Shared {
         let epoch = link.epoch;
         let unsplit = link.conn.unsplit;
         link.conn.reading = true;
-        if unsplit {
-            link.conn.writing = true;
-        }
+        link.conn.writing |= unsplit;
         let mut reader = link.conn.reader.take();
         let mut writer = unsplit.then(|| link.conn.writer.take()).flatten();
         drop(link);
@@ -905,11 +894,8 @@ fn wake_one(link: &mut Link) {
     }) {
         return;
     }
-    for sleeper in &link.sleepers {
-        if !sleeper.stored && sleeper.waiter.wake(AWAKE_OTHER, &mut link.wakes) {
-            return;
-        }
-    }
+    let wakes = &mut link.wakes;
+    let _ = (link.sleepers.iter()).any(|s| !s.stored && s.waiter.wake(AWAKE_OTHER, wakes));
 }
 
 /// Adds `waiter` as the sleeper of `ticket`.
