@@ -223,9 +223,7 @@ impl Waiters {
             let now = Instant::now();
             self.tidy(&mut st, now);
             if st.hints.listens_for(resources) {
-                let (id, out) = st.hints.register(resources, now, self.io_timeout);
-                self.send(&mut st, out, now);
-                watch.id = Some(id);
+                watch.id = Some(self.register(&mut st, resources, now));
             }
         }
         watch
@@ -259,15 +257,8 @@ impl Waiters {
             return Wake::TimedOut;
         }
         self.active.store(true, Ordering::Release);
-        let id = match watch.id {
-            Some(id) => id,
-            None => {
-                let now = Instant::now();
-                let (id, out) = st.hints.register(resources, now, self.io_timeout);
-                self.send(&mut st, out, now);
-                *watch.id.insert(id)
-            }
-        };
+        let now = Instant::now();
+        let id = *(watch.id).get_or_insert_with(|| self.register(&mut st, resources, now));
         let wake = loop {
             if let Some(wake) = st.hints.woken(id) {
                 break wake;
@@ -381,6 +372,14 @@ impl Waiters {
         }
         self.changed.notify_all();
         st
+    }
+
+    /// Adds a waiter for `resources`, and sends what the line needs for
+    /// it. Returns its id.
+    fn register(&self, st: &mut State, resources: &[String], now: Instant) -> u64 {
+        let (id, out) = st.hints.register(resources, now, self.io_timeout);
+        self.send(st, out, now);
+        id
     }
 
     /// Sends `out` on the line, if there is one.
