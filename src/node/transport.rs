@@ -266,32 +266,25 @@ impl Reader {
             if let Some(reply) = self.recv_buffered() {
                 return reply.map(Some);
             }
-            let Reader {
-                stream,
-                timeout,
-                buf,
-                start,
-                end,
-                ..
-            } = self;
-            if *start > 0 {
-                buf.copy_within(*start..*end, 0);
-                *end -= *start;
-                *start = 0;
+            if self.start > 0 {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
             }
-            if buf.len() - *end < READ_SIZE / 4 {
-                buf.resize(*end + READ_SIZE, 0);
+            if self.buf.len() - self.end < READ_SIZE / 4 {
+                self.buf.resize(self.end + READ_SIZE, 0);
             }
             let left = left_or_least(pause.min(deadline));
-            let set = |t| on_socket!(&*stream, s => s.set_read_timeout(Some(t)));
-            refresh(timeout, left, set).map_err(io_failure)?;
-            match stream.read(&mut buf[*end..]) {
+            let stream = &self.stream;
+            let set = |t| on_socket!(stream, s => s.set_read_timeout(Some(t)));
+            refresh(&mut self.timeout, left, set).map_err(io_failure)?;
+            match self.stream.read(&mut self.buf[self.end..]) {
                 Ok(0) => {
                     return Err(Failure::Error(NodeError::Io(
                         "the server closed the connection".to_string(),
                     )));
                 }
-                Ok(n) => *end += n,
+                Ok(n) => self.end += n,
                 // A signal: with a socket timeout set, the OS does not
                 // restart the read by itself.
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -303,14 +296,17 @@ impl Reader {
                     return Err(failure);
                 }
             }
-            let unparsed = &buf[*start..*end];
-            if paused(Instant::now()) && frame_len(unparsed) == Ok(None) {
-                return Ok(None);
-            }
-            // A reply trickled out in pieces must not hold the read past the
-            // deadline: each piece waits only for the time left.
-            if Instant::now() >= deadline && frame_len(unparsed) == Ok(None) {
-                return Err(Failure::TimedOut);
+            let now = Instant::now();
+            if frame_len(&self.buf[self.start..self.end]) == Ok(None) {
+                if paused(now) {
+                    return Ok(None);
+                }
+                // A reply trickled out in pieces must not hold the read
+                // past the deadline: each piece waits only for the time
+                // left.
+                if now >= deadline {
+                    return Err(Failure::TimedOut);
+                }
             }
         }
     }
