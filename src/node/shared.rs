@@ -399,19 +399,15 @@ impl Shared {
                     // every command it left queued before a read may block.
                     break None;
                 }
-                None => {
-                    let pace = &connector.servers.pace;
-                    let deadline = bounds.deadline;
-                    next_step(
-                        &mut link,
-                        pace,
-                        ticket,
-                        deadline,
-                        batch_until,
-                        &mut flush_by,
-                        now,
-                    )
-                }
+                None => next_step(
+                    &mut link,
+                    &connector.servers.pace,
+                    ticket,
+                    bounds.deadline,
+                    batch_until,
+                    &mut flush_by,
+                    now,
+                ),
             };
             match next {
                 Step::Write => link = self.write_out(link, connector, bounds, false),
