@@ -172,17 +172,6 @@ impl From<ArgumentError> for LockError {
     }
 }
 
-impl LockError {
-    /// The random source's error, as a standard I/O error: the OS error
-    /// code where there is one, else its message.
-    pub(crate) fn random(e: getrandom::Error) -> LockError {
-        LockError::Random(match e.raw_os_error() {
-            Some(code) => std::io::Error::from_raw_os_error(code),
-            None => std::io::Error::other(e.to_string()),
-        })
-    }
-}
-
 /// A token string that does not parse is an argument error, so that
 /// `token.parse()?` works in a function returning `LockError`.
 ///
@@ -205,6 +194,15 @@ impl From<ParseTokenError> for LockError {
 }
 
 impl LockError {
+    /// The random source's error, as a standard I/O error: the OS error
+    /// code where there is one, else its message.
+    pub(crate) fn random(e: getrandom::Error) -> LockError {
+        LockError::Random(match e.raw_os_error() {
+            Some(code) => std::io::Error::from_raw_os_error(code),
+            None => std::io::Error::other(e.to_string()),
+        })
+    }
+
     /// The report of the last round, for the variants that talked to nodes.
     ///
     /// ```
@@ -651,25 +649,16 @@ impl fmt::Display for NodeOutcome {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let nodes: Vec<String> = (self.nodes.iter())
+            .map(|n| format!("{}: {} after {:?}", n.node, n.outcome, n.elapsed))
+            .collect();
+        let (granted, all) = (self.granted(), self.nodes.len());
+        let (quorum, elapsed) = (self.quorum, self.elapsed);
+        let nodes = nodes.join("; ");
         write!(
             f,
-            "{} of {} granted, quorum {}, in {:?} [",
-            self.granted(),
-            self.nodes.len(),
-            self.quorum,
-            self.elapsed
-        )?;
-        for (i, node) in self.nodes.iter().enumerate() {
-            if i > 0 {
-                f.write_str("; ")?;
-            }
-            write!(
-                f,
-                "{}: {} after {:?}",
-                node.node, node.outcome, node.elapsed
-            )?;
-        }
-        f.write_str("]")
+            "{granted} of {all} granted, quorum {quorum}, in {elapsed:?} [{nodes}]"
+        )
     }
 }
 

@@ -37,8 +37,8 @@ use connect::Connector;
 pub(crate) use endpoint::Endpoint;
 use pace::{Pace, SpinWait, BATCH_FROM, FLUSH_GRACE, RECHECK};
 pub(crate) use servers::Servers;
-pub(crate) use shared::{Bounds, Ticket};
-use shared::{Dispatch, Enlisted, Shared, Waiter};
+pub(crate) use shared::{Bounds, Dispatch, Ticket};
+use shared::{Enlisted, Shared, Waiter};
 pub(crate) use subscription::{Event, Listener, Sender};
 pub use transport::counts::{io_counts, IoCounts};
 
@@ -78,7 +78,7 @@ impl Node {
                 reconnect_backoff,
                 owed: Default::default(),
             },
-            shared: Shared::new(),
+            shared: Shared::default(),
         }
     }
 
@@ -88,27 +88,22 @@ impl Node {
         &self.connector.endpoint.name
     }
 
-    /// Queues `cmd` on the connection and gets it written: by this thread
-    /// now, or, if another thread is writing, by that thread before it lets
-    /// go. Connects first if there is no connection.
-    pub(crate) fn submit(&self, cmd: &Command, bounds: Bounds) -> Result<Ticket, Failure> {
-        (self.shared).submit(&self.connector, cmd, bounds, Dispatch::Now)
-    }
-
-    /// Like [`submit`](Self::submit), but a script always goes as `EVAL`:
-    /// for a request whose reply nobody will read, and for the retry after
-    /// a `NOSCRIPT` (meanwhile another thread may have seen the script run
-    /// and marked it cached again).
-    pub(crate) fn submit_eval(&self, cmd: &Command, bounds: Bounds) -> Result<Ticket, Failure> {
-        (self.shared).submit(&self.connector, cmd, bounds, Dispatch::Eval)
-    }
-
-    /// Queues `cmd` on the connection, to be written with other threads'
-    /// commands by whoever lets go of the client's [`Pace`] last (see
-    /// [`Turn`]). Without an open connection it is written now, as
-    /// [`submit`](Self::submit) does.
-    fn queue(&self, cmd: &Command, bounds: Bounds) -> Result<Ticket, Failure> {
-        (self.shared).submit(&self.connector, cmd, bounds, Dispatch::Queued)
+    /// Queues `cmd` on the connection and gets it written as `dispatch`
+    /// says: [`Dispatch::Now`] by this thread now, or, if another thread is
+    /// writing, by that thread before it lets go (connecting first if there
+    /// is no connection); [`Dispatch::Eval`] likewise, but a script always
+    /// goes as `EVAL` (for a request whose reply nobody will read, and for
+    /// the retry after a `NOSCRIPT`: meanwhile another thread may have seen
+    /// the script run and marked it cached again); [`Dispatch::Queued`]
+    /// with other threads' commands, by whoever lets go of the client's
+    /// [`Pace`] last (see [`Turn`]), or now without an open connection.
+    pub(crate) fn submit(
+        &self,
+        cmd: &Command,
+        bounds: Bounds,
+        dispatch: Dispatch,
+    ) -> Result<Ticket, Failure> {
+        (self.shared).submit(&self.connector, cmd, bounds, dispatch)
     }
 
     /// Writes what is queued on the connection (unless another thread is
@@ -120,101 +115,47 @@ impl Node {
         self.shared.flush(&self.connector, bounds, wake_reader);
     }
 
-    /// How many requests on the wire to this node have threads awaiting
-    /// their replies (at least): those threads will be woken, and write
-    /// what is queued by then. Zero for a node that does not answer
-    /// quickly, or whose connection cannot be split (TLS): a command should
-    /// not wait for a batch there.
-    fn awaited_on_wire(&self) -> u64 {
-        self.shared.awaited_on_wire()
-    }
-
-    /// Enlists `waiter` for the reply to `ticket`, so that it sleeps on
-    /// several nodes at once: the reader that stores the reply counts it.
-    /// [`Enlisted::Ready`] means: do not sleep, poll. An enlisted ticket
-    /// must be [`delist`](Self::delist)ed once the waiter wakes.
-    fn enlist(&self, ticket: Ticket, waiter: &Arc<Waiter>) -> Enlisted {
-        self.shared.enlist(ticket, waiter)
-    }
-
-    /// Removes the waiter enlisted for `ticket`.
-    fn delist(&self, ticket: Ticket) {
-        self.shared.delist(ticket);
-    }
-
     /// The pace of the client's threads: the same for all its nodes.
     pub(crate) fn pace(&self) -> &Pace {
         &self.connector.servers.pace
     }
 
-    /// Waits for the reply to `cmd`, sent under `ticket`, reading it (and
-    /// whatever comes before it) when no other thread is doing I/O. A
-    /// script the server lost is sent again as `EVAL` and waited for, in
-    /// the same round: see [`script_reply`](Self::script_reply). Also
-    /// returns whether the thread was woken with its reply: it holds the
-    /// [`Pace`] then.
-    fn wait(
-        &self,
-        cmd: &Command,
-        ticket: Ticket,
-        bounds: Bounds,
-    ) -> (Result<Value, Failure>, bool) {
-        let (reply, held) = self.wait_raw(ticket, bounds);
-        self.script_reply(cmd, ticket, reply, bounds, held)
-    }
-
-    /// Like [`wait`](Self::wait), but the reply is `None` instead of
-    /// sleeping when another thread is doing I/O on the connection (or owes
-    /// the write of the command). With `batch_until`, a command still
-    /// queued waits until then for other threads to write it, even while
-    /// none is awake.
-    fn poll(
-        &self,
-        cmd: &Command,
-        ticket: Ticket,
-        bounds: Bounds,
-        batch_until: Option<Instant>,
-    ) -> (Option<Result<Value, Failure>>, bool) {
-        let (reply, held) = (self.shared).take(&self.connector, ticket, bounds, false, batch_until);
-        match reply {
-            Some(reply) => {
-                let (reply, held) = self.script_reply(cmd, ticket, reply, bounds, held);
-                (Some(reply), held)
-            }
-            None => (None, held),
-        }
-    }
-
-    /// The reply to `ticket` as it came, with no script bookkeeping.
-    fn wait_raw(&self, ticket: Ticket, bounds: Bounds) -> (Result<Value, Failure>, bool) {
-        let (reply, held) = (self.shared).take(&self.connector, ticket, bounds, true, None);
-        (reply.unwrap_or(Err(Failure::TimedOut)), held)
-    }
-
-    /// The node's script cache bookkeeping, once `reply` to `cmd` came: a
-    /// script that ran is known to be cached on the connection's server, a
+    /// The reply to `cmd`, sent under `ticket`, read (and whatever comes
+    /// before it) when no other thread is doing I/O. Unless `block`, `None`
+    /// instead of sleeping when another thread is doing I/O on the
+    /// connection (or owes the write of the command); with `batch_until`,
+    /// a command still queued waits until then for other threads to write
+    /// it, even while none is awake. Also returns whether the thread was
+    /// woken with its reply: it holds the [`Pace`] then.
+    ///
+    /// The node's script cache bookkeeping, once the reply came: a script
+    /// that ran is known to be cached on the connection's server, a
     /// `NOSCRIPT` says it is not. After a `NOSCRIPT` the command goes once
     /// more as `EVAL`, within the same deadline, and that reply is the
-    /// answer. `held` as returned with `reply`, and returned updated.
-    fn script_reply(
+    /// answer.
+    fn take(
         &self,
         cmd: &Command,
         ticket: Ticket,
-        reply: Result<Value, Failure>,
         bounds: Bounds,
-        held: bool,
-    ) -> (Result<Value, Failure>, bool) {
+        (block, batch_until): (bool, Option<Instant>),
+    ) -> (Option<Result<Value, Failure>>, bool) {
+        let (reply, held) = (self.shared).take(&self.connector, ticket, bounds, block, batch_until);
+        let Some(reply) = reply else {
+            return (None, held);
+        };
         let Some(script) = cmd
             .script
             .filter(|s| self.note_script(ticket, s.bit, &reply))
         else {
-            return (reply, held);
+            return (Some(reply), held);
         };
-        let ticket = match self.submit_eval(cmd, bounds) {
+        let ticket = match self.submit(cmd, bounds, Dispatch::Eval) {
             Ok(ticket) => ticket,
-            Err(failure) => return (Err(failure), held),
+            Err(failure) => return (Some(Err(failure)), held),
         };
-        let (reply, woken) = self.wait_raw(ticket, bounds);
+        let (reply, woken) = (self.shared).take(&self.connector, ticket, bounds, true, None);
+        let reply = reply.unwrap_or(Err(Failure::TimedOut));
         // A thread holds the pace once, however many of its replies woke
         // it: a second hold would never be let go, and every later round's
         // queued commands would wait out their grace.
@@ -222,7 +163,7 @@ impl Node {
             self.pace().release();
         }
         self.note_script(ticket, script.bit, &reply);
-        (reply, held || woken)
+        (Some(reply), held || woken)
     }
 
     /// Records what `reply` says about whether the server of `ticket`'s
@@ -265,12 +206,6 @@ impl Node {
     /// a round that a quorum decided need not wait for the slow ones.
     pub(crate) fn lateness(&self) -> u32 {
         self.shared.lateness()
-    }
-
-    /// Whether the connection has so many unread replies that the next
-    /// round should wait for its reply rather than leave it unread.
-    fn backlogged(&self, ticket: Ticket) -> bool {
-        self.shared.backlogged(ticket)
     }
 
     /// Whether the request `ticket` is on the wire (not still queued, nor
@@ -365,14 +300,14 @@ impl<'a> Turn<'a> {
         }
         let mut queued = Vec::with_capacity(connected.len());
         for &i in connected {
-            let sent = self.nodes[i].queue(cmd, self.bounds);
+            let sent = self.nodes[i].submit(cmd, self.bounds, Dispatch::Queued);
             self.awaited[i] = sent.as_ref().ok().copied();
             queued.push((i, sent.map(drop)));
         }
         let batch = may_batch
             && alone
             && !connected.is_empty()
-            && (connected.iter()).all(|&i| self.nodes[i].awaited_on_wire() >= BATCH_FROM);
+            && (connected.iter()).all(|&i| self.nodes[i].shared.awaited_on_wire() >= BATCH_FROM);
         if batch {
             let by = Instant::now() + FLUSH_GRACE;
             self.batch_until = Some(by);
@@ -391,7 +326,7 @@ impl<'a> Turn<'a> {
             self.end_batch(false);
         }
         self.let_go(false, false);
-        let (reply, held) = self.nodes[i].poll(cmd, ticket, self.bounds, self.batch_until);
+        let (reply, held) = self.nodes[i].take(cmd, ticket, self.bounds, (false, self.batch_until));
         self.held |= held;
         if reply.is_some() {
             self.awaited[i] = None;
@@ -413,7 +348,7 @@ impl<'a> Turn<'a> {
             let Some(ticket) = self.awaited[i] else {
                 continue;
             };
-            match self.nodes[i].enlist(ticket, &waiter) {
+            match self.nodes[i].shared.enlist(ticket, &waiter) {
                 Enlisted::Ready => {
                     ready = true;
                     break;
@@ -440,7 +375,7 @@ impl<'a> Turn<'a> {
             }
         }
         for &(i, ticket) in &enlisted {
-            self.nodes[i].delist(ticket);
+            self.nodes[i].shared.delist(ticket);
         }
         self.held |= waiter.holds_pace();
         if queued && !waiter.woken() && self.flush_by.is_some_and(|by| Instant::now() >= by) {
@@ -460,7 +395,7 @@ impl<'a> Turn<'a> {
         cmd: &Command,
     ) -> Option<Result<Value, Failure>> {
         let ticket = self.awaited[i]?;
-        if !self.nodes[i].backlogged(ticket) {
+        if !self.nodes[i].shared.backlogged(ticket) {
             self.awaited[i] = None;
             self.nodes[i].abandon(ticket);
             return None;
@@ -468,9 +403,9 @@ impl<'a> Turn<'a> {
         self.end_batch(true);
         self.let_go(false, false);
         self.awaited[i] = None;
-        let (reply, held) = self.nodes[i].wait(cmd, ticket, self.bounds);
+        let (reply, held) = self.nodes[i].take(cmd, ticket, self.bounds, (true, None));
         self.held |= held;
-        Some(reply)
+        reply
     }
 
     /// Stops waiting for the next batch: writes the round's commands still

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::error::Failure;
-use crate::node::{Bounds, Node, Turn};
+use crate::node::{Bounds, Dispatch, Node, Turn};
 use crate::script::Command;
 
 /// Where the next round starts reading.
@@ -101,7 +101,7 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
     /// command to each.
     fn connect_the_rest(&mut self, connecting: &[usize]) {
         let (nodes, cmd, bounds) = (self.nodes, self.cmd, self.bounds);
-        let submit = |i: usize| nodes[i].submit(cmd, bounds);
+        let submit = |i: usize| nodes[i].submit(cmd, bounds, Dispatch::Now);
         for (i, sent) in side_by_side(connecting, submit) {
             if let Ok(ticket) = sent {
                 self.turn.sent(i, ticket);
@@ -254,7 +254,7 @@ pub(crate) fn send_only(
         deadline,
         connect_timeout,
     };
-    let send = |i: usize| match nodes[i].submit_eval(cmd, bounds) {
+    let send = |i: usize| match nodes[i].submit(cmd, bounds, Dispatch::Eval) {
         Ok(ticket) => {
             // Queued behind another thread's write or connect, it may yet
             // be lost with that connection: owe it too (a release sent

@@ -128,7 +128,7 @@ struct Out {
 }
 
 /// The waiters, their channels and the line's state: plain data.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Hints {
     nodes: usize,
     waiters: Vec<Entry>,
@@ -148,8 +148,9 @@ struct Hints {
     unsupported: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 enum LineState {
+    #[default]
     Down,
     Connecting,
     /// Open: when it was last heard, and when the `PING` sent is overdue.
@@ -222,9 +223,7 @@ impl Waiters {
             let now = Instant::now();
             self.tidy(&mut st, now);
             if st.hints.listens_for(resources) {
-                let (id, out) = st.hints.register(resources, now, self.io_timeout);
-                self.send(&mut st, out, now);
-                watch.id = Some(id);
+                watch.id = Some(self.register(&mut st, resources, now));
             }
         }
         watch
@@ -253,23 +252,13 @@ impl Waiters {
         let mut st = self.lock();
         if st.hints.unsupported {
             while !stop() && Instant::now() < until {
-                let left = until.saturating_duration_since(Instant::now());
-                st = (self.changed.wait_timeout(st, left))
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+                st = self.sleep(st, until.saturating_duration_since(Instant::now()));
             }
             return Wake::TimedOut;
         }
         self.active.store(true, Ordering::Release);
-        let id = match watch.id {
-            Some(id) => id,
-            None => {
-                let now = Instant::now();
-                let (id, out) = st.hints.register(resources, now, self.io_timeout);
-                self.send(&mut st, out, now);
-                *watch.id.insert(id)
-            }
-        };
+        let now = Instant::now();
+        let id = *(watch.id).get_or_insert_with(|| self.register(&mut st, resources, now));
         let wake = loop {
             if let Some(wake) = st.hints.woken(id) {
                 break wake;
@@ -291,14 +280,8 @@ impl Waiters {
             }
             // Another thread reads or connects, or no node serves: sleep
             // until news or the end of the pause.
-            let left = st
-                .hints
-                .sleep_until(now, until)
-                .saturating_duration_since(now);
-            st = self
-                .changed
-                .wait_timeout(st, left)
-                .map_or_else(|e| e.into_inner().0, |r| r.0);
+            let left = st.hints.sleep_until(now, until);
+            st = self.sleep(st, left.saturating_duration_since(now));
         };
         drop(st);
         drop(watch);
@@ -307,6 +290,12 @@ impl Waiters {
             std::thread::sleep(random_below(WAKE_SPREAD).min(left));
         }
         wake
+    }
+
+    /// Sleeps until news (see [`changed`](Self::changed)) or for `left`.
+    fn sleep<'a>(&self, st: MutexGuard<'a, State>, left: Duration) -> MutexGuard<'a, State> {
+        let slept = self.changed.wait_timeout(st, left);
+        slept.map_or_else(|e| e.into_inner().0, |r| r.0)
     }
 
     /// Wakes every waiting thread to look at its `stop` again.
@@ -385,19 +374,21 @@ impl Waiters {
         st
     }
 
+    /// Adds a waiter for `resources`, and sends what the line needs for
+    /// it. Returns its id.
+    fn register(&self, st: &mut State, resources: &[String], now: Instant) -> u64 {
+        let (id, out) = st.hints.register(resources, now, self.io_timeout);
+        self.send(st, out, now);
+        id
+    }
+
     /// Sends `out` on the line, if there is one.
     fn send(&self, st: &mut State, out: Out, now: Instant) {
         let Some(line) = &mut st.line else {
             return;
         };
         let deadline = now + self.io_timeout;
-        let sender = &mut line.sender;
-        let sent = (sender.subscribe(&out.subscribe, deadline))
-            .and_then(|()| sender.unsubscribe(&out.unsubscribe, deadline))
-            .and_then(|()| match out.ping {
-                true => sender.ping(deadline),
-                false => Ok(()),
-            });
+        let sent = (line.sender).send(&out.subscribe, &out.unsubscribe, out.ping, deadline);
         if sent.is_err() {
             self.fail_line(st, now);
         }
@@ -431,16 +422,8 @@ impl Hints {
     fn new(nodes: usize) -> Hints {
         Hints {
             nodes: nodes.max(1),
-            waiters: Vec::new(),
-            next_id: 0,
-            channels: HashMap::new(),
-            line: LineState::Down,
-            node: 0,
-            failed_in_row: 0,
             backoff: BACKOFF,
-            connect_after: None,
-            idle_since: None,
-            unsupported: false,
+            ..Hints::default()
         }
     }
 
@@ -536,11 +519,10 @@ impl Hints {
     /// This client released `resources`: wakes one waiter of each. Returns
     /// whether it woke any.
     fn released_here(&mut self, resources: &[String]) -> bool {
-        let mut woke = false;
-        for resource in resources {
-            woke |= self.wake_one(resource, Wake::ReleasedHere);
-        }
-        woke
+        let woke = resources
+            .iter()
+            .filter(|r| self.wake_one(r, Wake::ReleasedHere));
+        woke.count() > 0
     }
 
     /// What the line said. Returns whether other threads should look.
@@ -562,24 +544,16 @@ impl Hints {
                 }
                 self.failed_in_row = 0;
                 self.backoff = BACKOFF;
-                let mut woke = false;
-                for waiter in &mut self.waiters {
-                    if waiter.woken.is_none() && waiter.resources.contains(&resource) {
-                        waiter.woken = Some(Wake::Heard);
-                        woke = true;
-                    }
-                }
-                woke
+                let waiters = self.waiters.iter_mut();
+                let asleep =
+                    waiters.filter(|w| w.woken.is_none() && w.resources.contains(&resource));
+                asleep.map(|w| w.woken = Some(Wake::Heard)).count() > 0
             }
             Event::Unsubscribed(channel) => {
-                if let Some(resource) = resource_of(&channel) {
-                    if self
-                        .channels
-                        .get(&resource)
-                        .is_some_and(|c| c.sub == Sub::Leaving)
-                    {
-                        self.channels.remove(&resource);
-                    }
+                let leaving =
+                    |r: &String| self.channels.get(r).is_some_and(|c| c.sub == Sub::Leaving);
+                if let Some(resource) = resource_of(&channel).filter(leaving) {
+                    self.channels.remove(&resource);
                 }
                 false
             }
@@ -596,31 +570,26 @@ impl Hints {
     /// `io` (so that subscriptions sent meanwhile are checked in time), or
     /// when the line owes an answer.
     fn read_deadline(&self, now: Instant, until: Instant, io: Duration) -> Instant {
-        let mut deadline = until.min(now + io);
-        if let LineState::Up {
-            ping_due: Some(due),
-            ..
-        } = self.line
-        {
-            deadline = deadline.min(due);
-        }
-        for channel in self.channels.values() {
-            if let Sub::Sent { due } = channel.sub {
-                deadline = deadline.min(due);
-            }
-        }
-        deadline
+        self.answers_due().fold(until.min(now + io), Instant::min)
     }
 
     /// The line owes an answer it should have given by now.
     fn overdue(&self, now: Instant) -> bool {
-        let ping_late =
-            matches!(self.line, LineState::Up { ping_due: Some(due), .. } if now >= due);
-        ping_late
-            || self
-                .channels
-                .values()
-                .any(|c| matches!(c.sub, Sub::Sent { due } if now >= due))
+        self.answers_due().any(|due| now >= due)
+    }
+
+    /// When the answers the line owes are due: to the `PING` sent, and to
+    /// each subscription not confirmed yet.
+    fn answers_due(&self) -> impl Iterator<Item = Instant> + '_ {
+        let ping = match self.line {
+            LineState::Up { ping_due, .. } => ping_due,
+            _ => None,
+        };
+        let subs = self.channels.values().filter_map(|c| match c.sub {
+            Sub::Sent { due } => Some(due),
+            _ => None,
+        });
+        ping.into_iter().chain(subs)
     }
 
     /// Whether a waiter may open a line now.

@@ -68,6 +68,7 @@ pub(crate) struct Ticket {
 }
 
 /// A node's shared connection: what its threads share, behind a mutex.
+#[derive(Default)]
 pub(super) struct Shared {
     link: Mutex<Link>,
 }
@@ -163,6 +164,7 @@ pub(crate) enum Enlisted {
 
 /// Everything behind a node's mutex: the connection of the current epoch,
 /// and what outlives it.
+#[derive(Default)]
 struct Link {
     /// Bumped whenever the connection is dropped.
     epoch: u64,
@@ -200,32 +202,23 @@ impl Deref for Locked<'_> {
     type Target = Link;
 
     fn deref(&self) -> &Link {
-        self.guard
-            .as_deref()
-            .expect("a Locked holds its guard until dropped")
+        self.guard.as_deref().expect("held until dropped")
     }
 }
 
 impl DerefMut for Locked<'_> {
     fn deref_mut(&mut self) -> &mut Link {
-        self.guard
-            .as_deref_mut()
-            .expect("a Locked holds its guard until dropped")
+        self.guard.as_deref_mut().expect("held until dropped")
     }
 }
 
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
-        let Some(mut guard) = self.guard.take() else {
-            return;
-        };
-        if guard.wakes.is_empty() {
-            return;
-        }
-        let wakes = std::mem::take(&mut guard.wakes);
-        drop(guard);
-        for thread in wakes {
-            thread.unpark();
+        // (An empty list keeps its capacity for the next wake-ups.)
+        if let Some(mut guard) = self.guard.take().filter(|g| !g.wakes.is_empty()) {
+            let wakes = std::mem::take(&mut guard.wakes);
+            drop(guard);
+            wakes.iter().for_each(Thread::unpark);
         }
     }
 }
@@ -292,21 +285,6 @@ struct Connection {
 }
 
 impl Shared {
-    pub(super) fn new() -> Shared {
-        Shared {
-            link: Mutex::new(Link {
-                epoch: 0,
-                conn: Connection::default(),
-                ended: None,
-                sleepers: Vec::new(),
-                slow: false,
-                connect_after: None,
-                wait_us: 0,
-                wakes: Vec::new(),
-            }),
-        }
-    }
-
     fn lock(&self) -> Locked<'_> {
         Locked {
             guard: Some(self.link.lock().unwrap_or_else(|e| e.into_inner())),
@@ -421,19 +399,15 @@ impl Shared {
                     // every command it left queued before a read may block.
                     break None;
                 }
-                None => {
-                    let pace = &connector.servers.pace;
-                    let deadline = bounds.deadline;
-                    next_step(
-                        &mut link,
-                        pace,
-                        ticket,
-                        deadline,
-                        batch_until,
-                        &mut flush_by,
-                        now,
-                    )
-                }
+                None => next_step(
+                    &mut link,
+                    &connector.servers.pace,
+                    ticket,
+                    bounds.deadline,
+                    batch_until,
+                    &mut flush_by,
+                    now,
+                ),
             };
             match next {
                 Step::Write => link = self.write_out(link, connector, bounds, false),
@@ -449,11 +423,7 @@ impl Shared {
                 Step::Sleep(_) if !block => break None,
                 Step::Sleep(until) => {
                     let waiter = Waiter::new(1);
-                    link.sleepers.push(Sleeper {
-                        ticket,
-                        waiter: Arc::clone(&waiter),
-                        stored: false,
-                    });
+                    enlist(&mut link, ticket, &waiter);
                     drop(link);
                     thread::park_timeout(until.min(now + RECHECK).saturating_duration_since(now));
                     link = self.lock();
@@ -480,11 +450,7 @@ impl Shared {
             return Enlisted::Ready;
         }
         let queued = ticket.seq >= conn.written && !conn.writing;
-        link.sleepers.push(Sleeper {
-            ticket,
-            waiter: Arc::clone(waiter),
-            stored: false,
-        });
+        enlist(&mut link, ticket, waiter);
         Enlisted::Asleep { queued }
     }
 
@@ -533,16 +499,8 @@ impl Shared {
         if link.epoch != ticket.epoch {
             return;
         }
-        match link
-            .conn
-            .replies
-            .iter()
-            .position(|(seq, _)| *seq == ticket.seq)
-        {
-            Some(i) => {
-                let (_, reply) = link.conn.replies.swap_remove(i);
-                forget_scripts_if_lost(&mut link.conn, &reply);
-            }
+        match take_stored(&mut link.conn, ticket.seq) {
+            Some(reply) => forget_scripts_if_lost(&mut link.conn, &reply),
             None => give_up(&mut link.conn, ticket.seq),
         }
         hand_off(&mut link, pace);
@@ -552,11 +510,8 @@ impl Shared {
     pub(super) fn note_script(&self, ticket: Ticket, bit: u8, known: bool) {
         let mut link = self.lock();
         if link.epoch == ticket.epoch {
-            if known {
-                link.conn.scripts |= bit;
-            } else {
-                link.conn.scripts &= !bit;
-            }
+            let others = link.conn.scripts & !bit;
+            link.conn.scripts = others | if known { bit } else { 0 };
         }
     }
 
@@ -633,9 +588,7 @@ impl Shared {
         let epoch = link.epoch;
         let unsplit = link.conn.unsplit;
         link.conn.reading = true;
-        if unsplit {
-            link.conn.writing = true;
-        }
+        link.conn.writing |= unsplit;
         let mut reader = link.conn.reader.take();
         let mut writer = unsplit.then(|| link.conn.writer.take()).flatten();
         drop(link);
@@ -691,11 +644,16 @@ enum Step {
 
 /// The reply to `ticket` if it is stored, or why none will come.
 fn taken_now(link: &mut Link, ticket: Ticket) -> Option<Result<Value, Failure>> {
-    if let Err(failure) = check(link, ticket) {
-        return Some(Err(failure));
+    match check(link, ticket) {
+        Err(failure) => Some(Err(failure)),
+        Ok(()) => take_stored(&mut link.conn, ticket.seq).map(Ok),
     }
-    let i = (link.conn.replies.iter()).position(|(seq, _)| *seq == ticket.seq)?;
-    Some(Ok(link.conn.replies.swap_remove(i).1))
+}
+
+/// Takes the stored reply to request `seq`, if any.
+fn take_stored(conn: &mut Connection, seq: u64) -> Option<Value> {
+    let i = conn.replies.iter().position(|(s, _)| *s == seq)?;
+    Some(conn.replies.swap_remove(i).1)
 }
 
 /// What to do for `ticket`'s reply, not stored yet. Our command is
@@ -932,11 +890,18 @@ fn wake_one(link: &mut Link) {
     }) {
         return;
     }
-    for sleeper in &link.sleepers {
-        if !sleeper.stored && sleeper.waiter.wake(AWAKE_OTHER, &mut link.wakes) {
-            return;
-        }
-    }
+    let wakes = &mut link.wakes;
+    let _ = (link.sleepers.iter()).any(|s| !s.stored && s.waiter.wake(AWAKE_OTHER, wakes));
+}
+
+/// Adds `waiter` as the sleeper of `ticket`.
+fn enlist(link: &mut Link, ticket: Ticket, waiter: &Arc<Waiter>) {
+    let waiter = Arc::clone(waiter);
+    (link.sleepers).push(Sleeper {
+        ticket,
+        waiter,
+        stored: false,
+    });
 }
 
 /// Removes the sleeper of `ticket`.
@@ -1021,7 +986,7 @@ mod tests {
     /// its recheck), and not while the lock is held.
     #[test]
     fn a_thread_woken_under_the_lock_is_unparked_when_the_lock_is_let_go() {
-        let shared = Shared::new();
+        let shared = Shared::default();
         let waiter = Waiter::new(1);
         let mut link = shared.lock();
         assert!(waiter.wake(AWAKE_REPLY, &mut link.wakes));

@@ -63,51 +63,38 @@ pub(super) fn open(
 }
 
 impl Sender {
-    /// `SUBSCRIBE` to the release channels of `resources` (nothing sent
-    /// for none).
-    pub(crate) fn subscribe(
-        &mut self,
-        resources: &[String],
-        deadline: Instant,
-    ) -> Result<(), Failure> {
-        self.channels(b"SUBSCRIBE", resources, deadline)
-    }
-
-    /// `UNSUBSCRIBE` from the release channels of `resources` (nothing sent
-    /// for none).
-    pub(crate) fn unsubscribe(
-        &mut self,
-        resources: &[String],
-        deadline: Instant,
-    ) -> Result<(), Failure> {
-        self.channels(b"UNSUBSCRIBE", resources, deadline)
-    }
-
+    /// `SUBSCRIBE` to the release channels of `subscribe`, `UNSUBSCRIBE`
+    /// from those of `unsubscribe` (nothing for none), and, with `ping`, a
     /// `PING`: its answer shows the connection still carries traffic (a
-    /// partition keeps a connection open but silent).
-    pub(crate) fn ping(&mut self, deadline: Instant) -> Result<(), Failure> {
-        let mut bytes = Vec::new();
-        pack(&mut bytes, &[b"PING"]);
-        self.writer.send(&bytes, deadline)
-    }
-
-    fn channels(
+    /// partition keeps a connection open but silent). One write, if any.
+    pub(crate) fn send(
         &mut self,
-        name: &[u8],
-        resources: &[String],
+        subscribe: &[String],
+        unsubscribe: &[String],
+        ping: bool,
         deadline: Instant,
     ) -> Result<(), Failure> {
-        if resources.is_empty() {
-            return Ok(());
-        }
-        let names: Vec<String> = (resources.iter())
-            .map(|r| format!("{RELEASED_CHANNEL_PREFIX}{r}"))
-            .collect();
-        let mut args: Vec<&[u8]> = vec![name];
-        args.extend(names.iter().map(|c| c.as_bytes()));
         let mut bytes = Vec::new();
-        pack(&mut bytes, &args);
-        self.writer.send(&bytes, deadline)
+        for (name, resources) in [
+            (&b"SUBSCRIBE"[..], subscribe),
+            (b"UNSUBSCRIBE", unsubscribe),
+        ] {
+            let names: Vec<String> = (resources.iter())
+                .map(|r| format!("{RELEASED_CHANNEL_PREFIX}{r}"))
+                .collect();
+            let mut args: Vec<&[u8]> = vec![name];
+            args.extend(names.iter().map(|c| c.as_bytes()));
+            if !names.is_empty() {
+                pack(&mut bytes, &args);
+            }
+        }
+        if ping {
+            pack(&mut bytes, &[b"PING"]);
+        }
+        match bytes.is_empty() {
+            true => Ok(()),
+            false => self.writer.send(&bytes, deadline),
+        }
     }
 }
 

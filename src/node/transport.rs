@@ -58,6 +58,18 @@ pub(crate) mod counts {
 const TIMEOUT_SLACK: Duration = Duration::from_micros(500);
 
 /// A socket of ours.
+/// Runs `$body` with `$s` bound to the socket of `$stream`, whichever kind
+/// it is.
+macro_rules! on_socket {
+    ($stream:expr, $s:ident => $body:expr) => {
+        match $stream {
+            Stream::Tcp($s) => $body,
+            #[cfg(unix)]
+            Stream::Unix($s) => $body,
+        }
+    };
+}
+
 pub(crate) enum Stream {
     Tcp(TcpStream),
     #[cfg(unix)]
@@ -104,51 +116,23 @@ impl Stream {
         ))
     }
 
-    fn set_read_timeout(&self, t: Duration) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.set_read_timeout(Some(t)),
-            #[cfg(unix)]
-            Stream::Unix(s) => s.set_read_timeout(Some(t)),
-        }
-    }
-
-    fn set_write_timeout(&self, t: Duration) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.set_write_timeout(Some(t)),
-            #[cfg(unix)]
-            Stream::Unix(s) => s.set_write_timeout(Some(t)),
-        }
-    }
-
     /// Ends the connection for both halves: a read blocked on it returns.
     fn shutdown(&self) {
-        let _ = match self {
-            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
-            #[cfg(unix)]
-            Stream::Unix(s) => s.shutdown(Shutdown::Both),
-        };
+        let _ = on_socket!(self, s => s.shutdown(Shutdown::Both));
     }
 }
 
 impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         counts::add(&counts::READS);
-        match self {
-            Stream::Tcp(s) => s.read(buf),
-            #[cfg(unix)]
-            Stream::Unix(s) => s.read(buf),
-        }
+        on_socket!(self, s => s.read(buf))
     }
 }
 
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         counts::add(&counts::WRITES);
-        match self {
-            Stream::Tcp(s) => s.write(buf),
-            #[cfg(unix)]
-            Stream::Unix(s) => s.write(buf),
-        }
+        on_socket!(self, s => s.write(buf))
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -199,23 +183,14 @@ impl Writer {
         let left = left_or_least(deadline);
         match self {
             Writer::Stream { stream, timeout } => {
-                if needs_reset(*timeout, left) {
-                    let t = timeout_for(left);
-                    stream.set_write_timeout(t).map_err(io_failure)?;
-                    *timeout = Some(t);
-                }
+                let set = |t| on_socket!(&*stream, s => s.set_write_timeout(Some(t)));
+                refresh(timeout, left, set).map_err(io_failure)?;
                 // (write_all retries a write a signal interrupted.)
                 stream.write_all(bytes).map_err(io_failure)
             }
             Writer::Unsplit(unsplit) => {
-                if needs_reset(unsplit.write_timeout, left) {
-                    let t = timeout_for(left);
-                    unsplit
-                        .inner
-                        .set_write_timeout(Some(t))
-                        .map_err(redis_failure)?;
-                    unsplit.write_timeout = Some(t);
-                }
+                let set = |t| unsplit.inner.set_write_timeout(Some(t));
+                refresh(&mut unsplit.write_timeout, left, set).map_err(redis_failure)?;
                 unsplit
                     .inner
                     .send_packed_command(bytes)
@@ -230,14 +205,8 @@ impl Writer {
         match self {
             Writer::Unsplit(unsplit) => {
                 let left = left_or_least(deadline);
-                if needs_reset(unsplit.read_timeout, left) {
-                    let t = timeout_for(left);
-                    unsplit
-                        .inner
-                        .set_read_timeout(Some(t))
-                        .map_err(redis_failure)?;
-                    unsplit.read_timeout = Some(t);
-                }
+                let set = |t| unsplit.inner.set_read_timeout(Some(t));
+                refresh(&mut unsplit.read_timeout, left, set).map_err(redis_failure)?;
                 unsplit.inner.recv_response().map_err(redis_failure)
             }
             Writer::Stream { .. } => Err(Failure::Error(NodeError::Io(
@@ -297,35 +266,25 @@ impl Reader {
             if let Some(reply) = self.recv_buffered() {
                 return reply.map(Some);
             }
-            let Reader {
-                stream,
-                timeout,
-                buf,
-                start,
-                end,
-                ..
-            } = self;
-            if *start > 0 {
-                buf.copy_within(*start..*end, 0);
-                *end -= *start;
-                *start = 0;
+            if self.start > 0 {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
             }
-            if buf.len() - *end < READ_SIZE / 4 {
-                buf.resize(*end + READ_SIZE, 0);
+            if self.buf.len() - self.end < READ_SIZE / 4 {
+                self.buf.resize(self.end + READ_SIZE, 0);
             }
             let left = left_or_least(pause.min(deadline));
-            if needs_reset(*timeout, left) {
-                let t = timeout_for(left);
-                stream.set_read_timeout(t).map_err(io_failure)?;
-                *timeout = Some(t);
-            }
-            match stream.read(&mut buf[*end..]) {
+            let stream = &self.stream;
+            let set = |t| on_socket!(stream, s => s.set_read_timeout(Some(t)));
+            refresh(&mut self.timeout, left, set).map_err(io_failure)?;
+            match self.stream.read(&mut self.buf[self.end..]) {
                 Ok(0) => {
                     return Err(Failure::Error(NodeError::Io(
                         "the server closed the connection".to_string(),
                     )));
                 }
-                Ok(n) => *end += n,
+                Ok(n) => self.end += n,
                 // A signal: with a socket timeout set, the OS does not
                 // restart the read by itself.
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -337,14 +296,17 @@ impl Reader {
                     return Err(failure);
                 }
             }
-            let unparsed = &buf[*start..*end];
-            if paused(Instant::now()) && frame_len(unparsed) == Ok(None) {
-                return Ok(None);
-            }
-            // A reply trickled out in pieces must not hold the read past the
-            // deadline: each piece waits only for the time left.
-            if Instant::now() >= deadline && frame_len(unparsed) == Ok(None) {
-                return Err(Failure::TimedOut);
+            let now = Instant::now();
+            if frame_len(&self.buf[self.start..self.end]) == Ok(None) {
+                if paused(now) {
+                    return Ok(None);
+                }
+                // A reply trickled out in pieces must not hold the read
+                // past the deadline: each piece waits only for the time
+                // left.
+                if now >= deadline {
+                    return Err(Failure::TimedOut);
+                }
             }
         }
     }
@@ -477,6 +439,21 @@ fn needs_reset(set: Option<Duration>, left: Duration) -> bool {
 /// the next rounds, whose time left differs by less than that, keep it.
 fn timeout_for(left: Duration) -> Duration {
     left + TIMEOUT_SLACK / 2
+}
+
+/// Sets the socket timeout (with `set`; `timeout` is the one set) to wait
+/// about `left`, unless the one set will do (see [`needs_reset`]).
+fn refresh<E>(
+    timeout: &mut Option<Duration>,
+    left: Duration,
+    set: impl FnOnce(Duration) -> Result<(), E>,
+) -> Result<(), E> {
+    if needs_reset(*timeout, left) {
+        let t = timeout_for(left);
+        set(t)?;
+        *timeout = Some(t);
+    }
+    Ok(())
 }
 
 fn io_failure(e: io::Error) -> Failure {
