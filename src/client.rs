@@ -638,29 +638,24 @@ impl Redlock {
     ) -> Result<Report, LockError> {
         self.inner.waiters.close_if_idle();
         let cmd = kind.release(resources, token, false);
-        let tally = self.round(
-            kind,
-            &cmd,
-            Duration::ZERO,
-            release_vote(resources.len()),
-            Ask::UntilDecided,
-        );
+        let vote = release_vote(resources.len());
+        let tally = self.round(kind, &cmd, Duration::ZERO, vote, Ask::UntilDecided);
         if tally.report.granted() > 0 {
             // This client's own waiters need not hear it from a node.
             (self.inner.waiters).released(resources);
         }
-        let result = if tally.report.granted() >= tally.report.quorum {
-            Ok(tally.report)
-        } else if tally.refused_by_quorum_complement() {
-            Err(LockError::Lost {
-                resource: resources[0].clone(),
-                report: tally.report,
-            })
+        let lost = tally.refused_by_quorum_complement();
+        let (resource, report) = (resources[0].clone(), tally.report);
+        let result = if report.granted() >= report.quorum {
+            Ok(report)
+        } else if lost {
+            Err(LockError::Lost { resource, report })
         } else {
+            let attempts = 1;
             Err(LockError::NoQuorum {
-                resource: resources[0].clone(),
-                attempts: 1,
-                report: tally.report,
+                resource,
+                attempts,
+                report,
             })
         };
         self.observe(What::Released, (resources, token), 0, result.as_ref());
@@ -711,47 +706,24 @@ impl Redlock {
         let (mut yes, mut no, mut fence) = (0, 0, 0);
         let every_reply = matches!(ask, Ask::EveryReply);
         let start = Instant::now();
-        let replies = round::run(
-            &inner.nodes,
-            cmd,
-            start,
-            start + inner.config.io_timeout,
-            inner.config.connect_timeout,
-            |i| !matches!(ask, Ask::Only(asked) if !asked[i]),
-            (
-                // The fewest replies that can decide: a quorum of grants,
-                // or enough refusals that no quorum is left.
-                if every_reply {
-                    n
-                } else {
-                    quorum.min(n - quorum + 1)
-                },
-                |result| {
-                    match result.as_ref().map(&vote) {
-                        Ok(Ok((true, counter))) => {
-                            yes += 1;
-                            fence = fence.max(counter);
-                        }
-                        _ => no += 1,
-                    }
-                    !every_reply && (yes >= quorum || no > n - quorum)
-                },
-            ),
-        );
+        // The fewest replies that can decide: a quorum of grants, or
+        // enough refusals that no quorum is left.
+        let to_decide = [quorum.min(n - quorum + 1), n][usize::from(every_reply)];
+        let asked = |i: usize| !matches!(ask, Ask::Only(asked) if !asked[i]);
+        let replies = self.run(cmd, start, asked, to_decide, |result| {
+            match result.as_ref().map(&vote) {
+                Ok(Ok((true, counter))) => (yes, fence) = (yes + 1, fence.max(counter)),
+                _ => no += 1,
+            }
+            !every_reply && (yes >= quorum || no > n - quorum)
+        });
         let elapsed = start.elapsed();
         let nodes = (inner.nodes.iter().zip(replies))
-            .map(
-                |(
-                    node,
-                    Reply {
-                        result, elapsed, ..
-                    },
-                )| NodeReport {
-                    node: Arc::clone(node.name()),
-                    outcome: outcome(result, &vote),
-                    elapsed,
-                },
-            )
+            .map(|(node, reply)| NodeReport {
+                node: Arc::clone(node.name()),
+                outcome: outcome(reply.result, &vote),
+                elapsed: reply.elapsed,
+            })
             .collect();
         let validity = self.validity(ttl, elapsed);
         Tally {
@@ -770,26 +742,39 @@ impl Redlock {
     /// One round of `cmd` on every node, read until its deadline: each
     /// node's reply, or why there is none.
     pub(crate) fn replies(&self, cmd: &Command) -> Vec<(Arc<str>, Result<Value, NodeOutcome>)> {
-        let (inner, start) = (&*self.inner, Instant::now());
-        let deadline = start + inner.config.io_timeout;
-        let n = inner.nodes.len();
-        let replies = round::run(
-            &inner.nodes,
+        let nodes = &self.inner.nodes;
+        let replies = self.run(cmd, Instant::now(), |_| true, nodes.len(), |_| false);
+        (nodes.iter().zip(replies))
+            .map(|(node, reply)| match reply.result {
+                Ok(value) if !matches!(value, Value::ServerError(_)) => {
+                    (node.name().clone(), Ok(value))
+                }
+                result => (node.name().clone(), Err(outcome(result, &script_vote))),
+            })
+            .collect()
+    }
+
+    /// One round of `cmd` from `start` on the nodes `asked` names, until its
+    /// deadline or until `decided` says so after `to_decide` replies.
+    fn run(
+        &self,
+        cmd: &Command,
+        start: Instant,
+        asked: impl Fn(usize) -> bool,
+        to_decide: usize,
+        decided: impl FnMut(&Result<Value, Failure>) -> bool,
+    ) -> Vec<Reply> {
+        let (nodes, config) = (&self.inner.nodes, &self.inner.config);
+        let deadline = start + config.io_timeout;
+        round::run(
+            nodes,
             cmd,
             start,
             deadline,
-            inner.config.connect_timeout,
-            |_| true,
-            (n, |_: &_| false),
-        );
-        (inner.nodes.iter().zip(replies))
-            .map(|(node, reply)| match reply.result {
-                Ok(value) if !matches!(value, Value::ServerError(_)) => {
-                    (Arc::clone(node.name()), Ok(value))
-                }
-                result => (Arc::clone(node.name()), Err(outcome(result, &script_vote))),
-            })
-            .collect()
+            config.connect_timeout,
+            asked,
+            (to_decide, decided),
+        )
     }
 
     /// The validity a round that took `elapsed` leaves of `ttl`: none if

@@ -100,6 +100,7 @@ pub(crate) struct Lease {
 }
 
 /// The lease's state.
+#[derive(Default)]
 struct State {
     /// The validity deadline; `None` once the lock is lost, for good. It
     /// only moves forward, and only while it has not passed.
@@ -145,11 +146,7 @@ impl Lease {
                 // no extension to come.
                 ending: hold_deadline.is_some_and(|hold| hold <= lock.valid_until),
                 report: lock.report.clone(),
-                done: false,
-                extending: false,
-                failures: 0,
-                on_lost: Vec::new(),
-                told: false,
+                ..State::default()
             }),
             lock: Mutex::new(lock),
             wake: Condvar::new(),
@@ -261,11 +258,18 @@ impl Lease {
                 }
             }
         }
-        match state.deadline() {
-            None => self.tell(client, state),
-            Some(d) if state.ending => Some(d),
-            Some(d) => Some(self.next_due(d)),
-        }
+        self.due(&mut state).or_else(|| self.tell(client, state))
+    }
+
+    /// When the lease is due next while the lock is held: at its deadline
+    /// once it is not extended any more, else when the next extension is.
+    fn due(&self, state: &mut State) -> Option<Instant> {
+        let deadline = state.deadline()?;
+        Some(if state.ending {
+            deadline
+        } else {
+            self.next_due(deadline)
+        })
     }
 
     /// Tells the loss once: wakes the threads waiting for it, and hands
@@ -434,11 +438,10 @@ impl LockGuard {
     /// watchdog's last round (the refused or failed extension, if there
     /// was one).
     pub fn check(&self) -> Result<(), LockError> {
-        if self.lease.held() {
-            Ok(())
-        } else {
-            Err(self.lease.lost())
-        }
+        self.lease
+            .held()
+            .then_some(())
+            .ok_or_else(|| self.lease.lost())
     }
 
     /// Blocks until the lock is lost or `timeout` has passed; returns
@@ -464,17 +467,14 @@ impl LockGuard {
     pub fn wait_lost(&self, timeout: Duration) -> bool {
         let end = later(Instant::now(), timeout);
         let mut state = self.lease.state();
-        loop {
-            let Some(deadline) = state.deadline() else {
-                return true;
-            };
+        while let Some(deadline) = state.deadline() {
             let now = Instant::now();
             if now >= end {
                 return false;
             }
-            let until = deadline.min(end);
-            state = self.lease.wait(state, until.saturating_duration_since(now));
+            state = (self.lease).wait(state, deadline.min(end).saturating_duration_since(now));
         }
+        true
     }
 
     /// Registers `callback` to run once if the lock is lost while the
@@ -854,14 +854,10 @@ impl Redlock {
             client: self.clone(),
             released: false,
         };
-        let Some(deadline) = lease.deadline() else {
+        let due = lease.due(&mut lease.state());
+        let Some(due) = due else {
             // Out of validity already: no guard (its drop releases).
             return Err(lease.lost());
-        };
-        let due = if lease.state().ending {
-            deadline
-        } else {
-            lease.next_due(deadline)
         };
         match self.watch().add(self, lease, due) {
             Ok(()) => Ok(guard),
