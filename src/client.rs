@@ -466,22 +466,17 @@ impl Redlock {
             if call.cancelled() {
                 return Err(cancelled(&resources));
             }
+            let (config, budget) = (&inner.config, (attempts, call.retries));
             let planned = match error {
                 LockError::Unusable { .. } => None,
-                _ => pause.plan(
-                    &inner.config.retry,
-                    (attempts, call.retries),
-                    call.deadline,
-                    inner.config.io_timeout,
-                ),
+                _ => pause.plan(&config.retry, budget, call.deadline, config.io_timeout),
             };
             let Some(wake_at) = planned else {
                 return Err(error);
             };
             // Wait, for the pause or news of a release.
-            let wake = (inner.waiters).wait(watch, &inner.nodes, &resources, wake_at, &|| {
-                call.cancelled()
-            });
+            let cancelled = || call.cancelled();
+            let wake = (inner.waiters).wait(watch, &inner.nodes, &resources, wake_at, &cancelled);
             // Decide: the same pause goes on, or the next attempt counts,
             // unless the wait budget is used up.
             if !pause.woken(wake) {
@@ -676,16 +671,17 @@ impl Redlock {
         ttl: Duration,
         report: &Report,
     ) {
-        let inner = &*self.inner;
+        let (nodes, config) = (&self.inner.nodes, &self.inner.config);
         let cmd = kind.release(resources, token, true);
         let now = Instant::now();
+        let (deadline, owed_until) = (now + config.io_timeout, later(now, ttl));
         let may_hold = |i: usize| report.nodes[i].outcome != NodeOutcome::Refused;
         round::send_only(
-            &inner.nodes,
+            nodes,
             &cmd,
-            now + inner.config.io_timeout,
-            inner.config.connect_timeout,
-            later(now, ttl),
+            deadline,
+            config.connect_timeout,
+            owed_until,
             may_hold,
         );
     }

@@ -320,9 +320,7 @@ impl Cancel {
             self.0.done.store(true, Ordering::Release);
             std::mem::take(&mut *wakers)
         };
-        for wake in wakers {
-            wake();
-        }
+        wakers.into_iter().for_each(|wake| wake());
         self.0.rang.notify_all();
     }
 
@@ -350,16 +348,8 @@ impl Cancel {
 
     /// Sleeps until `until` or the cancellation, whichever comes first.
     fn sleep_until(&self, until: Instant) {
-        let mut wakers = self.wakers();
-        while !self.is_cancelled() {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            wakers = (self.0.rang.wait_timeout(wakers, left))
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+        let left = until.saturating_duration_since(Instant::now());
+        let _ = (self.0.rang).wait_timeout_while(self.wakers(), left, |_| !self.is_cancelled());
     }
 }
 

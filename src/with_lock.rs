@@ -77,8 +77,6 @@ type OnLost = Box<dyn FnOnce(&LockError) + Send>;
 pub struct LockGuard {
     lease: Arc<Lease>,
     client: Redlock,
-    /// The guard released the lock.
-    released: bool,
 }
 
 /// The lease as the guard and the watchdog share it: what it holds, and
@@ -158,9 +156,8 @@ impl Lease {
     }
 
     fn wait<'a>(&self, state: MutexGuard<'a, State>, timeout: Duration) -> MutexGuard<'a, State> {
-        (self.wake.wait_timeout(state, timeout))
-            .unwrap_or_else(PoisonError::into_inner)
-            .0
+        let waited = self.wake.wait_timeout(state, timeout);
+        waited.unwrap_or_else(PoisonError::into_inner).0
     }
 
     fn deadline(&self) -> Option<Instant> {
@@ -264,12 +261,8 @@ impl Lease {
     /// When the lease is due next while the lock is held: at its deadline
     /// once it is not extended any more, else when the next extension is.
     fn due(&self, state: &mut State) -> Option<Instant> {
-        let deadline = state.deadline()?;
-        Some(if state.ending {
-            deadline
-        } else {
-            self.next_due(deadline)
-        })
+        let (d, ending) = (state.deadline()?, state.ending);
+        Some(if ending { d } else { self.next_due(d) })
     }
 
     /// Tells the loss once: wakes the threads waiting for it, and hands
@@ -588,23 +581,22 @@ impl LockGuard {
     ///   and deleted only keys that still held this lock's token.
     /// - [`LockError::NoQuorum`] when too few nodes answered the release to
     ///   tell. The keys not deleted expire within the TTL.
-    pub fn unlock(mut self) -> Result<Report, LockError> {
+    pub fn unlock(self) -> Result<Report, LockError> {
         self.finish().unwrap_or_else(|| Err(self.lease.lost()))
     }
 
     /// Takes the lease from the watchdog (waiting for an extension in
     /// flight), then releases the lock: the first time only (`None` after
-    /// that).
-    fn finish(&mut self) -> Option<Result<Report, LockError>> {
-        if std::mem::replace(&mut self.released, true) {
-            return None;
-        }
+    /// that: the lease is done).
+    fn finish(&self) -> Option<Result<Report, LockError>> {
         let lease = &*self.lease;
         let mut state = lease.state();
         // Held now means held all along: the deadline never moves forward
         // once passed.
         let held = state.deadline().is_some();
-        state.done = true;
+        if std::mem::replace(&mut state.done, true) {
+            return None;
+        }
         state.on_lost.clear();
         while state.extending {
             state = lease.wait(state, Duration::from_secs(1));
@@ -852,7 +844,6 @@ impl Redlock {
         let guard = LockGuard {
             lease: Arc::clone(&lease),
             client: self.clone(),
-            released: false,
         };
         let due = lease.due(&mut lease.state());
         let Some(due) = due else {
