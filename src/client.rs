@@ -134,13 +134,10 @@ impl RedlockBuilder {
             .map(|(i, endpoint)| Node::new(endpoint, i, Arc::clone(&servers), grace, backoff))
             .collect();
         let quorum = Kind::Plain.quorum(nodes.len());
+        let waiters = Waiters::new(nodes.len(), config.io_timeout, config.connect_timeout);
         Ok(Redlock {
             inner: Arc::new(Inner {
-                waiters: Arc::new(Waiters::new(
-                    nodes.len(),
-                    config.io_timeout,
-                    config.connect_timeout,
-                )),
+                waiters: Arc::new(waiters),
                 nodes,
                 quorum,
                 config,
@@ -201,8 +198,7 @@ impl Tally {
         ttl: Duration,
         held: bool,
     ) -> LockError {
-        let resource = resource.to_string();
-        let report = self.report;
+        let (resource, report) = (resource.to_string(), self.report);
         let spare = report.nodes.len() - report.quorum;
         if report.unusable().count() > spare {
             LockError::Unusable { resource, report }
@@ -819,9 +815,8 @@ impl Redlock {
 
 /// The error of a cancelled call on `resources`.
 fn cancelled(resources: &[String]) -> LockError {
-    LockError::Cancelled {
-        resource: resources[0].clone(),
-    }
+    let resource = resources[0].clone();
+    LockError::Cancelled { resource }
 }
 
 fn outcome(
@@ -832,11 +827,10 @@ fn outcome(
         Err(Failure::TimedOut | Failure::ConnectTimedOut) => NodeOutcome::TimedOut,
         Err(Failure::NotAwaited) => NodeOutcome::NotAwaited,
         Err(Failure::Error(e)) => NodeOutcome::Failed(e),
-        Ok(Value::ServerError(e)) => NodeOutcome::Failed(NodeError::Server(format!(
-            "{} {}",
-            e.code(),
-            e.details().unwrap_or("")
-        ))),
+        Ok(Value::ServerError(e)) => {
+            let detail = format!("{} {}", e.code(), e.details().unwrap_or(""));
+            NodeOutcome::Failed(NodeError::Server(detail))
+        }
         Ok(value) => match vote(&value) {
             Ok((true, _)) => NodeOutcome::Granted,
             Ok((false, _)) => NodeOutcome::Refused,

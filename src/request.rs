@@ -201,11 +201,9 @@ impl LockOptions {
         if !(when_left > 0.0 && when_left < 1.0) {
             return Err(ArgumentError::ExtendWhenLeft { value: when_left }.into());
         }
+        let max_wait = config.max_wait.map(|wait| later(started, wait));
         let (retries, deadline) = match self.patience {
-            None => (
-                config.retry.retries,
-                config.max_wait.map(|w| later(started, w)),
-            ),
+            None => (config.retry.retries, max_wait),
             Some(Patience::Retries(n)) => (n, None),
             Some(Patience::For(wait)) => (u32::MAX, Some(later(started, wait))),
             Some(Patience::Until(deadline)) => (u32::MAX, Some(deadline)),

@@ -126,10 +126,8 @@ impl Pause {
     /// Attempts made at news within a pause come on top.
     pub(crate) fn counts_next_attempt(&mut self) -> bool {
         if self.under_way.is_none_or(|(end, _)| Instant::now() >= end) {
-            *self = Pause {
-                after_news: self.after_news,
-                ..Pause::default()
-            };
+            // A new pause; whether the last attempt followed news stays.
+            (self.under_way, self.soon) = (None, false);
             return true;
         }
         false

@@ -129,15 +129,18 @@ impl State {
 }
 
 impl Lease {
-    fn new(lock: Lock, hold_deadline: Option<Instant>, ttl: Duration, when_left: f64) -> Lease {
-        Lease {
+    /// The lease of `lock`, which a guard keeps as `call` says, extending it
+    /// by `ttl`.
+    fn new(lock: Lock, call: &Call, ttl: Duration) -> Arc<Lease> {
+        let hold_deadline = (call.max_hold).and_then(|cap| Instant::now().checked_add(cap));
+        Arc::new(Lease {
             hold_deadline,
             kind: lock.kind,
             resources: lock.resources.clone(),
             token: lock.token,
             fencing_token: lock.fencing_token,
             ttl,
-            when_left,
+            when_left: call.extend_when_left,
             state: Mutex::new(State {
                 deadline: Some(lock.valid_until),
                 // A cap the acquisition's validity already reaches leaves
@@ -148,7 +151,7 @@ impl Lease {
             }),
             lock: Mutex::new(lock),
             wake: Condvar::new(),
-        }
+        })
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -243,9 +246,7 @@ impl Lease {
             // it was too short to extend anything.
             Err(LockError::Argument(_)) => state.ending = true,
             Err(e) => {
-                if let Some(report) = e.report() {
-                    state.report = report.clone();
-                }
+                state.report = e.report().unwrap_or(&state.report).clone();
                 state.failures += 1;
                 // Never spin, even with a zero retry delay.
                 let pause = client.config().retry.pause(state.failures);
@@ -836,11 +837,7 @@ impl Redlock {
         once: bool,
     ) -> Result<LockGuard, LockError> {
         let (lock, call) = self.acquire_with(resources, options, once)?;
-        let hold_deadline = call
-            .max_hold
-            .and_then(|cap| Instant::now().checked_add(cap));
-        let lease = Lease::new(lock, hold_deadline, options.ttl, call.extend_when_left);
-        let lease = Arc::new(lease);
+        let lease = Lease::new(lock, &call, options.ttl);
         let guard = LockGuard {
             lease: Arc::clone(&lease),
             client: self.clone(),
@@ -868,11 +865,10 @@ where
     E: From<LockError>,
 {
     let guard = locked?;
-    // A panic in `f` unwinds through the guard's drop, which releases.
-    let value = f(&guard);
-    let released = guard.unlock();
-    let value = value?;
-    match released {
+    // A panic in `f`, or its error, goes through the guard's drop, which
+    // releases.
+    let value = f(&guard)?;
+    match guard.unlock() {
         Err(lost @ LockError::Lost { .. }) => Err(lost.into()),
         _ => Ok(value),
     }

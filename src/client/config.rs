@@ -332,14 +332,12 @@ impl RedlockBuilder {
     pub(crate) fn checked(self) -> Result<(Vec<String>, Config), ConfigError> {
         let config = self.config;
         if !(0.0..1.0).contains(&config.drift_factor) {
-            return Err(ConfigError::DriftFactor {
-                value: config.drift_factor,
-            });
+            let value = config.drift_factor;
+            return Err(ConfigError::DriftFactor { value });
         }
         if !(config.extend_when_left > 0.0 && config.extend_when_left < 1.0) {
-            return Err(ConfigError::ExtendWhenLeft {
-                value: config.extend_when_left,
-            });
+            let value = config.extend_when_left;
+            return Err(ConfigError::ExtendWhenLeft { value });
         }
         for (which, timeout) in [
             ("io_timeout", config.io_timeout),
