@@ -163,12 +163,8 @@ impl Lease {
         waited.unwrap_or_else(PoisonError::into_inner).0
     }
 
-    fn deadline(&self) -> Option<Instant> {
-        self.state().deadline()
-    }
-
     fn held(&self) -> bool {
-        self.deadline().is_some()
+        self.state().deadline().is_some()
     }
 
     /// The lost-lock error, with the report of the last round.
@@ -229,8 +225,7 @@ impl Lease {
         match result {
             Ok(()) => {
                 // A TTL shortened to end at the cap was the last.
-                state.ending = ttl < self.ttl;
-                state.failures = 0;
+                (state.ending, state.failures) = (ttl < self.ttl, 0);
                 state.report = lock.report.clone();
                 // The shortened TTL was measured before the round began:
                 // never let the validity run past the cap.
@@ -238,10 +233,7 @@ impl Lease {
                     .map_or(lock.valid_until, |hold| hold.min(lock.valid_until));
                 state.deadline = state.deadline().map(|_| valid_until);
             }
-            Err(LockError::Lost { report, .. }) => {
-                state.report = report;
-                state.deadline = None;
-            }
+            Err(LockError::Lost { report, .. }) => (state.report, state.deadline) = (report, None),
             // Only a shortened last TTL can be refused as an argument:
             // it was too short to extend anything.
             Err(LockError::Argument(_)) => state.ending = true,
@@ -386,9 +378,8 @@ impl LockGuard {
     /// # Ok::<(), LockError>(())
     /// ```
     pub fn validity(&self) -> Duration {
-        (self.lease.deadline()).map_or(Duration::ZERO, |d| {
-            d.saturating_duration_since(Instant::now())
-        })
+        let (deadline, now) = (self.lease.state().deadline(), Instant::now());
+        deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(now))
     }
 
     /// Whether the lock is still held: false, for good, as soon as an
@@ -432,10 +423,8 @@ impl LockGuard {
     /// watchdog's last round (the refused or failed extension, if there
     /// was one).
     pub fn check(&self) -> Result<(), LockError> {
-        self.lease
-            .held()
-            .then_some(())
-            .ok_or_else(|| self.lease.lost())
+        let held = self.lease.held();
+        held.then_some(()).ok_or_else(|| self.lease.lost())
     }
 
     /// Blocks until the lock is lost or `timeout` has passed; returns
