@@ -134,13 +134,10 @@ impl RedlockBuilder {
             .map(|(i, endpoint)| Node::new(endpoint, i, Arc::clone(&servers), grace, backoff))
             .collect();
         let quorum = Kind::Plain.quorum(nodes.len());
+        let waiters = Waiters::new(nodes.len(), config.io_timeout, config.connect_timeout);
         Ok(Redlock {
             inner: Arc::new(Inner {
-                waiters: Arc::new(Waiters::new(
-                    nodes.len(),
-                    config.io_timeout,
-                    config.connect_timeout,
-                )),
+                waiters: Arc::new(waiters),
                 nodes,
                 quorum,
                 config,
@@ -201,8 +198,7 @@ impl Tally {
         ttl: Duration,
         held: bool,
     ) -> LockError {
-        let resource = resource.to_string();
-        let report = self.report;
+        let (resource, report) = (resource.to_string(), self.report);
         let spare = report.nodes.len() - report.quorum;
         if report.unusable().count() > spare {
             LockError::Unusable { resource, report }
@@ -467,22 +463,17 @@ impl Redlock {
             if call.cancelled() {
                 return Err(cancelled(&resources));
             }
+            let (config, budget) = (&inner.config, (attempts, call.retries));
             let planned = match error {
                 LockError::Unusable { .. } => None,
-                _ => pause.plan(
-                    &inner.config.retry,
-                    (attempts, call.retries),
-                    call.deadline,
-                    inner.config.io_timeout,
-                ),
+                _ => pause.plan(&config.retry, budget, call.deadline, config.io_timeout),
             };
             let Some(wake_at) = planned else {
                 return Err(error);
             };
             // Wait, for the pause or news of a release.
-            let wake = (inner.waiters).wait(watch, &inner.nodes, &resources, wake_at, &|| {
-                call.cancelled()
-            });
+            let cancelled = || call.cancelled();
+            let wake = (inner.waiters).wait(watch, &inner.nodes, &resources, wake_at, &cancelled);
             // Decide: the same pause goes on, or the next attempt counts,
             // unless the wait budget is used up.
             if !pause.woken(wake) {
@@ -712,29 +703,24 @@ impl Redlock {
     ) -> Result<Report, LockError> {
         self.inner.waiters.close_if_idle();
         let cmd = kind.release(resources, token, false);
-        let tally = self.round(
-            kind,
-            &cmd,
-            Duration::ZERO,
-            release_vote(resources.len()),
-            Ask::UntilDecided,
-        );
+        let vote = release_vote(resources.len());
+        let tally = self.round(kind, &cmd, Duration::ZERO, vote, Ask::UntilDecided);
         if tally.report.granted() > 0 {
             // This client's own waiters need not hear it from a node.
             (self.inner.waiters).released(resources);
         }
-        let result = if tally.report.granted() >= tally.report.quorum {
-            Ok(tally.report)
-        } else if tally.refused_by_quorum_complement() {
-            Err(LockError::Lost {
-                resource: resources[0].clone(),
-                report: tally.report,
-            })
+        let lost = tally.refused_by_quorum_complement();
+        let (resource, report) = (resources[0].clone(), tally.report);
+        let result = if report.granted() >= report.quorum {
+            Ok(report)
+        } else if lost {
+            Err(LockError::Lost { resource, report })
         } else {
+            let attempts = 1;
             Err(LockError::NoQuorum {
-                resource: resources[0].clone(),
-                attempts: 1,
-                report: tally.report,
+                resource,
+                attempts,
+                report,
             })
         };
         self.observe(What::Released, (resources, token), 0, result.as_ref());
@@ -755,16 +741,17 @@ impl Redlock {
         ttl: Duration,
         report: &Report,
     ) {
-        let inner = &*self.inner;
+        let (nodes, config) = (&self.inner.nodes, &self.inner.config);
         let cmd = kind.release(resources, token, true);
         let now = Instant::now();
+        let (deadline, owed_until) = (now + config.io_timeout, later(now, ttl));
         let may_hold = |i: usize| report.nodes[i].outcome != NodeOutcome::Refused;
         round::send_only(
-            &inner.nodes,
+            nodes,
             &cmd,
-            now + inner.config.io_timeout,
-            inner.config.connect_timeout,
-            later(now, ttl),
+            deadline,
+            config.connect_timeout,
+            owed_until,
             may_hold,
         );
     }
@@ -785,49 +772,26 @@ impl Redlock {
         let (mut yes, mut no, mut fence) = (0, 0, 0);
         let every_reply = matches!(ask, Ask::EveryReply);
         let start = Instant::now();
-        let replies = round::run(
-            &inner.nodes,
-            cmd,
-            start,
-            start + inner.config.io_timeout,
-            inner.config.connect_timeout,
-            |i| !matches!(ask, Ask::Only(asked) if !asked[i]),
-            (
-                // The fewest replies that can decide: a quorum of grants,
-                // or enough refusals that no quorum is left.
-                if every_reply {
-                    n
-                } else {
-                    quorum.min(n - quorum + 1)
-                },
-                |result| {
-                    match result.as_ref().map(&vote) {
-                        Ok(Ok((true, counter))) => {
-                            yes += 1;
-                            fence = fence.max(counter);
-                        }
-                        _ => no += 1,
-                    }
-                    !every_reply && (yes >= quorum || no > n - quorum)
-                },
-            ),
-        );
+        // The fewest replies that can decide: a quorum of grants, or
+        // enough refusals that no quorum is left.
+        let to_decide = [quorum.min(n - quorum + 1), n][usize::from(every_reply)];
+        let asked = |i: usize| !matches!(ask, Ask::Only(asked) if !asked[i]);
+        let replies = self.run(cmd, start, asked, to_decide, |result| {
+            match result.as_ref().map(&vote) {
+                Ok(Ok((true, counter))) => (yes, fence) = (yes + 1, fence.max(counter)),
+                _ => no += 1,
+            }
+            !every_reply && (yes >= quorum || no > n - quorum)
+        });
         let elapsed = start.elapsed();
         let retakes = cmd.script.is_some_and(|s| s.bit == script::EXTEND.bit);
         let nodes = (inner.nodes.iter().zip(replies))
-            .map(
-                |(
-                    node,
-                    Reply {
-                        result, elapsed, ..
-                    },
-                )| NodeReport {
-                    node: Arc::clone(node.name()),
-                    retook: retakes && matches!(result, Ok(Value::Int(2))),
-                    outcome: outcome(result, &vote),
-                    elapsed,
-                },
-            )
+            .map(|(node, reply)| NodeReport {
+                node: Arc::clone(node.name()),
+                retook: retakes && matches!(reply.result, Ok(Value::Int(2))),
+                outcome: outcome(reply.result, &vote),
+                elapsed: reply.elapsed,
+            })
             .collect();
         let validity = self.validity(ttl, elapsed);
         Tally {
@@ -846,26 +810,39 @@ impl Redlock {
     /// One round of `cmd` on every node, read until its deadline: each
     /// node's reply, or why there is none.
     pub(crate) fn replies(&self, cmd: &Command) -> Vec<(Arc<str>, Result<Value, NodeOutcome>)> {
-        let (inner, start) = (&*self.inner, Instant::now());
-        let deadline = start + inner.config.io_timeout;
-        let n = inner.nodes.len();
-        let replies = round::run(
-            &inner.nodes,
+        let nodes = &self.inner.nodes;
+        let replies = self.run(cmd, Instant::now(), |_| true, nodes.len(), |_| false);
+        (nodes.iter().zip(replies))
+            .map(|(node, reply)| match reply.result {
+                Ok(value) if !matches!(value, Value::ServerError(_)) => {
+                    (node.name().clone(), Ok(value))
+                }
+                result => (node.name().clone(), Err(outcome(result, &script_vote))),
+            })
+            .collect()
+    }
+
+    /// One round of `cmd` from `start` on the nodes `asked` names, until its
+    /// deadline or until `decided` says so after `to_decide` replies.
+    fn run(
+        &self,
+        cmd: &Command,
+        start: Instant,
+        asked: impl Fn(usize) -> bool,
+        to_decide: usize,
+        decided: impl FnMut(&Result<Value, Failure>) -> bool,
+    ) -> Vec<Reply> {
+        let (nodes, config) = (&self.inner.nodes, &self.inner.config);
+        let deadline = start + config.io_timeout;
+        round::run(
+            nodes,
             cmd,
             start,
             deadline,
-            inner.config.connect_timeout,
-            |_| true,
-            (n, |_: &_| false),
-        );
-        (inner.nodes.iter().zip(replies))
-            .map(|(node, reply)| match reply.result {
-                Ok(value) if !matches!(value, Value::ServerError(_)) => {
-                    (Arc::clone(node.name()), Ok(value))
-                }
-                result => (Arc::clone(node.name()), Err(outcome(result, &script_vote))),
-            })
-            .collect()
+            config.connect_timeout,
+            asked,
+            (to_decide, decided),
+        )
     }
 
     /// The validity a round that took `elapsed` leaves of `ttl`: none if
@@ -914,9 +891,8 @@ impl Redlock {
 
 /// The error of a cancelled call on `resources`.
 fn cancelled(resources: &[String]) -> LockError {
-    LockError::Cancelled {
-        resource: resources[0].clone(),
-    }
+    let resource = resources[0].clone();
+    LockError::Cancelled { resource }
 }
 
 fn outcome(
@@ -927,11 +903,10 @@ fn outcome(
         Err(Failure::TimedOut | Failure::ConnectTimedOut) => NodeOutcome::TimedOut,
         Err(Failure::NotAwaited) => NodeOutcome::NotAwaited,
         Err(Failure::Error(e)) => NodeOutcome::Failed(e),
-        Ok(Value::ServerError(e)) => NodeOutcome::Failed(NodeError::Server(format!(
-            "{} {}",
-            e.code(),
-            e.details().unwrap_or("")
-        ))),
+        Ok(Value::ServerError(e)) => {
+            let detail = format!("{} {}", e.code(), e.details().unwrap_or(""));
+            NodeOutcome::Failed(NodeError::Server(detail))
+        }
         Ok(value) => match vote(&value) {
             Ok((true, _)) => NodeOutcome::Granted,
             Ok((false, _)) => NodeOutcome::Refused,

@@ -68,12 +68,8 @@ impl Token {
     /// The 40 hex characters that go on the wire (and that `Display` shows).
     pub(crate) fn hex(&self) -> [u8; 2 * TOKEN_BYTES] {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut out = [0u8; 2 * TOKEN_BYTES];
-        for (i, byte) in self.0.iter().enumerate() {
-            out[2 * i] = DIGITS[usize::from(byte >> 4)];
-            out[2 * i + 1] = DIGITS[usize::from(byte & 0x0f)];
-        }
-        out
+        // Digit `i` is the high half of byte `i / 2` if `i` is even, else the low half.
+        std::array::from_fn(|i| DIGITS[usize::from((self.0[i / 2] >> (4 * (1 - i % 2))) & 0x0f)])
     }
 }
 
@@ -105,18 +101,14 @@ impl FromStr for Token {
     type Err = ParseTokenError;
 
     fn from_str(s: &str) -> Result<Token, ParseTokenError> {
-        let bytes = s.as_bytes();
+        let (bytes, bad) = (s.as_bytes(), |problem| ParseTokenError { problem });
         if bytes.len() != 2 * TOKEN_BYTES {
-            return Err(ParseTokenError {
-                problem: format!("got {} bytes", bytes.len()),
-            });
+            return Err(bad(format!("got {} bytes", bytes.len())));
         }
         let nibble = |i: usize| match bytes[i] {
             c @ b'0'..=b'9' => Ok(c - b'0'),
             c @ b'a'..=b'f' => Ok(c - b'a' + 10),
-            _ => Err(ParseTokenError {
-                problem: format!("byte {i} is not a lowercase hex digit"),
-            }),
+            _ => Err(bad(format!("byte {i} is not a lowercase hex digit"))),
         };
         let mut out = [0u8; TOKEN_BYTES];
         for (i, byte) in out.iter_mut().enumerate() {

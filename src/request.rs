@@ -31,42 +31,44 @@ pub trait IntoResources {
     fn into_resources(self) -> Vec<String>;
 }
 
-impl IntoResources for &str {
-    fn into_resources(self) -> Vec<String> {
-        vec![self.to_string()]
-    }
-}
-
-impl IntoResources for String {
-    fn into_resources(self) -> Vec<String> {
-        vec![self]
-    }
-}
-
-impl IntoResources for &String {
-    fn into_resources(self) -> Vec<String> {
-        vec![self.clone()]
-    }
-}
-
-/// The lists: every element's name.
+/// One name (`&str`, `String`, `&String`), or a list: every element's name.
 macro_rules! resource_lists {
-    ($([$($generics:tt)*] $list:ty),*) => {$(
-        impl<$($generics)*> IntoResources for $list {
+    ($($one:ty),*; $([$($generics:tt)*] $list:ty),*) => {
+        $(impl IntoResources for $one {
+            fn into_resources(self) -> Vec<String> {
+                vec![self.into()]
+            }
+        })*
+        $(impl<$($generics)*> IntoResources for $list {
             fn into_resources(self) -> Vec<String> {
                 self.iter().map(|s| s.as_ref().to_string()).collect()
             }
-        }
-    )*};
+        })*
+    };
 }
 
 resource_lists!(
+    &str, String, &String;
     [S: AsRef<str>] &[S],
     [S: AsRef<str>, const N: usize] [S; N],
     [S: AsRef<str>, const N: usize] &[S; N],
     [S: AsRef<str>] Vec<S>,
     [S: AsRef<str>] &Vec<S>
 );
+
+/// Builder setters: `$(#[doc])* name(arg: Type) => place = value;` is
+/// `pub fn name(mut self, arg: Type) -> Self`, which sets `self.place` to
+/// `value` and returns `self`.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident($arg:ident: $ty:ty) => $($place:ident).+ = $value:expr;)*) => {$(
+        $(#[$doc])*
+        pub fn $name(mut self, $arg: $ty) -> Self {
+            self.$($place).+ = $value;
+            self
+        }
+    )*};
+}
+pub(crate) use setters;
 
 /// How long a waiting call goes on trying.
 ///
@@ -167,42 +169,29 @@ impl LockOptions {
         }
     }
 
-    /// Sets the kind of lock (an acquisition; `extend` goes by the lock's
-    /// own kind). Defaults to [`Kind::Plain`].
-    pub fn kind(mut self, kind: Kind) -> Self {
-        self.kind = kind;
-        self
-    }
+    setters! {
+        /// Sets the kind of lock (an acquisition; `extend` goes by the lock's
+        /// own kind). Defaults to [`Kind::Plain`].
+        kind(kind: Kind) => kind = kind;
 
-    /// Sets how long the waiting forms (`acquire`, `lock`, `with_lock`,
-    /// and `extend`'s retries) go on trying; the `try_` forms make one
-    /// attempt whatever it says. Defaults to the client's retry policy and
-    /// [`max_wait`](crate::RedlockBuilder::max_wait).
-    pub fn patience(mut self, patience: Patience) -> Self {
-        self.patience = Some(patience);
-        self
-    }
+        /// Sets how long the waiting forms (`acquire`, `lock`, `with_lock`,
+        /// and `extend`'s retries) go on trying; the `try_` forms make one
+        /// attempt whatever it says. Defaults to the client's retry policy and
+        /// [`max_wait`](crate::RedlockBuilder::max_wait).
+        patience(patience: Patience) => patience = Some(patience);
 
-    /// Sets the hold cap of a guard (`lock`, `with_lock`): its watchdog
-    /// never extends the lock past this long after the acquisition.
-    /// Defaults to the client's [`max_hold`](crate::RedlockBuilder::max_hold).
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.max_hold = Some(max_hold);
-        self
-    }
+        /// Sets the hold cap of a guard (`lock`, `with_lock`): its watchdog
+        /// never extends the lock past this long after the acquisition.
+        /// Defaults to the client's [`max_hold`](crate::RedlockBuilder::max_hold).
+        max_hold(max_hold: Duration) => max_hold = Some(max_hold);
 
-    /// Sets when a guard's watchdog extends: once only this share of the
-    /// validity is left, in `(0, 1)`. Defaults to the client's
-    /// [`extend_when_left`](crate::RedlockBuilder::extend_when_left).
-    pub fn extend_when_left(mut self, fraction: f64) -> Self {
-        self.extend_when_left = Some(fraction);
-        self
-    }
+        /// Sets when a guard's watchdog extends: once only this share of the
+        /// validity is left, in `(0, 1)`. Defaults to the client's
+        /// [`extend_when_left`](crate::RedlockBuilder::extend_when_left).
+        extend_when_left(fraction: f64) => extend_when_left = Some(fraction);
 
-    /// Lets `cancel` end the wait (see [`Cancel`]). Defaults to none.
-    pub fn cancel(mut self, cancel: &Cancel) -> Self {
-        self.cancel = Some(cancel.clone());
-        self
+        /// Lets `cancel` end the wait (see [`Cancel`]). Defaults to none.
+        cancel(cancel: &Cancel) => cancel = Some(cancel.clone());
     }
 
     /// The options with every default filled in from `config`, for a call
@@ -212,11 +201,9 @@ impl LockOptions {
         if !(when_left > 0.0 && when_left < 1.0) {
             return Err(ArgumentError::ExtendWhenLeft { value: when_left }.into());
         }
+        let max_wait = config.max_wait.map(|wait| later(started, wait));
         let (retries, deadline) = match self.patience {
-            None => (
-                config.retry.retries,
-                config.max_wait.map(|w| later(started, w)),
-            ),
+            None => (config.retry.retries, max_wait),
             Some(Patience::Retries(n)) => (n, None),
             Some(Patience::For(wait)) => (u32::MAX, Some(later(started, wait))),
             Some(Patience::Until(deadline)) => (u32::MAX, Some(deadline)),
@@ -331,9 +318,7 @@ impl Cancel {
             self.0.done.store(true, Ordering::Release);
             std::mem::take(&mut *wakers)
         };
-        for wake in wakers {
-            wake();
-        }
+        wakers.into_iter().for_each(|wake| wake());
         self.0.rang.notify_all();
     }
 
@@ -361,16 +346,8 @@ impl Cancel {
 
     /// Sleeps until `until` or the cancellation, whichever comes first.
     fn sleep_until(&self, until: Instant) {
-        let mut wakers = self.wakers();
-        while !self.is_cancelled() {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            wakers = (self.0.rang.wait_timeout(wakers, left))
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+        let left = until.saturating_duration_since(Instant::now());
+        let _ = (self.0.rang).wait_timeout_while(self.wakers(), left, |_| !self.is_cancelled());
     }
 }
 

@@ -6,6 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::request::setters;
 use crate::wait::{random_below, Wake};
 
 /// The backoff of a [`RetryPolicy`]: the pause after a given attempt.
@@ -65,31 +66,21 @@ impl fmt::Debug for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// Sets how many retries follow the first attempt. Defaults to 3.
-    pub fn retries(mut self, retries: u32) -> Self {
-        self.retries = retries;
-        self
-    }
+    setters! {
+        /// Sets how many retries follow the first attempt. Defaults to 3.
+        retries(retries: u32) => retries = retries;
 
-    /// Sets the fixed part of the pause. Zero is allowed. Defaults to
-    /// 200 ms.
-    pub fn delay(mut self, delay: Duration) -> Self {
-        self.delay = delay;
-        self
-    }
+        /// Sets the fixed part of the pause. Zero is allowed. Defaults to
+        /// 200 ms.
+        delay(delay: Duration) => delay = delay;
 
-    /// Sets the random part of the pause: it is drawn from `[delay, delay +
-    /// jitter)`. Zero is allowed. Defaults to 100 ms.
-    pub fn jitter(mut self, jitter: Duration) -> Self {
-        self.jitter = jitter;
-        self
-    }
+        /// Sets the random part of the pause: it is drawn from `[delay, delay +
+        /// jitter)`. Zero is allowed. Defaults to 100 ms.
+        jitter(jitter: Duration) => jitter = jitter;
 
-    /// Replaces the delay and jitter by `backoff`, which gives the pause
-    /// after attempt number `n` (the first attempt is 1). Defaults to none.
-    pub fn backoff(mut self, backoff: impl Fn(u32) -> Duration + Send + Sync + 'static) -> Self {
-        self.backoff = Some(Arc::new(backoff));
-        self
+        /// Replaces the delay and jitter by `backoff`, which gives the pause
+        /// after attempt number `n` (the first attempt is 1). Defaults to none.
+        backoff(backoff: impl Fn(u32) -> Duration + Send + Sync + 'static) => backoff = Some(Arc::new(backoff));
     }
 
     /// The pause after attempt number `attempt` (from 1): the backoff's, or
@@ -135,10 +126,8 @@ impl Pause {
     /// Attempts made at news within a pause come on top.
     pub(crate) fn counts_next_attempt(&mut self) -> bool {
         if self.under_way.is_none_or(|(end, _)| Instant::now() >= end) {
-            *self = Pause {
-                after_news: self.after_news,
-                ..Pause::default()
-            };
+            // A new pause; whether the last attempt followed news stays.
+            (self.under_way, self.soon) = (None, false);
             return true;
         }
         false

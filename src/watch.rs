@@ -112,27 +112,23 @@ impl Watch {
     /// The watchdog: waits for the next due leases, steps them, puts them
     /// back with their next due time.
     fn run(&self, client: &WeakRedlock) {
-        loop {
-            let Some(batch) = self.next_batch() else {
-                return;
-            };
+        while let Some(batch) = self.next_batch() {
             let Some(client) = client.upgrade() else {
                 return;
             };
             let stepped = step_all(&client, batch);
             drop(client);
-            let mut schedule = lock(&self.schedule);
-            schedule.leases.extend(stepped);
+            lock(&self.schedule).leases.extend(stepped);
         }
     }
 
     /// Waits until some leases are due, and takes them out of the
     /// schedule; `None` once closed or idle (the watchdog exits).
     fn next_batch(&self) -> Option<Vec<Arc<Lease>>> {
-        let mut schedule = lock(&self.schedule);
+        let (mut schedule, mut idle) = (lock(&self.schedule), false);
         loop {
             let now = Instant::now();
-            if schedule.closed {
+            if schedule.closed || idle {
                 schedule.running = false;
                 return None;
             }
@@ -145,14 +141,10 @@ impl Watch {
             }
             let next = schedule.leases.iter().map(|(at, _)| *at).min();
             let wait = next.map_or(IDLE, |at| at.saturating_duration_since(now));
-            let (guard, timeout) = (self.wake)
-                .wait_timeout(schedule, wait)
-                .unwrap_or_else(PoisonError::into_inner);
-            schedule = guard;
-            if timeout.timed_out() && schedule.leases.is_empty() {
-                schedule.running = false;
-                return None;
-            }
+            let waited =
+                (self.wake.wait_timeout(schedule, wait)).unwrap_or_else(PoisonError::into_inner);
+            schedule = waited.0;
+            idle = waited.1.timed_out() && schedule.leases.is_empty();
         }
     }
 }
@@ -290,10 +282,7 @@ impl Redlock {
         let Some(Observer(observer)) = &self.config().observer else {
             return;
         };
-        let (report, error) = match outcome {
-            Ok(report) => (Some(report), None),
-            Err(error) => (error.report(), Some(error)),
-        };
+        let (report, error) = outcome.map_or_else(|e| (e.report(), Some(e)), |r| (Some(r), None));
         let hex = token.hex();
         let mut event = Event {
             what: What::NodeFailed,
@@ -309,14 +298,11 @@ impl Redlock {
         for node in report.iter().flat_map(|r| &r.nodes) {
             let failed = matches!(node.outcome, NodeOutcome::Failed(_) | NodeOutcome::TimedOut);
             if failed || node.retook {
-                let (name, outcome) = (Some(&*node.node), Some(&node.outcome));
-                tell(&Event {
-                    what: [What::Retook, What::NodeFailed][usize::from(failed)],
-                    node: name,
-                    node_outcome: outcome,
-                    elapsed: node.elapsed,
-                    ..event
-                });
+                let mut told = event;
+                told.what = [What::Retook, What::NodeFailed][usize::from(failed)];
+                (told.node, told.node_outcome) = (Some(&*node.node), Some(&node.outcome));
+                told.elapsed = node.elapsed;
+                tell(&told);
             }
         }
         (event.what, event.error) = (what, error);

@@ -81,8 +81,6 @@ type OnLost = Box<dyn FnOnce(&LockError) + Send>;
 pub struct LockGuard {
     lease: Arc<Lease>,
     client: Redlock,
-    /// The guard released the lock.
-    released: bool,
 }
 
 /// The lease as the guard and the watchdog share it: what it holds, and
@@ -104,6 +102,7 @@ pub(crate) struct Lease {
 }
 
 /// The lease's state.
+#[derive(Default)]
 struct State {
     /// The validity deadline; `None` once the lock is lost, for good. It
     /// only moves forward, and only while it has not passed.
@@ -134,30 +133,29 @@ impl State {
 }
 
 impl Lease {
-    fn new(lock: Lock, hold_deadline: Option<Instant>, ttl: Duration, when_left: f64) -> Lease {
-        Lease {
+    /// The lease of `lock`, which a guard keeps as `call` says, extending it
+    /// by `ttl`.
+    fn new(lock: Lock, call: &Call, ttl: Duration) -> Arc<Lease> {
+        let hold_deadline = (call.max_hold).and_then(|cap| Instant::now().checked_add(cap));
+        Arc::new(Lease {
             hold_deadline,
             kind: lock.kind,
             resources: lock.resources.clone(),
             token: lock.token,
             fencing_token: lock.fencing_token,
             ttl,
-            when_left,
+            when_left: call.extend_when_left,
             state: Mutex::new(State {
                 deadline: Some(lock.valid_until),
                 // A cap the acquisition's validity already reaches leaves
                 // no extension to come.
                 ending: hold_deadline.is_some_and(|hold| hold <= lock.valid_until),
                 report: lock.report.clone(),
-                done: false,
-                extending: false,
-                failures: 0,
-                on_lost: Vec::new(),
-                told: false,
+                ..State::default()
             }),
             lock: Mutex::new(lock),
             wake: Condvar::new(),
-        }
+        })
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -165,17 +163,12 @@ impl Lease {
     }
 
     fn wait<'a>(&self, state: MutexGuard<'a, State>, timeout: Duration) -> MutexGuard<'a, State> {
-        (self.wake.wait_timeout(state, timeout))
-            .unwrap_or_else(PoisonError::into_inner)
-            .0
-    }
-
-    fn deadline(&self) -> Option<Instant> {
-        self.state().deadline()
+        let waited = self.wake.wait_timeout(state, timeout);
+        waited.unwrap_or_else(PoisonError::into_inner).0
     }
 
     fn held(&self) -> bool {
-        self.deadline().is_some()
+        self.state().deadline().is_some()
     }
 
     /// The lost-lock error, with the report of the last round.
@@ -236,8 +229,7 @@ impl Lease {
         match result {
             Ok(()) => {
                 // A TTL shortened to end at the cap was the last.
-                state.ending = ttl < self.ttl;
-                state.failures = 0;
+                (state.ending, state.failures) = (ttl < self.ttl, 0);
                 state.report = lock.report.clone();
                 // The shortened TTL was measured before the round began:
                 // never let the validity run past the cap.
@@ -245,17 +237,12 @@ impl Lease {
                     .map_or(lock.valid_until, |hold| hold.min(lock.valid_until));
                 state.deadline = state.deadline().map(|_| valid_until);
             }
-            Err(LockError::Lost { report, .. }) => {
-                state.report = report;
-                state.deadline = None;
-            }
+            Err(LockError::Lost { report, .. }) => (state.report, state.deadline) = (report, None),
             // Only a shortened last TTL can be refused as an argument:
             // it was too short to extend anything.
             Err(LockError::Argument(_)) => state.ending = true,
             Err(e) => {
-                if let Some(report) = e.report() {
-                    state.report = report.clone();
-                }
+                state.report = e.report().unwrap_or(&state.report).clone();
                 state.failures += 1;
                 if let Some(deadline) = state.deadline() {
                     // At most half the validity left: more tries before it
@@ -268,11 +255,14 @@ impl Lease {
                 }
             }
         }
-        match state.deadline() {
-            None => self.tell(client, state),
-            Some(d) if state.ending => Some(d),
-            Some(d) => Some(self.next_due(d)),
-        }
+        self.due(&mut state).or_else(|| self.tell(client, state))
+    }
+
+    /// When the lease is due next while the lock is held: at its deadline
+    /// once it is not extended any more, else when the next extension is.
+    fn due(&self, state: &mut State) -> Option<Instant> {
+        let (d, ending) = (state.deadline()?, state.ending);
+        Some(if ending { d } else { self.next_due(d) })
     }
 
     /// Tells the loss once: wakes the threads waiting for it, and hands
@@ -395,9 +385,8 @@ impl LockGuard {
     /// # Ok::<(), LockError>(())
     /// ```
     pub fn validity(&self) -> Duration {
-        (self.lease.deadline()).map_or(Duration::ZERO, |d| {
-            d.saturating_duration_since(Instant::now())
-        })
+        let (deadline, now) = (self.lease.state().deadline(), Instant::now());
+        deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(now))
     }
 
     /// Whether the lock is still held: false, for good, as soon as an
@@ -441,11 +430,8 @@ impl LockGuard {
     /// watchdog's last round (the refused or failed extension, if there
     /// was one).
     pub fn check(&self) -> Result<(), LockError> {
-        if self.lease.held() {
-            Ok(())
-        } else {
-            Err(self.lease.lost())
-        }
+        let held = self.lease.held();
+        held.then_some(()).ok_or_else(|| self.lease.lost())
     }
 
     /// Blocks until the lock is lost or `timeout` has passed; returns
@@ -471,17 +457,14 @@ impl LockGuard {
     pub fn wait_lost(&self, timeout: Duration) -> bool {
         let end = later(Instant::now(), timeout);
         let mut state = self.lease.state();
-        loop {
-            let Some(deadline) = state.deadline() else {
-                return true;
-            };
+        while let Some(deadline) = state.deadline() {
             let now = Instant::now();
             if now >= end {
                 return false;
             }
-            let until = deadline.min(end);
-            state = self.lease.wait(state, until.saturating_duration_since(now));
+            state = (self.lease).wait(state, deadline.min(end).saturating_duration_since(now));
         }
+        true
     }
 
     /// Registers `callback` to run once if the lock is lost while the
@@ -595,23 +578,22 @@ impl LockGuard {
     ///   and deleted only keys that still held this lock's token.
     /// - [`LockError::NoQuorum`] when too few nodes answered the release to
     ///   tell. The keys not deleted expire within the TTL.
-    pub fn unlock(mut self) -> Result<Report, LockError> {
+    pub fn unlock(self) -> Result<Report, LockError> {
         self.finish().unwrap_or_else(|| Err(self.lease.lost()))
     }
 
     /// Takes the lease from the watchdog (waiting for an extension in
     /// flight), then releases the lock: the first time only (`None` after
-    /// that).
-    fn finish(&mut self) -> Option<Result<Report, LockError>> {
-        if std::mem::replace(&mut self.released, true) {
-            return None;
-        }
+    /// that: the lease is done).
+    fn finish(&self) -> Option<Result<Report, LockError>> {
         let lease = &*self.lease;
         let mut state = lease.state();
         // Held now means held all along: the deadline never moves forward
         // once passed.
         let held = state.deadline().is_some();
-        state.done = true;
+        if std::mem::replace(&mut state.done, true) {
+            return None;
+        }
         state.on_lost.clear();
         while state.extending {
             state = lease.wait(state, Duration::from_secs(1));
@@ -856,24 +838,15 @@ impl Redlock {
         once: bool,
     ) -> Result<LockGuard, LockError> {
         let (lock, call) = self.acquire_with(resources, options, once)?;
-        let hold_deadline = call
-            .max_hold
-            .and_then(|cap| Instant::now().checked_add(cap));
-        let lease = Lease::new(lock, hold_deadline, options.ttl, call.extend_when_left);
-        let lease = Arc::new(lease);
+        let lease = Lease::new(lock, &call, options.ttl);
         let guard = LockGuard {
             lease: Arc::clone(&lease),
             client: self.clone(),
-            released: false,
         };
-        let Some(deadline) = lease.deadline() else {
+        let due = lease.due(&mut lease.state());
+        let Some(due) = due else {
             // Out of validity already: no guard (its drop releases).
             return Err(lease.lost());
-        };
-        let due = if lease.state().ending {
-            deadline
-        } else {
-            lease.next_due(deadline)
         };
         match self.watch().add(self, lease, due) {
             Ok(()) => Ok(guard),
@@ -893,11 +866,10 @@ where
     E: From<LockError>,
 {
     let guard = locked?;
-    // A panic in `f` unwinds through the guard's drop, which releases.
-    let value = f(&guard);
-    let released = guard.unlock();
-    let value = value?;
-    match released {
+    // A panic in `f`, or its error, goes through the guard's drop, which
+    // releases.
+    let value = f(&guard)?;
+    match guard.unlock() {
         Err(lost @ LockError::Lost { .. }) => Err(lost.into()),
         _ => Ok(value),
     }

@@ -304,7 +304,14 @@ fn extending_a_lock_rebuilt_from_its_token_re_takes_nothing_until_an_extension_t
     assert_eq!(nodes.node(0).get("rebuilt").unwrap(), None, "re-taken");
     // That extension measured the validity: the next one re-takes.
     locks.extend(&mut lock, Duration::from_secs(10)).unwrap();
-    assert!(lock.report().nodes[0].retook, "{:?}", lock.report());
+    // Node 0 re-took the key; its reply says so where the round awaited it
+    // (two quick nodes may decide the round first).
+    let first = &lock.report().nodes[0];
+    assert!(
+        first.retook || first.outcome == NodeOutcome::NotAwaited,
+        "{:?}",
+        lock.report()
+    );
     common::wait_until_held_by(&nodes, &lock, 3);
     locks.release(lock).unwrap();
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::error::ConfigError;
 use crate::node::Endpoint;
+use crate::request::setters;
 use crate::retry::RetryPolicy;
 use crate::watch::{Event, Observer};
 
@@ -130,235 +131,201 @@ impl fmt::Debug for RedlockBuilder {
 }
 
 impl RedlockBuilder {
-    /// Sets how many times a round that did not succeed is tried again:
-    /// by [`acquire`](crate::Redlock::acquire) and the other acquisitions
-    /// when the lock was not won, by [`extend`](crate::Redlock::extend) when
-    /// too few nodes answered (never past the lock's validity: see there).
-    /// So a call makes at most `retry_count + 1` attempts that the policy
-    /// counts; a waiting acquisition also tries, within its pauses, when it
-    /// hears of a release (see [`acquire`](crate::Redlock::acquire)). The
-    /// `try_*` calls run one round. Defaults to 3.
-    pub fn retry_count(mut self, count: u32) -> Self {
-        self.config.retry.retries = count;
-        self
-    }
+    setters! {
+        /// Sets how many times a round that did not succeed is tried again:
+        /// by [`acquire`](crate::Redlock::acquire) and the other acquisitions
+        /// when the lock was not won, by [`extend`](crate::Redlock::extend) when
+        /// too few nodes answered (never past the lock's validity: see there).
+        /// So a call makes at most `retry_count + 1` attempts that the policy
+        /// counts; a waiting acquisition also tries, within its pauses, when it
+        /// hears of a release (see [`acquire`](crate::Redlock::acquire)). The
+        /// `try_*` calls run one round. Defaults to 3.
+        retry_count(count: u32) => config.retry.retries = count;
 
-    /// Sets the fixed part of the pause between two rounds. Zero is
-    /// allowed. Defaults to 200 ms.
-    pub fn retry_delay(mut self, delay: Duration) -> Self {
-        self.config.retry.delay = delay;
-        self
-    }
+        /// Sets the fixed part of the pause between two rounds. Zero is
+        /// allowed. Defaults to 200 ms.
+        retry_delay(delay: Duration) => config.retry.delay = delay;
 
-    /// Sets the random part of the pause between two rounds: the pause is
-    /// drawn from `[retry_delay, retry_delay + retry_jitter)`, so that
-    /// contending clients spread out. Zero is allowed. Defaults to 100 ms.
-    pub fn retry_jitter(mut self, jitter: Duration) -> Self {
-        self.config.retry.jitter = jitter;
-        self
-    }
+        /// Sets the random part of the pause between two rounds: the pause is
+        /// drawn from `[retry_delay, retry_delay + retry_jitter)`, so that
+        /// contending clients spread out. Zero is allowed. Defaults to 100 ms.
+        retry_jitter(jitter: Duration) => config.retry.jitter = jitter;
 
-    /// Sets the whole retry policy at once, a backoff of your own included
-    /// (see [`RetryPolicy`]); [`retry_count`](Self::retry_count),
-    /// [`retry_delay`](Self::retry_delay) and
-    /// [`retry_jitter`](Self::retry_jitter) change one part of it. Defaults
-    /// to [`RetryPolicy::default`].
-    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
-        self.config.retry = policy;
-        self
-    }
+        /// Sets the whole retry policy at once, a backoff of your own included
+        /// (see [`RetryPolicy`]); [`retry_count`](Self::retry_count),
+        /// [`retry_delay`](Self::retry_delay) and
+        /// [`retry_jitter`](Self::retry_jitter) change one part of it. Defaults
+        /// to [`RetryPolicy::default`].
+        retry_policy(policy: RetryPolicy) => config.retry = policy;
 
-    /// Sets the share of the TTL set aside for clock drift between
-    /// processes: `validity = ttl - elapsed - (ttl * drift_factor + 2 ms)`.
-    /// Must be in `[0, 1)`. Defaults to 0.01.
-    pub fn drift_factor(mut self, factor: f64) -> Self {
-        self.config.drift_factor = factor;
-        self
-    }
+        /// Sets the share of the TTL set aside for clock drift between
+        /// processes: `validity = ttl - elapsed - (ttl * drift_factor + 2 ms)`.
+        /// Must be in `[0, 1)`. Defaults to 0.01.
+        drift_factor(factor: f64) => config.drift_factor = factor;
 
-    /// Sets the bound on one round's network I/O: a round's deadline is
-    /// this long after it begins, and a node that has not answered by then
-    /// counts as failed. Keep it small next to the TTL, and above three
-    /// round trips to your nodes: a round that must (re)connect spends one
-    /// on the TCP connect and one on the handshake before its command. At
-    /// most [`MAX_TIMEOUT`]. Defaults to 50 ms, for nodes in the same
-    /// datacenter.
-    pub fn io_timeout(mut self, timeout: Duration) -> Self {
-        self.config.io_timeout = timeout;
-        self
-    }
+        /// Sets the bound on one round's network I/O: a round's deadline is
+        /// this long after it begins, and a node that has not answered by then
+        /// counts as failed. Keep it small next to the TTL, and above three
+        /// round trips to your nodes: a round that must (re)connect spends one
+        /// on the TCP connect and one on the handshake before its command. At
+        /// most [`MAX_TIMEOUT`]. Defaults to 50 ms, for nodes in the same
+        /// datacenter.
+        io_timeout(timeout: Duration) => config.io_timeout = timeout;
 
-    /// Sets the bound on opening one connection: resolving a host name (for
-    /// `redis://`; over TLS the `redis` crate resolves it, unbounded), TCP
-    /// connect, then one round trip for `AUTH` and `SELECT` if the URL asks
-    /// for them, `SCRIPT LOAD` for the scripts, and `INFO server` (the
-    /// server's `run_id`, and its uptime for the restart guard). A connect
-    /// never runs past its round's deadline either. At most
-    /// [`MAX_TIMEOUT`]. Defaults to 50 ms.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.config.connect_timeout = timeout;
-        self
-    }
+        /// Sets the bound on opening one connection: resolving a host name (for
+        /// `redis://`; over TLS the `redis` crate resolves it, unbounded), TCP
+        /// connect, then one round trip for `AUTH` and `SELECT` if the URL asks
+        /// for them, `SCRIPT LOAD` for the scripts, and `INFO server` (the
+        /// server's `run_id`, and its uptime for the restart guard). A connect
+        /// never runs past its round's deadline either. At most
+        /// [`MAX_TIMEOUT`]. Defaults to 50 ms.
+        connect_timeout(timeout: Duration) => config.connect_timeout = timeout;
 
-    /// Sets a bound on the total time [`acquire`](crate::Redlock::acquire)
-    /// (and the acquisition in [`with_lock`](crate::Redlock::with_lock))
-    /// spends waiting: no attempt starts, and no pause is slept, past `wait`
-    /// after the call began. [`extend`](crate::Redlock::extend) starts no
-    /// retry past it either. The first attempt always runs, so a zero budget
-    /// means one attempt. The retry count still applies as well; set it high
-    /// to let the budget alone decide. These are the defaults of every call:
-    /// a call's [`LockOptions::patience`](crate::LockOptions::patience)
-    /// replaces both for that call. Defaults to none: the retry count alone
-    /// decides.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::Redlock;
-    /// # use std::time::Duration;
-    /// // Keep trying for up to 5 s, every 50 to 100 ms.
-    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-    ///     .retry_count(u32::MAX)
-    ///     .retry_delay(Duration::from_millis(50))
-    ///     .retry_jitter(Duration::from_millis(50))
-    ///     .max_wait(Duration::from_secs(5))
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
-    pub fn max_wait(mut self, wait: Duration) -> Self {
-        self.config.max_wait = Some(wait);
-        self
-    }
+        /// Sets a bound on the total time [`acquire`](crate::Redlock::acquire)
+        /// (and the acquisition in [`with_lock`](crate::Redlock::with_lock))
+        /// spends waiting: no attempt starts, and no pause is slept, past `wait`
+        /// after the call began. [`extend`](crate::Redlock::extend) starts no
+        /// retry past it either. The first attempt always runs, so a zero budget
+        /// means one attempt. The retry count still applies as well; set it high
+        /// to let the budget alone decide. These are the defaults of every call:
+        /// a call's [`LockOptions::patience`](crate::LockOptions::patience)
+        /// replaces both for that call. Defaults to none: the retry count alone
+        /// decides.
+        ///
+        /// ```no_run
+        /// # use redlock_sync::Redlock;
+        /// # use std::time::Duration;
+        /// // Keep trying for up to 5 s, every 50 to 100 ms.
+        /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
+        ///     .retry_count(u32::MAX)
+        ///     .retry_delay(Duration::from_millis(50))
+        ///     .retry_jitter(Duration::from_millis(50))
+        ///     .max_wait(Duration::from_secs(5))
+        ///     .build()?;
+        /// # Ok::<(), redlock_sync::LockError>(())
+        /// ```
+        max_wait(wait: Duration) => config.max_wait = Some(wait);
 
-    /// Sets when the watchdog of [`with_lock`](crate::Redlock::with_lock)
-    /// extends the lock: once only this share of its validity is left (the
-    /// validity measured by the acquisition or the last extension, which is
-    /// the TTL minus the round's time and the drift term). Must be in
-    /// `(0, 1)`; keep `ttl * fraction` well above `io_timeout`. Defaults to
-    /// 1/3, so a lock with a 30 s TTL is extended when about 10 s are left,
-    /// which leaves room for a few retries of a failed extension.
-    pub fn extend_when_left(mut self, fraction: f64) -> Self {
-        self.config.extend_when_left = fraction;
-        self
-    }
+        /// Sets when the watchdog of [`with_lock`](crate::Redlock::with_lock)
+        /// extends the lock: once only this share of its validity is left (the
+        /// validity measured by the acquisition or the last extension, which is
+        /// the TTL minus the round's time and the drift term). Must be in
+        /// `(0, 1)`; keep `ttl * fraction` well above `io_timeout`. Defaults to
+        /// 1/3, so a lock with a 30 s TTL is extended when about 10 s are left,
+        /// which leaves room for a few retries of a failed extension.
+        extend_when_left(fraction: f64) => config.extend_when_left = fraction;
 
-    /// Sets a cap on how long [`with_lock`](crate::Redlock::with_lock)
-    /// holds a lock: the watchdog never extends the validity past
-    /// `max_hold` after the acquisition (the last extension is shortened to
-    /// end there), and then stops extending;
-    /// [`LockGuard::is_ending`](crate::LockGuard::is_ending) turns true. A
-    /// cap shorter than the TTL means no extension at all.
-    ///
-    /// Without a cap, a closure that hangs (a deadlock, a stuck network
-    /// call) keeps the lock alive for as long as its process runs, and
-    /// every other client waits that long: set a cap above the longest time
-    /// the work may legitimately take. Defaults to none.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::Redlock;
-    /// # use std::time::Duration;
-    /// // A nightly job takes 20 minutes at most; never block others for more
-    /// // than an hour, even if it hangs.
-    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-    ///     .max_hold(Duration::from_secs(3600))
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.config.max_hold = Some(max_hold);
-        self
-    }
+        /// Sets a cap on how long [`with_lock`](crate::Redlock::with_lock)
+        /// holds a lock: the watchdog never extends the validity past
+        /// `max_hold` after the acquisition (the last extension is shortened to
+        /// end there), and then stops extending;
+        /// [`LockGuard::is_ending`](crate::LockGuard::is_ending) turns true. A
+        /// cap shorter than the TTL means no extension at all.
+        ///
+        /// Without a cap, a closure that hangs (a deadlock, a stuck network
+        /// call) keeps the lock alive for as long as its process runs, and
+        /// every other client waits that long: set a cap above the longest time
+        /// the work may legitimately take. Defaults to none.
+        ///
+        /// ```no_run
+        /// # use redlock_sync::Redlock;
+        /// # use std::time::Duration;
+        /// // A nightly job takes 20 minutes at most; never block others for more
+        /// // than an hour, even if it hangs.
+        /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
+        ///     .max_hold(Duration::from_secs(3600))
+        ///     .build()?;
+        /// # Ok::<(), redlock_sync::LockError>(())
+        /// ```
+        max_hold(max_hold: Duration) => config.max_hold = Some(max_hold);
 
-    /// Calls `observer` with an [`Event`] for each acquisition attempt and
-    /// its outcome (won, contended, failed), each node that failed or
-    /// timed out in a round, each extension (and failed extension, which
-    /// a guard retries), each loss of a guard's lock, and each release.
-    /// It runs inline, on the thread doing the operation (for a guard's
-    /// extensions and losses, the watchdog): keep it quick, never block in
-    /// it, and never call the client from it. A panic in it is caught and
-    /// does not reach the lock. Defaults to none; with none, no event is
-    /// built.
-    ///
-    /// The crate has no logging dependency: hand the events to yours.
-    ///
-    /// ```
-    /// use std::sync::atomic::{AtomicU64, Ordering};
-    /// use std::sync::Arc;
-    /// use redlock_sync::{Redlock, What};
-    ///
-    /// let contended = Arc::new(AtomicU64::new(0));
-    /// let count = Arc::clone(&contended);
-    /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-    ///     .observer(move |event| {
-    ///         if event.what == What::Contended {
-    ///             count.fetch_add(1, Ordering::Relaxed);
-    ///         }
-    ///         // With the `log` crate: log::debug!("{event:?}");
-    ///         // with `tracing`: tracing::debug!(resource = event.resource, what = ?event.what, "redlock");
-    ///     })
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
-    pub fn observer(mut self, observer: impl Fn(&Event<'_>) + Send + Sync + 'static) -> Self {
-        self.config.observer = Some(Observer(std::sync::Arc::new(observer)));
-        self
-    }
+        /// Calls `observer` with an [`Event`] for each acquisition attempt and
+        /// its outcome (won, contended, failed), each node that failed or
+        /// timed out in a round, each extension (and failed extension, which
+        /// a guard retries), each loss of a guard's lock, and each release.
+        /// It runs inline, on the thread doing the operation (for a guard's
+        /// extensions and losses, the watchdog): keep it quick, never block in
+        /// it, and never call the client from it. A panic in it is caught and
+        /// does not reach the lock. Defaults to none; with none, no event is
+        /// built.
+        ///
+        /// The crate has no logging dependency: hand the events to yours.
+        ///
+        /// ```
+        /// use std::sync::atomic::{AtomicU64, Ordering};
+        /// use std::sync::Arc;
+        /// use redlock_sync::{Redlock, What};
+        ///
+        /// let contended = Arc::new(AtomicU64::new(0));
+        /// let count = Arc::clone(&contended);
+        /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
+        ///     .observer(move |event| {
+        ///         if event.what == What::Contended {
+        ///             count.fetch_add(1, Ordering::Relaxed);
+        ///         }
+        ///         // With the `log` crate: log::debug!("{event:?}");
+        ///         // with `tracing`: tracing::debug!(resource = event.resource, what = ?event.what, "redlock");
+        ///     })
+        ///     .build()?;
+        /// # Ok::<(), redlock_sync::LockError>(())
+        /// ```
+        observer(observer: impl Fn(&Event<'_>) + Send + Sync + 'static) => config.observer = Some(Observer(std::sync::Arc::new(observer)));
 
-    /// Sets the restarted-node guard: a node that has been up for less than
-    /// `grace` does not vote.
-    ///
-    /// A node that restarts without persistence forgets its locks; if it
-    /// voted at once, another client could win a quorum that includes it
-    /// while the first client still holds the lock on the other nodes. With
-    /// a grace period, every new connection reads the node's uptime with
-    /// `INFO server` (pipelined with the handshake: no extra round trip),
-    /// and while the uptime is below `grace` the node is reported as failed
-    /// with [`NodeError::Restarted`](crate::NodeError::Restarted) and gets
-    /// no command. Once its uptime reaches `grace`, it votes again: a later
-    /// round simply reconnects.
-    ///
-    /// Set `grace` to at least the longest TTL you pass to `acquire` or
-    /// `extend` (the locks a restarted node forgot have all expired by then),
-    /// plus a margin for clock rate differences. The uptime has whole-second
-    /// resolution; the guard takes the least the real uptime can be (a
-    /// second less than reported), so a node is kept out up to about two
-    /// seconds longer than `grace`, never shorter. And the node's clock may
-    /// be stepped after it started (time sync after a boot with a wrong
-    /// clock), which makes its uptime jump: so once this client has seen a
-    /// node restart (a `run_id` other than the one it reached before, or an
-    /// uptime below the grace), it keeps the node out for the whole grace
-    /// from then on its own monotonic clock, whatever uptime the node
-    /// reports later. A client that first meets the node after such a step
-    /// has only the node's word. What locks held across restarts need, and
-    /// why eviction is a restart too, is in
-    /// [`Redlock::extend`](crate::Redlock::extend). A node whose `INFO`
-    /// command is disabled or answers without an uptime never votes while
-    /// the guard is on. The check relies on a restarted server being
-    /// reachable only through new connections, which holds for direct
-    /// connections and plain TCP proxies; a connection pooler that keeps
-    /// the client's connection while it reconnects to a restarted server
-    /// behind it would hide the restart.
-    ///
-    /// Nodes that run with `appendonly yes` and `appendfsync always` keep
-    /// their locks across restarts and do not need the guard. It does not
-    /// help against data lost without a restart (`FLUSHALL`, a failover to
-    /// a replica that had not caught up). It is off unless set because the
-    /// right value depends on the longest TTL, which only you know, and
-    /// because a guard that is too long makes every freshly started node (a
-    /// new deployment, a test cluster) refuse to vote for that long.
-    /// Defaults to zero: off.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use redlock_sync::Redlock;
-    ///
-    /// // Locks are taken for at most 30 s (TTLs of acquire and extend).
-    /// let locks = Redlock::builder(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
-    ///     .restart_grace(Duration::from_secs(35))
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
-    pub fn restart_grace(mut self, grace: Duration) -> Self {
-        self.config.restart_grace = grace;
-        self
+        /// Sets the restarted-node guard: a node that has been up for less than
+        /// `grace` does not vote.
+        ///
+        /// A node that restarts without persistence forgets its locks; if it
+        /// voted at once, another client could win a quorum that includes it
+        /// while the first client still holds the lock on the other nodes. With
+        /// a grace period, every new connection reads the node's uptime with
+        /// `INFO server` (pipelined with the handshake: no extra round trip),
+        /// and while the uptime is below `grace` the node is reported as failed
+        /// with [`NodeError::Restarted`](crate::NodeError::Restarted) and gets
+        /// no command. Once its uptime reaches `grace`, it votes again: a later
+        /// round simply reconnects.
+        ///
+        /// Set `grace` to at least the longest TTL you pass to `acquire` or
+        /// `extend` (the locks a restarted node forgot have all expired by then),
+        /// plus a margin for clock rate differences. The uptime has whole-second
+        /// resolution; the guard takes the least the real uptime can be (a
+        /// second less than reported), so a node is kept out up to about two
+        /// seconds longer than `grace`, never shorter. And the node's clock may
+        /// be stepped after it started (time sync after a boot with a wrong
+        /// clock), which makes its uptime jump: so once this client has seen a
+        /// node restart (a `run_id` other than the one it reached before, or an
+        /// uptime below the grace), it keeps the node out for the whole grace
+        /// from then on its own monotonic clock, whatever uptime the node
+        /// reports later. A client that first meets the node after such a step
+        /// has only the node's word. What locks held across restarts need, and
+        /// why eviction is a restart too, is in
+        /// [`Redlock::extend`](crate::Redlock::extend). A node whose `INFO`
+        /// command is disabled or answers without an uptime never votes while
+        /// the guard is on. The check relies on a restarted server being
+        /// reachable only through new connections, which holds for direct
+        /// connections and plain TCP proxies; a connection pooler that keeps
+        /// the client's connection while it reconnects to a restarted server
+        /// behind it would hide the restart.
+        ///
+        /// Nodes that run with `appendonly yes` and `appendfsync always` keep
+        /// their locks across restarts and do not need the guard. It does not
+        /// help against data lost without a restart (`FLUSHALL`, a failover to
+        /// a replica that had not caught up). It is off unless set because the
+        /// right value depends on the longest TTL, which only you know, and
+        /// because a guard that is too long makes every freshly started node (a
+        /// new deployment, a test cluster) refuse to vote for that long.
+        /// Defaults to zero: off.
+        ///
+        /// ```no_run
+        /// use std::time::Duration;
+        /// use redlock_sync::Redlock;
+        ///
+        /// // Locks are taken for at most 30 s (TTLs of acquire and extend).
+        /// let locks = Redlock::builder(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
+        ///     .restart_grace(Duration::from_secs(35))
+        ///     .build()?;
+        /// # Ok::<(), redlock_sync::LockError>(())
+        /// ```
+        restart_grace(grace: Duration) => config.restart_grace = grace;
     }
 
     /// A builder over `urls`, with the default settings.
@@ -374,14 +341,12 @@ impl RedlockBuilder {
     pub(crate) fn checked(self) -> Result<(Vec<String>, Config), ConfigError> {
         let config = self.config;
         if !(0.0..1.0).contains(&config.drift_factor) {
-            return Err(ConfigError::DriftFactor {
-                value: config.drift_factor,
-            });
+            let value = config.drift_factor;
+            return Err(ConfigError::DriftFactor { value });
         }
         if !(config.extend_when_left > 0.0 && config.extend_when_left < 1.0) {
-            return Err(ConfigError::ExtendWhenLeft {
-                value: config.extend_when_left,
-            });
+            let value = config.extend_when_left;
+            return Err(ConfigError::ExtendWhenLeft { value });
         }
         for (which, timeout) in [
             ("io_timeout", config.io_timeout),

@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use super::{Ask, Redlock, Tally};
-use crate::error::{NodeOutcome, NodeReport, Report};
+use crate::error::{NodeOutcome, Report};
 use crate::kind::{acquire_vote, script_vote, Kind};
 use crate::lock::Token;
 use crate::script::Command;
@@ -72,19 +72,13 @@ impl Redlock {
     fn both_rounds(&self, first: Tally, second: Tally, ttl: Duration) -> Tally {
         let offset = second.start.saturating_duration_since(first.start);
         let elapsed = offset + second.report.elapsed;
-        let nodes = first
-            .report
-            .nodes
-            .into_iter()
-            .zip(second.report.nodes)
-            .map(|(one, two)| match one.outcome {
-                NodeOutcome::Granted => NodeReport {
-                    elapsed: offset + two.elapsed,
-                    ..two
-                },
-                _ => one,
-            })
-            .collect();
+        let mut nodes = second.report.nodes;
+        for (two, one) in nodes.iter_mut().zip(first.report.nodes) {
+            match one.outcome {
+                NodeOutcome::Granted => two.elapsed += offset,
+                _ => *two = one,
+            }
+        }
         let validity = self.validity(ttl, elapsed);
         Tally {
             report: Report {
@@ -109,7 +103,7 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::error::LockError;
+    use crate::error::{LockError, NodeReport};
 
     /// A report of three nodes that all answered `outcome` after `elapsed`.
     fn report(outcome: NodeOutcome, elapsed: Duration) -> Report {
