@@ -83,28 +83,23 @@ impl Endpoint {
                 "the port `0` is not a number from 1 to 65535".to_string()
             ));
         }
-        let route;
-        let (name, identity) = match info.addr() {
+        let (route, name, identity) = match info.addr() {
             ConnectionAddr::Tcp(host, port) => {
-                route = match host.parse::<IpAddr>() {
+                let route = match host.parse::<IpAddr>() {
                     Ok(ip) => Route::Ip(SocketAddr::new(ip, *port)),
                     Err(_) => Route::Name(Resolver::new(host, *port)),
                 };
                 let n = format!("{host}:{port}");
-                (n.clone(), format!("tcp {}", n.to_ascii_lowercase()))
+                (route, n.clone(), format!("tcp {}", n.to_ascii_lowercase()))
             }
             ConnectionAddr::TcpTls { host, port, .. } => {
-                route = Route::Unsplit;
                 let n = format!("{host}:{port}");
-                (
-                    format!("tls {n}"),
-                    format!("tcp {}", n.to_ascii_lowercase()),
-                )
+                let identity = format!("tcp {}", n.to_ascii_lowercase());
+                (Route::Unsplit, format!("tls {n}"), identity)
             }
             ConnectionAddr::Unix(path) => {
-                route = unix_route(path);
                 let n = path.display().to_string();
-                (n.clone(), format!("unix {n}"))
+                (unix_route(path), n.clone(), format!("unix {n}"))
             }
             other => return Err(bad(format!("unsupported address {other:?}"))),
         };

@@ -69,7 +69,7 @@ pub(crate) struct Ticket {
 
 /// A node's shared connection: what its threads share, behind a mutex.
 #[derive(Default)]
-pub(super) struct Shared {
+pub(crate) struct Shared {
     link: Mutex<Link>,
 }
 
@@ -329,7 +329,7 @@ impl Shared {
     /// Whether the request `ticket` is on the wire: false while it waits in
     /// the outbox (another thread writing, or connecting), and for good once
     /// its connection ended before it was written.
-    pub(super) fn written(&self, ticket: Ticket) -> bool {
+    pub(crate) fn written(&self, ticket: Ticket) -> bool {
         let link = self.lock();
         link.epoch == ticket.epoch && ticket.seq < link.conn.written
     }
@@ -462,7 +462,7 @@ impl Shared {
     /// Whether writing to the node now means connecting first (it has no
     /// connection, and is not backing off reconnecting): that may block up
     /// to the connect timeout.
-    pub(super) fn will_connect(&self) -> bool {
+    pub(crate) fn will_connect(&self) -> bool {
         let link = self.lock();
         !link.conn.open
             && !link.conn.writing
@@ -475,7 +475,7 @@ impl Shared {
     /// of the average time a read of it blocked; the largest value once its
     /// last connection timed out): rounds read the nodes in this order, so
     /// a round that a quorum decided need not wait for the slow ones.
-    pub(super) fn lateness(&self) -> u32 {
+    pub(crate) fn lateness(&self) -> u32 {
         let link = self.lock();
         if link.slow {
             u32::MAX
