@@ -608,9 +608,7 @@ impl Shared {
                         // The cause is recorded first: ending the socket
                         // makes a writer fail too, for no reason of its own.
                         end_epoch(&mut link, failure);
-                        if let Some(r) = &reader {
-                            r.shutdown();
-                        }
+                        reader.iter().for_each(Reader::shutdown);
                     }
                 }
             }
@@ -783,9 +781,7 @@ fn record_write(
             // The cause is recorded first: ending the socket makes the
             // reader fail too, for no reason of its own.
             end_epoch(link, failure);
-            if let Some(w) = w {
-                w.shutdown();
-            }
+            w.iter().for_each(Writer::shutdown);
             None
         }
         (Ok(()), None) => None,
@@ -949,12 +945,8 @@ fn forget_scripts_if_lost(conn: &mut Connection, reply: &Value) {
 
 /// Drops the connection for everyone: every request on it fails.
 fn end_epoch(link: &mut Link, failure: Failure) {
-    if let Some(writer) = &link.conn.writer {
-        writer.shutdown();
-    }
-    if let Some(reader) = &link.conn.reader {
-        reader.shutdown();
-    }
+    link.conn.writer.iter().for_each(Writer::shutdown);
+    link.conn.reader.iter().for_each(Reader::shutdown);
     link.conn = Connection::default();
     link.slow = failure == Failure::TimedOut;
     link.ended = Some((link.epoch, failure));
