@@ -70,13 +70,10 @@ impl Connector {
         }
         // No time left to try: a timeout of the round, not of this node.
         time_left(deadline)?;
-        self.connect(deadline, connect_timeout).map_err(|failure| {
-            if failure == Failure::TimedOut {
-                Failure::ConnectTimedOut
-            } else {
-                failure
-            }
-        })
+        match self.connect(deadline, connect_timeout) {
+            Err(Failure::TimedOut) => Err(Failure::ConnectTimedOut),
+            opened => opened,
+        }
     }
 
     /// Opens a new connection, authenticates, selects the db and loads our
