@@ -203,12 +203,10 @@ fn diagnose(url: &str) -> Option<String> {
         if inside.parse::<std::net::Ipv6Addr>().is_err() {
             return Some(format!("the host [{inside}] is not an IPv6 address"));
         }
-        match after {
-            "" => (inside, None),
-            _ => match after.strip_prefix(':') {
-                Some(port) => (inside, Some(port)),
-                None => return Some(format!("`{after}` after the IPv6 address: expected :port")),
-            },
+        match (after, after.strip_prefix(':')) {
+            ("", _) => (inside, None),
+            (_, Some(port)) => (inside, Some(port)),
+            (_, None) => return Some(format!("`{after}` after the IPv6 address: expected :port")),
         }
     } else if host_port.matches(':').count() > 1 {
         return Some(
@@ -225,10 +223,8 @@ fn diagnose(url: &str) -> Option<String> {
     if host.is_empty() {
         return Some("the host is missing: expected redis://host:port".to_string());
     }
-    if let Some(port) = port.filter(|p| !p.is_empty()) {
-        if !matches!(port.parse::<u16>(), Ok(1..)) {
-            return Some(format!("the port `{port}` is not a number from 1 to 65535"));
-        }
+    if let Some(port) = port.filter(|p| !p.is_empty() && !matches!(p.parse::<u16>(), Ok(1..))) {
+        return Some(format!("the port `{port}` is not a number from 1 to 65535"));
     }
     if let Some(c) = host
         .chars()
