@@ -652,9 +652,8 @@ impl fmt::Display for Report {
         let nodes: Vec<String> = (self.nodes.iter())
             .map(|n| format!("{}: {} after {:?}", n.node, n.outcome, n.elapsed))
             .collect();
-        let (granted, all) = (self.granted(), self.nodes.len());
+        let (granted, all, nodes) = (self.granted(), self.nodes.len(), nodes.join("; "));
         let (quorum, elapsed) = (self.quorum, self.elapsed);
-        let nodes = nodes.join("; ");
         write!(
             f,
             "{granted} of {all} granted, quorum {quorum}, in {elapsed:?} [{nodes}]"

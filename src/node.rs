@@ -48,7 +48,8 @@ use crate::script::{is_noscript, Command};
 /// One Redis master.
 pub(crate) struct Node {
     connector: Connector,
-    shared: Shared,
+    /// The shared connection, asked directly for what it knows.
+    pub(crate) shared: Shared,
 }
 
 impl Node {
@@ -191,27 +192,6 @@ impl Node {
         connect_timeout: Duration,
     ) -> Result<Option<(Sender, Listener)>, Failure> {
         subscription::open(&self.connector, deadline, connect_timeout)
-    }
-
-    /// Whether writing to the node now means connecting first (it has no
-    /// connection, and is not backing off reconnecting): that may block up
-    /// to the connect timeout.
-    pub(crate) fn will_connect(&self) -> bool {
-        self.shared.will_connect()
-    }
-
-    /// How late this node tends to answer, coarsely (a power-of-two bucket
-    /// of the average time a read of it blocked; the largest value once its
-    /// last connection timed out): rounds read the nodes in this order, so
-    /// a round that a quorum decided need not wait for the slow ones.
-    pub(crate) fn lateness(&self) -> u32 {
-        self.shared.lateness()
-    }
-
-    /// Whether the request `ticket` is on the wire (not still queued, nor
-    /// lost with its connection before it was written).
-    pub(crate) fn written(&self, ticket: Ticket) -> bool {
-        self.shared.written(ticket)
     }
 
     /// Sends `cmd` (a release after a failed attempt) first thing on the
@@ -416,7 +396,7 @@ impl<'a> Turn<'a> {
             return;
         }
         for (node, ticket) in self.nodes.iter().zip(&self.awaited) {
-            if ticket.is_some_and(|t| !node.written(t)) {
+            if ticket.is_some_and(|t| !node.shared.written(t)) {
                 node.flush(self.bounds, wake_reader);
             }
         }

@@ -138,7 +138,7 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
         let len = order.len().max(1);
         order.rotate_left(ROTATION.fetch_add(1, Ordering::Relaxed) % len);
         // (Each node asked once: the question takes its lock.)
-        order.sort_by_cached_key(|&i| self.nodes[i].lateness());
+        order.sort_by_cached_key(|&i| self.nodes[i].shared.lateness());
         order
     }
 
@@ -200,7 +200,7 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
 fn by_connect(nodes: &[Node], ask: impl Fn(usize) -> bool) -> (Vec<usize>, Vec<usize>) {
     (0..nodes.len())
         .filter(|&i| ask(i))
-        .partition(|&i| nodes[i].will_connect())
+        .partition(|&i| nodes[i].shared.will_connect())
 }
 
 /// Runs `f` for each of `items`, the first on this thread and the others
@@ -259,7 +259,7 @@ pub(crate) fn send_only(
             // Queued behind another thread's write or connect, it may yet
             // be lost with that connection: owe it too (a release sent
             // twice is harmless, its token guards it).
-            if !nodes[i].written(ticket) {
+            if !nodes[i].shared.written(ticket) {
                 nodes[i].owe(cmd, owed_until);
             }
             nodes[i].abandon(ticket);

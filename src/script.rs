@@ -184,10 +184,7 @@ impl Command {
     /// A script over `keys` with arguments `args`, as `EVALSHA`.
     pub(crate) fn script(script: &'static Script, keys: &[String], args: &[&[u8]]) -> Command {
         let numkeys = keys.len().to_string();
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(3 + keys.len() + args.len());
-        parts.push(b"EVALSHA");
-        parts.push(script.sha.as_bytes());
-        parts.push(numkeys.as_bytes());
+        let mut parts: Vec<&[u8]> = vec![b"EVALSHA", script.sha.as_bytes(), numkeys.as_bytes()];
         parts.extend(keys.iter().map(|k| k.as_bytes()));
         parts.extend_from_slice(args);
         let size: usize = parts.iter().map(|p| p.len() + 16).sum();

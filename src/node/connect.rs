@@ -70,13 +70,10 @@ impl Connector {
         }
         // No time left to try: a timeout of the round, not of this node.
         time_left(deadline)?;
-        self.connect(deadline, connect_timeout).map_err(|failure| {
-            if failure == Failure::TimedOut {
-                Failure::ConnectTimedOut
-            } else {
-                failure
-            }
-        })
+        match self.connect(deadline, connect_timeout) {
+            Err(Failure::TimedOut) => Err(Failure::ConnectTimedOut),
+            opened => opened,
+        }
     }
 
     /// Opens a new connection, authenticates, selects the db and loads our
@@ -104,13 +101,10 @@ impl Connector {
             None => writer.recv(deadline),
         };
         let owed = self.owed.due();
-        if owed.ids.is_empty() {
-            writer.send(&self.endpoint.handshake, deadline)?;
-        } else {
-            let mut first = self.endpoint.handshake.clone();
-            first.extend_from_slice(&owed.bytes);
-            writer.send(&first, deadline)?;
-        }
+        writer.send(
+            &[&self.endpoint.handshake[..], &owed.bytes].concat(),
+            deadline,
+        )?;
         let mut scripts = script::ALL_SCRIPTS;
         for i in 0..self.endpoint.checked_replies + self.endpoint.script_replies {
             if let Value::ServerError(e) = recv(&mut writer)? {
@@ -245,11 +239,7 @@ fn share(left: Duration, remaining: usize) -> Duration {
 /// Time left until `deadline`, or a timeout if none is.
 fn time_left(deadline: Instant) -> Result<Duration, Failure> {
     let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        Err(Failure::TimedOut)
-    } else {
-        Ok(left)
-    }
+    (!left.is_zero()).then_some(left).ok_or(Failure::TimedOut)
 }
 
 #[cfg(test)]

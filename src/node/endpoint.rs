@@ -83,28 +83,23 @@ impl Endpoint {
                 "the port `0` is not a number from 1 to 65535".to_string()
             ));
         }
-        let route;
-        let (name, identity) = match info.addr() {
+        let (route, name, identity) = match info.addr() {
             ConnectionAddr::Tcp(host, port) => {
-                route = match host.parse::<IpAddr>() {
+                let route = match host.parse::<IpAddr>() {
                     Ok(ip) => Route::Ip(SocketAddr::new(ip, *port)),
                     Err(_) => Route::Name(Resolver::new(host, *port)),
                 };
                 let n = format!("{host}:{port}");
-                (n.clone(), format!("tcp {}", n.to_ascii_lowercase()))
+                (route, n.clone(), format!("tcp {}", n.to_ascii_lowercase()))
             }
             ConnectionAddr::TcpTls { host, port, .. } => {
-                route = Route::Unsplit;
                 let n = format!("{host}:{port}");
-                (
-                    format!("tls {n}"),
-                    format!("tcp {}", n.to_ascii_lowercase()),
-                )
+                let identity = format!("tcp {}", n.to_ascii_lowercase());
+                (Route::Unsplit, format!("tls {n}"), identity)
             }
             ConnectionAddr::Unix(path) => {
-                route = unix_route(path);
                 let n = path.display().to_string();
-                (n.clone(), format!("unix {n}"))
+                (unix_route(path), n.clone(), format!("unix {n}"))
             }
             other => return Err(bad(format!("unsupported address {other:?}"))),
         };
@@ -208,12 +203,10 @@ fn diagnose(url: &str) -> Option<String> {
         if inside.parse::<std::net::Ipv6Addr>().is_err() {
             return Some(format!("the host [{inside}] is not an IPv6 address"));
         }
-        match after {
-            "" => (inside, None),
-            _ => match after.strip_prefix(':') {
-                Some(port) => (inside, Some(port)),
-                None => return Some(format!("`{after}` after the IPv6 address: expected :port")),
-            },
+        match (after, after.strip_prefix(':')) {
+            ("", _) => (inside, None),
+            (_, Some(port)) => (inside, Some(port)),
+            (_, None) => return Some(format!("`{after}` after the IPv6 address: expected :port")),
         }
     } else if host_port.matches(':').count() > 1 {
         return Some(
@@ -230,10 +223,8 @@ fn diagnose(url: &str) -> Option<String> {
     if host.is_empty() {
         return Some("the host is missing: expected redis://host:port".to_string());
     }
-    if let Some(port) = port.filter(|p| !p.is_empty()) {
-        if !matches!(port.parse::<u16>(), Ok(1..)) {
-            return Some(format!("the port `{port}` is not a number from 1 to 65535"));
-        }
+    if let Some(port) = port.filter(|p| !p.is_empty() && !matches!(p.parse::<u16>(), Ok(1..))) {
+        return Some(format!("the port `{port}` is not a number from 1 to 65535"));
     }
     if let Some(c) = host
         .chars()

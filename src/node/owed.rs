@@ -66,9 +66,6 @@ impl Owed {
     /// [`settle`](Self::settle) says a connection delivered them.
     pub(super) fn due(&self) -> Due {
         let mut entries = self.lock();
-        if entries.list.is_empty() {
-            return Due::default();
-        }
         let now = Instant::now();
         entries.list.retain(|e| e.until > now);
         let mut due = Due::default();
@@ -81,9 +78,6 @@ impl Owed {
 
     /// The server answered the clean-ups `ids`: they are no longer owed.
     pub(super) fn settle(&self, ids: &[u64]) {
-        if ids.is_empty() {
-            return;
-        }
         self.lock().list.retain(|e| !ids.contains(&e.id));
     }
 }

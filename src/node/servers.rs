@@ -39,16 +39,10 @@ impl Servers {
             return Ok(());
         };
         let mut claimed = self.claimed.lock().unwrap_or_else(|e| e.into_inner());
-        match claimed.get(run_id) {
-            Some((other, other_name)) if *other != index => Err(NodeError::SameServer {
-                other: other_name.to_string(),
-            }),
-            Some(_) => Ok(()),
-            None => {
-                claimed.insert(run_id.to_string(), (index, Arc::clone(name)));
-                Ok(())
-            }
-        }
+        let (other, other_name) =
+            (claimed.entry(run_id.to_string())).or_insert_with(|| (index, Arc::clone(name)));
+        let other = (*other != index).then(|| other_name.to_string());
+        other.map_or(Ok(()), |other| Err(NodeError::SameServer { other }))
     }
 }
 

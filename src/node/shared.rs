@@ -69,7 +69,7 @@ pub(crate) struct Ticket {
 
 /// A node's shared connection: what its threads share, behind a mutex.
 #[derive(Default)]
-pub(super) struct Shared {
+pub(crate) struct Shared {
     link: Mutex<Link>,
 }
 
@@ -329,7 +329,7 @@ impl Shared {
     /// Whether the request `ticket` is on the wire: false while it waits in
     /// the outbox (another thread writing, or connecting), and for good once
     /// its connection ended before it was written.
-    pub(super) fn written(&self, ticket: Ticket) -> bool {
+    pub(crate) fn written(&self, ticket: Ticket) -> bool {
         let link = self.lock();
         link.epoch == ticket.epoch && ticket.seq < link.conn.written
     }
@@ -462,7 +462,7 @@ impl Shared {
     /// Whether writing to the node now means connecting first (it has no
     /// connection, and is not backing off reconnecting): that may block up
     /// to the connect timeout.
-    pub(super) fn will_connect(&self) -> bool {
+    pub(crate) fn will_connect(&self) -> bool {
         let link = self.lock();
         !link.conn.open
             && !link.conn.writing
@@ -475,7 +475,7 @@ impl Shared {
     /// of the average time a read of it blocked; the largest value once its
     /// last connection timed out): rounds read the nodes in this order, so
     /// a round that a quorum decided need not wait for the slow ones.
-    pub(super) fn lateness(&self) -> u32 {
+    pub(crate) fn lateness(&self) -> u32 {
         let link = self.lock();
         if link.slow {
             u32::MAX
@@ -608,9 +608,7 @@ impl Shared {
                         // The cause is recorded first: ending the socket
                         // makes a writer fail too, for no reason of its own.
                         end_epoch(&mut link, failure);
-                        if let Some(r) = &reader {
-                            r.shutdown();
-                        }
+                        reader.iter().for_each(Reader::shutdown);
                     }
                 }
             }
@@ -783,9 +781,7 @@ fn record_write(
             // The cause is recorded first: ending the socket makes the
             // reader fail too, for no reason of its own.
             end_epoch(link, failure);
-            if let Some(w) = w {
-                w.shutdown();
-            }
+            w.iter().for_each(Writer::shutdown);
             None
         }
         (Ok(()), None) => None,
@@ -949,12 +945,8 @@ fn forget_scripts_if_lost(conn: &mut Connection, reply: &Value) {
 
 /// Drops the connection for everyone: every request on it fails.
 fn end_epoch(link: &mut Link, failure: Failure) {
-    if let Some(writer) = &link.conn.writer {
-        writer.shutdown();
-    }
-    if let Some(reader) = &link.conn.reader {
-        reader.shutdown();
-    }
+    link.conn.writer.iter().for_each(Writer::shutdown);
+    link.conn.reader.iter().for_each(Reader::shutdown);
     link.conn = Connection::default();
     link.slow = failure == Failure::TimedOut;
     link.ended = Some((link.epoch, failure));

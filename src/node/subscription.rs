@@ -20,14 +20,10 @@ use crate::script::{pack, RELEASED_CHANNEL_PREFIX};
 
 /// Writes subscription commands. Their answers come through the
 /// [`Listener`], in order.
-pub(crate) struct Sender {
-    writer: Writer,
-}
+pub(crate) struct Sender(Writer);
 
 /// Reads what the server pushes on a subscription connection.
-pub(crate) struct Listener {
-    reader: Reader,
-}
+pub(crate) struct Listener(Reader);
 
 /// One thing the server pushed.
 #[derive(Debug, PartialEq, Eq)]
@@ -52,14 +48,9 @@ pub(super) fn open(
     connect_timeout: std::time::Duration,
 ) -> Result<Option<(Sender, Listener)>, Failure> {
     let opened = connector.connect(deadline, connect_timeout)?;
-    Ok(opened.reader.map(|reader| {
-        (
-            Sender {
-                writer: opened.writer,
-            },
-            Listener { reader },
-        )
-    }))
+    Ok(opened
+        .reader
+        .map(|reader| (Sender(opened.writer), Listener(reader))))
 }
 
 impl Sender {
@@ -93,7 +84,7 @@ impl Sender {
         }
         match bytes.is_empty() {
             true => Ok(()),
-            false => self.writer.send(&bytes, deadline),
+            false => self.0.send(&bytes, deadline),
         }
     }
 }
@@ -101,7 +92,7 @@ impl Sender {
 impl Listener {
     /// The next thing the server pushes, waiting until `deadline` at most.
     pub(crate) fn next(&mut self, deadline: Instant) -> Result<Event, Failure> {
-        let value = self.reader.recv(deadline)?;
+        let value = self.0.recv(deadline)?;
         event(value).map_err(|why| Failure::Error(NodeError::Protocol(why)))
     }
 }
@@ -128,11 +119,10 @@ fn event(value: Value) -> Result<Event, String> {
     let kind = parts.next().flatten().unwrap_or_default();
     let mut second = || parts.next().flatten().unwrap_or_default();
     match kind.to_ascii_lowercase().as_slice() {
-        b"message" => {
-            let channel = second();
-            let payload = second();
-            Ok(Event::Message { channel, payload })
-        }
+        b"message" => Ok(Event::Message {
+            channel: second(),
+            payload: second(),
+        }),
         b"subscribe" => Ok(Event::Subscribed(second())),
         b"unsubscribe" => Ok(Event::Unsubscribed(second())),
         b"pong" => Ok(Event::Pong),

@@ -15,6 +15,7 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 #[cfg(unix)]
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -28,10 +29,6 @@ pub(crate) mod counts {
 
     pub(crate) static WRITES: AtomicU64 = AtomicU64::new(0);
     pub(crate) static READS: AtomicU64 = AtomicU64::new(0);
-
-    pub(crate) fn add(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
 
     /// How many socket syscalls the crate has made so far, in this process.
     #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -124,14 +121,14 @@ impl Stream {
 
 impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        counts::add(&counts::READS);
+        counts::READS.fetch_add(1, Ordering::Relaxed);
         on_socket!(self, s => s.read(buf))
     }
 }
 
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        counts::add(&counts::WRITES);
+        counts::WRITES.fetch_add(1, Ordering::Relaxed);
         on_socket!(self, s => s.write(buf))
     }
 
