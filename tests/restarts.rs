@@ -245,6 +245,18 @@ fn a_node_where_another_token_holds_a_key_refuses_the_re_take_and_a_node_re_take
 #[test]
 fn an_extension_whose_round_ends_after_the_validity_ran_out_reports_lost_and_releases_what_it_re_took(
 ) {
+    late_round_re_takes(&[0, 1]);
+}
+
+#[test]
+fn a_late_extension_that_re_took_the_key_on_every_node_reports_lost_and_releases_it() {
+    // Every vote it could count is a re-take made too late: none renewed.
+    late_round_re_takes(&[0, 1, 2]);
+}
+
+/// An extension whose round ends after the validity ran out, with the key
+/// gone from the nodes `restarted`: lost, and nothing it set stays.
+fn late_round_re_takes(restarted: &[usize]) {
     let nodes = cluster(3);
     let proxies = nodes.proxies().unwrap();
     let locks = Redlock::builder(proxies.iter().map(|p| p.url()))
@@ -255,11 +267,12 @@ fn an_extension_whose_round_ends_after_the_validity_ran_out_reports_lost_and_rel
         .unwrap();
     let mut lock = locks.acquire("late", Duration::from_secs(3)).unwrap();
     common::wait_until_held_by(&nodes, &lock, 3);
-    // Nodes 0 and 1 lose the key. When 400 ms of validity are left, every
+    // These nodes lose the key. When 400 ms of validity are left, every
     // byte starts to take 300 ms each way: the round's commands land within
     // the validity, and its replies come after it ran out.
-    nodes.node(0).restart().unwrap();
-    nodes.node(1).restart().unwrap();
+    for &i in restarted {
+        nodes.node(i).restart().unwrap();
+    }
     every_node_answers(&locks);
     thread::sleep(lock.validity().saturating_sub(Duration::from_millis(400)));
     for proxy in &proxies {
