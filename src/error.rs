@@ -194,15 +194,6 @@ impl From<ParseTokenError> for LockError {
 }
 
 impl LockError {
-    /// The random source's error, as a standard I/O error: the OS error
-    /// code where there is one, else its message.
-    pub(crate) fn random(e: getrandom::Error) -> LockError {
-        LockError::Random(match e.raw_os_error() {
-            Some(code) => std::io::Error::from_raw_os_error(code),
-            None => std::io::Error::other(e.to_string()),
-        })
-    }
-
     /// The report of the last round, for the variants that talked to nodes.
     ///
     /// ```

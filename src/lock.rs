@@ -49,7 +49,7 @@ impl Token {
     /// ```
     pub fn random() -> Result<Token, LockError> {
         let mut bytes = [0u8; TOKEN_BYTES];
-        getrandom::fill(&mut bytes).map_err(LockError::random)?;
+        getrandom::fill(&mut bytes).map_err(|e| LockError::Random(e.into()))?;
         Ok(Token(bytes))
     }
 

@@ -11,7 +11,7 @@ use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionI
 use super::resolve::Resolver;
 use super::restart_guard;
 use crate::error::ConfigError;
-use crate::script::{self, pack};
+use crate::script;
 
 /// A parsed node URL.
 pub(crate) struct Endpoint {
@@ -103,27 +103,21 @@ impl Endpoint {
             }
             other => return Err(bad(format!("unsupported address {other:?}"))),
         };
-        let mut handshake = Vec::new();
-        let mut checked_replies = 0;
+        let mut handshake = redis::pipe();
         if let Some(password) = redis.password() {
-            let mut args: Vec<&[u8]> = vec![b"AUTH"];
-            if let Some(user) = redis.username() {
-                args.push(user.as_bytes());
-            }
-            args.push(password.as_bytes());
-            pack(&mut handshake, &args);
-            checked_replies += 1;
+            handshake.cmd("AUTH").arg(redis.username()).arg(password);
         }
         if redis.db() != 0 {
-            pack(
-                &mut handshake,
-                &[b"SELECT", redis.db().to_string().as_bytes()],
-            );
-            checked_replies += 1;
+            handshake.cmd("SELECT").arg(redis.db());
         }
-        let script_replies = script::load_all(&mut handshake);
+        let checked_replies = handshake.len();
+        // Loaded scripts, unlike those that come in by `EVAL`, are not
+        // evicted from the server's cache (Redis 7.4 evicts `EVAL` scripts).
+        for script in script::SCRIPTS {
+            handshake.cmd("SCRIPT").arg("LOAD").arg(script.body);
+        }
         // Last: the server's run_id (and uptime, for the restart guard).
-        handshake.extend_from_slice(&restart_guard::info_server());
+        handshake.cmd("INFO").arg("server");
         let bare = info
             .clone()
             .set_redis_settings(RedisConnectionInfo::default().set_skip_set_lib_name())
@@ -135,9 +129,9 @@ impl Endpoint {
             identity,
             client,
             route,
-            handshake,
+            handshake: handshake.get_packed_pipeline(),
             checked_replies,
-            script_replies,
+            script_replies: script::SCRIPTS.len(),
             sends_auth: redis.password().is_some(),
             auth_hint: auth_hint(redis.username().is_some(), redis.password().is_some(), unix),
             restarts: restart_guard::Seen::default(),

@@ -21,14 +21,6 @@ use redis::Value;
 
 use super::servers::info_field;
 use crate::error::NodeError;
-use crate::script::pack;
-
-/// `INFO server`, packed, to send with the handshake.
-pub(crate) fn info_server() -> Vec<u8> {
-    let mut out = Vec::new();
-    pack(&mut out, &[b"INFO", b"server"]);
-    out
-}
 
 /// What the guard saw of one node's restarts: the server process (its
 /// `run_id`) the node last reached, and until when a restart seen keeps the
@@ -169,10 +161,5 @@ mod tests {
         std::thread::sleep(grace);
         assert_eq!(check(&at("a", 60), grace, &seen), Ok(()));
         assert_eq!(check(&at("c", 60), grace, &other), Ok(()));
-    }
-
-    #[test]
-    fn info_server_is_one_resp_command() {
-        assert_eq!(info_server(), b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n");
     }
 }
