@@ -15,7 +15,7 @@ use super::owed::Owed;
 use super::resolve::{Resolver, Unresolved};
 use super::restart_guard;
 use super::servers::Servers;
-use super::transport::{redis_connect_failure, Reader, Stream, Unsplit, Writer};
+use super::transport::{connect_failure, Reader, Stream, Unsplit, Writer};
 use crate::error::{Failure, NodeError};
 use crate::script;
 
@@ -174,7 +174,7 @@ impl Connector {
                     .to_string(),
             ))
         })?
-        .map_err(redis_connect_failure)
+        .map_err(connect_failure)
     }
 
     /// Resolves the node's host name, then connects to its addresses in

@@ -282,7 +282,8 @@ fn unix_route(_: &Path) -> Route {
 }
 
 /// The URL with any password replaced by `***`, for error messages: the
-/// one before the `@`, and a Unix socket URL's `pass=`.
+/// one before the `@`, and every query value but `db`'s and `user`'s (a
+/// Unix socket URL's `pass=`).
 pub(crate) fn redact(url: &str) -> String {
     // Without a "://" (a mistyped scheme, say) the text may still hold a
     // password before an '@': read it all as the address.
@@ -309,40 +310,16 @@ pub(crate) fn redact(url: &str) -> String {
     let Some((head, query)) = shown.split_once('?') else {
         return shown;
     };
-    let query: Vec<&str> = query
+    let query: Vec<String> = query
         .split('&')
         .map(|pair| match pair.split_once('=') {
-            // The redis crate decodes the name: `pa%73s` is `pass` too.
-            Some((name, _)) if percent_decoded(name) == b"pass" => "pass=***",
-            _ => pair,
+            // Only `db` and `user` show: the redis crate decodes names, so
+            // `pa%73s` is `pass` too.
+            Some((name, _)) if name != "db" && name != "user" => format!("{name}=***"),
+            _ => pair.to_string(),
         })
         .collect();
     format!("{head}?{}", query.join("&"))
-}
-
-/// `text` with its `%XX` escapes decoded.
-fn percent_decoded(text: &str) -> Vec<u8> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let escaped = bytes
-            .get(i + 1..i + 3)
-            .and_then(|hex| std::str::from_utf8(hex).ok())
-            .filter(|_| bytes[i] == b'%')
-            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
-        match escaped {
-            Some(byte) => {
-                out.push(byte);
-                i += 3;
-            }
-            None => {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
-    }
-    out
 }
 
 #[cfg(test)]

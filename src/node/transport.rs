@@ -182,17 +182,17 @@ impl Writer {
         match self {
             Writer::Stream { stream, timeout } => {
                 let set = |t| on_socket!(&*stream, s => s.set_write_timeout(Some(t)));
-                refresh(timeout, left, set).map_err(io_failure)?;
+                refresh(timeout, left, set).map_err(failure)?;
                 // (write_all retries a write a signal interrupted.)
-                stream.write_all(bytes).map_err(io_failure)
+                stream.write_all(bytes).map_err(failure)
             }
             Writer::Unsplit(unsplit) => {
                 let set = |t| unsplit.inner.set_write_timeout(Some(t));
-                refresh(&mut unsplit.write_timeout, left, set).map_err(redis_failure)?;
+                refresh(&mut unsplit.write_timeout, left, set).map_err(failure)?;
                 unsplit
                     .inner
                     .send_packed_command(bytes)
-                    .map_err(redis_failure)
+                    .map_err(failure)
             }
         }
     }
@@ -204,8 +204,8 @@ impl Writer {
             Writer::Unsplit(unsplit) => {
                 let left = left_or_least(deadline);
                 let set = |t| unsplit.inner.set_read_timeout(Some(t));
-                refresh(&mut unsplit.read_timeout, left, set).map_err(redis_failure)?;
-                unsplit.inner.recv_response().map_err(redis_failure)
+                refresh(&mut unsplit.read_timeout, left, set).map_err(failure)?;
+                unsplit.inner.recv_response().map_err(failure)
             }
             Writer::Stream { .. } => Err(Failure::Error(NodeError::Io(
                 "a split connection reads through its reader".to_string(),
@@ -289,7 +289,7 @@ impl Reader {
         (self.socket.until, self.socket.late) = (Some(pause.min(deadline)), false);
         match self.parser.parse_value(&mut self.socket) {
             Err(e) if e.is_timeout() && (pause..deadline).contains(&Instant::now()) => Ok(None),
-            reply => reply.map(Some).map_err(redis_failure),
+            reply => reply.map(Some).map_err(failure),
         }
     }
 
@@ -298,7 +298,7 @@ impl Reader {
         self.socket.until = None;
         match self.parser.parse_value(&mut self.socket) {
             Err(e) if e.is_timeout() => None,
-            reply => Some(reply.map_err(redis_failure)),
+            reply => Some(reply.map_err(failure)),
         }
     }
 }
@@ -342,32 +342,18 @@ fn refresh<E>(
     Ok(())
 }
 
-fn io_failure(e: io::Error) -> Failure {
-    match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Failure::TimedOut,
-        _ => Failure::Error(NodeError::Io(e.to_string())),
-    }
+/// What a failed read or write (through the `redis` crate or our own
+/// socket) means for the round: a timeout, or an error.
+pub(crate) fn failure(e: impl Into<redis::RedisError>) -> Failure {
+    failure_as(e.into(), NodeError::Io)
 }
 
-fn connect_failure(e: io::Error) -> Failure {
-    match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Failure::TimedOut,
-        _ => Failure::Error(NodeError::Connect(e.to_string())),
-    }
+/// Like [`failure`], for a connect.
+pub(crate) fn connect_failure(e: impl Into<redis::RedisError>) -> Failure {
+    failure_as(e.into(), NodeError::Connect)
 }
 
-/// What a failed read or write through the `redis` crate means for the
-/// round: a timeout, or an error.
-pub(crate) fn redis_failure(e: redis::RedisError) -> Failure {
-    redis_failure_as(e, NodeError::Io)
-}
-
-/// Like [`redis_failure`], for a connect.
-pub(crate) fn redis_connect_failure(e: redis::RedisError) -> Failure {
-    redis_failure_as(e, NodeError::Connect)
-}
-
-fn redis_failure_as(e: redis::RedisError, error: fn(String) -> NodeError) -> Failure {
+fn failure_as(e: redis::RedisError, error: fn(String) -> NodeError) -> Failure {
     if e.is_timeout() {
         Failure::TimedOut
     } else {
