@@ -83,25 +83,26 @@ impl Endpoint {
                 "the port `0` is not a number from 1 to 65535".to_string()
             ));
         }
-        let (route, name, identity) = match info.addr() {
-            ConnectionAddr::Tcp(host, port) => {
-                let route = match host.parse::<IpAddr>() {
-                    Ok(ip) => Route::Ip(SocketAddr::new(ip, *port)),
-                    Err(_) => Route::Name(Resolver::new(host, *port)),
-                };
-                let n = format!("{host}:{port}");
-                (route, n.clone(), format!("tcp {}", n.to_ascii_lowercase()))
-            }
-            ConnectionAddr::TcpTls { host, port, .. } => {
-                let n = format!("{host}:{port}");
-                let identity = format!("tcp {}", n.to_ascii_lowercase());
-                (Route::Unsplit, format!("tls {n}"), identity)
-            }
-            ConnectionAddr::Unix(path) => {
-                let n = path.display().to_string();
-                (unix_route(path), n.clone(), format!("unix {n}"))
-            }
+        let route = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => match host.parse::<IpAddr>() {
+                Ok(ip) => Route::Ip(SocketAddr::new(ip, *port)),
+                Err(_) => Route::Name(Resolver::new(host, *port)),
+            },
+            ConnectionAddr::TcpTls { .. } => Route::Unsplit,
+            ConnectionAddr::Unix(path) => unix_route(path),
             other => return Err(bad(format!("unsupported address {other:?}"))),
+        };
+        // `host:port` or the socket path; a TLS node is the same server as
+        // a plain one at its address.
+        let addr = info.addr().to_string();
+        let unix = matches!(info.addr(), ConnectionAddr::Unix(_));
+        let name = match info.addr() {
+            ConnectionAddr::TcpTls { .. } => format!("tls {addr}"),
+            _ => addr.clone(),
+        };
+        let identity = match unix {
+            true => format!("unix {addr}"),
+            false => format!("tcp {}", addr.to_ascii_lowercase()),
         };
         let mut handshake = redis::pipe();
         if let Some(password) = redis.password() {
@@ -123,7 +124,6 @@ impl Endpoint {
             .set_redis_settings(RedisConnectionInfo::default().set_skip_set_lib_name())
             .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
         let client = redis::Client::open(bare).map_err(|e| bad(e.to_string()))?;
-        let unix = matches!(info.addr(), ConnectionAddr::Unix(_));
         Ok(Endpoint {
             name: name.into(),
             identity,

@@ -189,10 +189,7 @@ impl Writer {
             Writer::Unsplit(unsplit) => {
                 let set = |t| unsplit.inner.set_write_timeout(Some(t));
                 refresh(&mut unsplit.write_timeout, left, set).map_err(failure)?;
-                unsplit
-                    .inner
-                    .send_packed_command(bytes)
-                    .map_err(failure)
+                unsplit.inner.send_packed_command(bytes).map_err(failure)
             }
         }
     }
