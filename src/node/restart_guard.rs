@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::servers::info_field;
+use super::servers::info_fields;
 use crate::error::NodeError;
 
 /// What the guard saw of one node's restarts: the server process (its
@@ -47,7 +47,9 @@ pub(crate) struct Seen(Mutex<(Option<String>, Option<Instant>)>);
 /// A reply without a readable uptime is refused too: with the guard on, a
 /// node that cannot show how long it has been up does not vote.
 pub(crate) fn check(info: &Value, grace: Duration, seen: &Seen) -> Result<(), NodeError> {
-    let uptime = uptime(info).ok_or_else(|| {
+    let info = info_fields(info);
+    let uptime = info.get("uptime_in_seconds").map(Duration::from_secs);
+    let uptime = uptime.ok_or_else(|| {
         NodeError::Protocol(
             "INFO server has no readable uptime_in_seconds; the restart guard cannot tell how long the node has been up"
                 .to_string(),
@@ -56,12 +58,12 @@ pub(crate) fn check(info: &Value, grace: Duration, seen: &Seen) -> Result<(), No
     let now = Instant::now();
     let young = uptime.saturating_sub(Duration::from_secs(1)) < grace;
     let mut seen = seen.0.lock().unwrap_or_else(PoisonError::into_inner);
-    let run_id = info_field(info, "run_id");
-    if run_id != seen.0.as_deref() {
+    let run_id = info.get("run_id");
+    if run_id != seen.0 {
         if young || seen.0.is_some() {
             seen.1 = Some(now + grace);
         }
-        seen.0 = run_id.map(str::to_string);
+        seen.0 = run_id;
     }
     let left = seen
         .1
@@ -71,13 +73,6 @@ pub(crate) fn check(info: &Value, grace: Duration, seen: &Seen) -> Result<(), No
         return Err(NodeError::Restarted { uptime, grace });
     }
     Ok(())
-}
-
-/// `uptime_in_seconds` from an `INFO` reply.
-fn uptime(info: &Value) -> Option<Duration> {
-    info_field(info, "uptime_in_seconds")
-        .and_then(|secs| secs.parse::<u64>().ok())
-        .map(Duration::from_secs)
 }
 
 #[cfg(test)]
