@@ -11,7 +11,8 @@ use redis::Value;
 use config::{Config, RedlockBuilder, MAX_TTL};
 
 use crate::error::{
-    ArgumentError, ConfigError, Failure, LockError, NodeError, NodeOutcome, NodeReport, Report,
+    server_error_text, ArgumentError, ConfigError, Failure, LockError, NodeError, NodeOutcome,
+    NodeReport, Report,
 };
 use crate::kind::{acquire_vote, release_vote, script_vote, Kind};
 use crate::lock::{Lock, Token};
@@ -903,10 +904,7 @@ fn outcome(
         Err(Failure::TimedOut | Failure::ConnectTimedOut) => NodeOutcome::TimedOut,
         Err(Failure::NotAwaited) => NodeOutcome::NotAwaited,
         Err(Failure::Error(e)) => NodeOutcome::Failed(e),
-        Ok(Value::ServerError(e)) => {
-            let detail = format!("{} {}", e.code(), e.details().unwrap_or(""));
-            NodeOutcome::Failed(NodeError::Server(detail))
-        }
+        Ok(Value::ServerError(e)) => NodeOutcome::Failed(NodeError::Server(server_error_text(&e))),
         Ok(value) => match vote(&value) {
             Ok((true, _)) => NodeOutcome::Granted,
             Ok((false, _)) => NodeOutcome::Refused,

@@ -666,6 +666,14 @@ pub struct ParseTokenError {
     pub(crate) problem: String,
 }
 
+/// An error reply as the server wrote it: its code, then its details.
+pub(crate) fn server_error_text(e: &redis::ServerError) -> String {
+    match e.details() {
+        Some(details) => format!("{} {details}", e.code()),
+        None => e.code().to_string(),
+    }
+}
+
 /// Why one exchange with a node did not produce a reply: what a node tells
 /// a round, and a round its client (which turns it into a [`NodeOutcome`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

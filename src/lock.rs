@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use crate::error::{ArgumentError, LockError, ParseTokenError, Report};
+use crate::error::{LockError, ParseTokenError, Report};
 use crate::kind::Kind;
 use crate::request::IntoResources;
 
@@ -75,9 +75,8 @@ impl Token {
 
 impl fmt::Display for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let hex = self.hex();
         // The digits are ASCII, so this never fails.
-        f.write_str(std::str::from_utf8(&hex).map_err(|_| fmt::Error)?)
+        f.write_str(std::str::from_utf8(&self.hex()).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -329,22 +328,6 @@ impl Lock {
     pub fn fencing_token(&self) -> Option<u64> {
         self.fencing_token
     }
-}
-
-/// Checks a list of resources: not empty, no empty name, no name twice.
-pub(crate) fn check_resources(resources: &[String]) -> Result<(), ArgumentError> {
-    if resources.is_empty() {
-        return Err(ArgumentError::NoResources);
-    }
-    for (i, resource) in resources.iter().enumerate() {
-        if resource.is_empty() {
-            return Err(ArgumentError::EmptyResource);
-        }
-        if resources[..i].contains(resource) {
-            return Err(ArgumentError::DuplicateResource(resource.clone()));
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -3,7 +3,6 @@
 //! server apart, the route to the server, and the handshake bytes.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
 use std::sync::Arc;
 
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
@@ -29,11 +28,9 @@ pub(crate) struct Endpoint {
     /// the URL asks for them, then `SCRIPT LOAD` for our scripts.
     pub(super) handshake: Vec<u8>,
     /// How many replies the `AUTH` and `SELECT` give (an error there fails
-    /// the connection).
+    /// the connection); a `SCRIPT LOAD` reply for every script follows (an
+    /// error there only means the scripts go as `EVAL`).
     pub(super) checked_replies: usize,
-    /// How many `SCRIPT LOAD` replies follow (an error there only means the
-    /// scripts go as `EVAL`).
-    pub(super) script_replies: usize,
     /// The handshake begins with `AUTH`.
     pub(super) sends_auth: bool,
     /// What to check in the URL when the node refuses to authenticate us.
@@ -51,12 +48,17 @@ impl Endpoint {
             url: redact(url),
             reason,
         };
-        let scheme = url.split("://").next().unwrap_or("");
-        let known = matches!(
-            scheme,
-            "redis" | "rediss" | "valkey" | "valkeys" | "redis+unix" | "valkey+unix" | "unix"
-        );
-        if !known || !url.contains("://") {
+        let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+        let known = [
+            "redis",
+            "rediss",
+            "valkey",
+            "valkeys",
+            "redis+unix",
+            "valkey+unix",
+            "unix",
+        ];
+        if !known.contains(&scheme) {
             return Err(bad(
                 "expected redis://host:port[/db], redis+unix:///path, or rediss://host:port \
                  (or the same with valkey in place of redis)"
@@ -89,7 +91,11 @@ impl Endpoint {
                 Err(_) => Route::Name(Resolver::new(host, *port)),
             },
             ConnectionAddr::TcpTls { .. } => Route::Unsplit,
-            ConnectionAddr::Unix(path) => unix_route(path),
+            // Our own socket where the OS has them, else the redis crate's.
+            #[cfg(unix)]
+            ConnectionAddr::Unix(path) => Route::Unix(path.clone()),
+            #[cfg(not(unix))]
+            ConnectionAddr::Unix(_) => Route::Unsplit,
             other => return Err(bad(format!("unsupported address {other:?}"))),
         };
         // `host:port` or the socket path; a TLS node is the same server as
@@ -131,7 +137,6 @@ impl Endpoint {
             route,
             handshake: handshake.get_packed_pipeline(),
             checked_replies,
-            script_replies: script::SCRIPTS.len(),
             sends_auth: redis.password().is_some(),
             auth_hint: auth_hint(redis.username().is_some(), redis.password().is_some(), unix),
             restarts: restart_guard::Seen::default(),
@@ -209,10 +214,7 @@ fn diagnose(url: &str) -> Option<String> {
                 .to_string(),
         );
     } else {
-        match host_port.split_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (host_port, None),
-        }
+        (host_port.split_once(':')).map_or((host_port, None), |(host, port)| (host, Some(port)))
     };
     if host.is_empty() {
         return Some("the host is missing: expected redis://host:port".to_string());
@@ -267,18 +269,6 @@ pub(super) enum Route {
     /// Through the `redis` crate's own connection (TLS): one that cannot be
     /// split.
     Unsplit,
-}
-
-/// How to reach a Unix socket: our own socket where the OS has them.
-#[cfg(unix)]
-fn unix_route(path: &Path) -> Route {
-    Route::Unix(path.to_path_buf())
-}
-
-/// How to reach a Unix socket: through the `redis` crate elsewhere.
-#[cfg(not(unix))]
-fn unix_route(_: &Path) -> Route {
-    Route::Unsplit
 }
 
 /// The URL with any password replaced by `***`, for error messages: the

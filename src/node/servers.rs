@@ -91,6 +91,8 @@ mod tests {
         assert_eq!(reply.get("run_id"), Some("abc".to_string()));
         assert_eq!(reply.get("uptime_in_seconds"), Some(5u64));
         assert_eq!(reply.get::<String>("run"), None);
-        assert!(info_fields(&Value::Int(1)).get::<String>("run_id").is_none());
+        assert!(info_fields(&Value::Int(1))
+            .get::<String>("run_id")
+            .is_none());
     }
 }

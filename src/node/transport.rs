@@ -308,31 +308,19 @@ fn left_or_least(deadline: Instant) -> Duration {
         .max(Duration::from_micros(1))
 }
 
-/// Whether a socket timeout of `set` must change to wait about `left`: it
-/// must not fall short of `left` (that would time out a healthy node before
-/// the deadline), and may reach past it by at most [`TIMEOUT_SLACK`].
-fn needs_reset(set: Option<Duration>, left: Duration) -> bool {
-    match set {
-        None => true,
-        Some(set) => set < left || set > left + TIMEOUT_SLACK,
-    }
-}
-
-/// The socket timeout to set for `left`: half the slack above it, so that
-/// the next rounds, whose time left differs by less than that, keep it.
-fn timeout_for(left: Duration) -> Duration {
-    left + TIMEOUT_SLACK / 2
-}
-
 /// Sets the socket timeout (with `set`; `timeout` is the one set) to wait
-/// about `left`, unless the one set will do (see [`needs_reset`]).
+/// about `left`, unless the one set will do: it must not fall short of
+/// `left` (that would time out a healthy node before the deadline), and may
+/// reach past it by at most [`TIMEOUT_SLACK`]. A new one reaches half the
+/// slack past it, so that the next rounds, whose time left differs by less
+/// than that, keep it.
 fn refresh<E>(
     timeout: &mut Option<Duration>,
     left: Duration,
     set: impl FnOnce(Duration) -> Result<(), E>,
 ) -> Result<(), E> {
-    if needs_reset(*timeout, left) {
-        let t = timeout_for(left);
+    if timeout.is_none_or(|t| t < left || t > left + TIMEOUT_SLACK) {
+        let t = left + TIMEOUT_SLACK / 2;
         set(t)?;
         *timeout = Some(t);
     }
@@ -428,9 +416,18 @@ mod tests {
     #[test]
     fn timeouts_are_reset_only_when_they_no_longer_fit() {
         let left = Duration::from_millis(10);
-        assert!(needs_reset(None, left));
-        assert!(!needs_reset(Some(timeout_for(left)), left));
-        assert!(needs_reset(Some(left - Duration::from_micros(1)), left));
-        assert!(needs_reset(Some(left + 2 * TIMEOUT_SLACK), left));
+        let reset = |mut timeout: Option<Duration>| {
+            let mut reset = false;
+            refresh::<()>(&mut timeout, left, |_| {
+                reset = true;
+                Ok(())
+            })
+            .unwrap();
+            reset
+        };
+        assert!(reset(None));
+        assert!(!reset(Some(left + TIMEOUT_SLACK / 2)));
+        assert!(reset(Some(left - Duration::from_micros(1))));
+        assert!(reset(Some(left + 2 * TIMEOUT_SLACK)));
     }
 }
