@@ -60,7 +60,6 @@ pub struct Redlock {
 
 struct Inner {
     nodes: Vec<Node>,
-    quorum: usize,
     config: Config,
     /// The threads waiting for a release, and the line they listen on.
     waiters: Arc<Waiters>,
@@ -90,7 +89,7 @@ impl fmt::Debug for Redlock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         (f.debug_struct("Redlock"))
             .field("nodes", &self.nodes())
-            .field("quorum", &self.inner.quorum)
+            .field("quorum", &self.quorum())
             .field("settings", &self.inner.config)
             .finish()
     }
@@ -134,13 +133,11 @@ impl RedlockBuilder {
         let nodes: Vec<Node> = (endpoints.into_iter().enumerate())
             .map(|(i, endpoint)| Node::new(endpoint, i, Arc::clone(&servers), grace, backoff))
             .collect();
-        let quorum = Kind::Plain.quorum(nodes.len());
         let waiters = Waiters::new(nodes.len(), config.io_timeout, config.connect_timeout);
         Ok(Redlock {
             inner: Arc::new(Inner {
                 waiters: Arc::new(waiters),
                 nodes,
-                quorum,
                 config,
                 watch: Arc::default(),
             }),
@@ -149,7 +146,6 @@ impl RedlockBuilder {
 }
 
 /// Which nodes a round asks, and how long it reads their replies.
-#[derive(Debug, Clone, Copy)]
 pub(crate) enum Ask<'a> {
     /// Every node, until a quorum granted, or can no longer grant.
     UntilDecided,
@@ -281,7 +277,7 @@ impl Redlock {
     /// # Ok::<(), redlock_sync::LockError>(())
     /// ```
     pub fn quorum(&self) -> usize {
-        self.inner.quorum
+        Kind::Plain.quorum(self.inner.nodes.len())
     }
 
     /// The nodes' addresses (`host:port`, `tls host:port`, or the socket

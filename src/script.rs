@@ -226,12 +226,9 @@ fn eval_form(script: &Script, fast: &[u8]) -> Vec<u8> {
     const EVALSHA_SHA: usize = b"$7\r\nEVALSHA\r\n$40\r\n".len() + 40 + 2;
     let head = fast.iter().position(|&b| b == b'\n').map_or(0, |i| i + 1);
     let rest = fast.get(head + EVALSHA_SHA..).unwrap_or_default();
-    let mut full = Vec::with_capacity(fast.len() + script.body.len());
-    full.extend_from_slice(&fast[..head]);
-    full.extend_from_slice(b"$4\r\nEVAL\r\n");
-    pack_bulk(&mut full, script.body.as_bytes());
-    full.extend_from_slice(rest);
-    full
+    let mut body = Vec::with_capacity(script.body.len() + 16);
+    pack_bulk(&mut body, script.body.as_bytes());
+    [&fast[..head], b"$4\r\nEVAL\r\n", &body[..], rest].concat()
 }
 
 /// Appends `args` as one RESP array of bulk strings.

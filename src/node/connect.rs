@@ -86,10 +86,10 @@ impl Connector {
         // The handshake is part of the connect, within the same bound.
         let deadline = Instant::now() + limit;
         let (mut writer, mut reader) = match &self.endpoint.route {
-            Route::Ip(addr) => split(Stream::tcp(addr, limit)?)?,
-            Route::Name(resolver) => split(self.connect_resolved(resolver, limit)?)?,
+            Route::Ip(addr) => Stream::tcp(addr, limit)?.split()?,
+            Route::Name(resolver) => self.connect_resolved(resolver, limit)?.split()?,
             #[cfg(unix)]
-            Route::Unix(path) => split(Stream::unix(path)?)?,
+            Route::Unix(path) => Stream::unix(path)?.split()?,
             Route::Unsplit => (
                 Writer::Unsplit(Unsplit::new(self.connect_unsplit(limit)?)),
                 None,
@@ -207,12 +207,6 @@ fn is_auth_error(e: &redis::ServerError) -> bool {
 fn is_server_full(e: &redis::ServerError) -> bool {
     e.details()
         .is_some_and(|details| details.starts_with("max number of clients reached"))
-}
-
-/// A new connection's halves.
-fn split(stream: Stream) -> Result<(Writer, Option<Reader>), Failure> {
-    let (writer, reader) = stream.split()?;
-    Ok((writer, Some(reader)))
 }
 
 /// How long to try the next of `remaining` addresses, with `left` for all:

@@ -49,16 +49,11 @@ impl Endpoint {
             reason,
         };
         let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
-        let known = [
-            "redis",
-            "rediss",
-            "valkey",
-            "valkeys",
-            "redis+unix",
-            "valkey+unix",
-            "unix",
-        ];
-        if !known.contains(&scheme) {
+        let known = matches!(
+            scheme,
+            "redis" | "rediss" | "valkey" | "valkeys" | "redis+unix" | "valkey+unix" | "unix"
+        );
+        if !known {
             return Err(bad(
                 "expected redis://host:port[/db], redis+unix:///path, or rediss://host:port \
                  (or the same with valkey in place of redis)"
@@ -80,12 +75,10 @@ impl Endpoint {
                 redis.db()
             )));
         }
-        if let ConnectionAddr::Tcp(_, 0) | ConnectionAddr::TcpTls { port: 0, .. } = info.addr() {
-            return Err(bad(
-                "the port `0` is not a number from 1 to 65535".to_string()
-            ));
-        }
         let route = match info.addr() {
+            ConnectionAddr::Tcp(_, 0) | ConnectionAddr::TcpTls { port: 0, .. } => {
+                return Err(bad("the port `0` is not a number from 1 to 65535".into()));
+            }
             ConnectionAddr::Tcp(host, port) => match host.parse::<IpAddr>() {
                 Ok(ip) => Route::Ip(SocketAddr::new(ip, *port)),
                 Err(_) => Route::Name(Resolver::new(host, *port)),

@@ -89,8 +89,9 @@ impl Stream {
             .map_err(connect_failure)
     }
 
-    /// The two halves: a writer and a reader over the same socket.
-    pub(crate) fn split(self) -> Result<(Writer, Reader), Failure> {
+    /// The two halves: a writer and a reader over the same socket (always
+    /// there: only an unsplit connection has none).
+    pub(crate) fn split(self) -> Result<(Writer, Option<Reader>), Failure> {
         let other = match &self {
             Stream::Tcp(s) => s.try_clone().map(Stream::Tcp),
             #[cfg(unix)]
@@ -102,7 +103,7 @@ impl Stream {
                 stream: self,
                 timeout: None,
             },
-            Reader {
+            Some(Reader {
                 socket: Timed {
                     stream: other,
                     timeout: None,
@@ -110,7 +111,7 @@ impl Stream {
                     late: false,
                 },
                 parser: redis::Parser::new(),
-            },
+            }),
         ))
     }
 
@@ -360,7 +361,8 @@ mod tests {
         let port = cluster.node(0).port().expect("a TCP node");
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("an address");
         let stream = Stream::tcp(&addr, Duration::from_secs(5)).expect("connected");
-        let (mut writer, mut reader) = stream.split().expect("split");
+        let (mut writer, reader) = stream.split().expect("split");
+        let mut reader = reader.expect("a reading half");
         let deadline = Instant::now() + Duration::from_secs(30);
         let big = "x".repeat(5 * 8192 + 7);
         let mut out = Vec::new();
@@ -400,7 +402,8 @@ mod tests {
             .parse()
             .expect("the proxy's address");
         let stream = Stream::tcp(&addr, Duration::from_secs(5)).expect("connected");
-        let (mut writer, mut reader) = stream.split().expect("split");
+        let (mut writer, reader) = stream.split().expect("split");
+        let mut reader = reader.expect("a reading half");
         let deadline = Instant::now() + Duration::from_secs(30);
         // One byte every 20 ms: `+PONG\r\n` takes 140 ms to come whole.
         proxy.set_fault(Fault::TrickleReplies(Duration::from_millis(20)));
