@@ -68,7 +68,11 @@ impl Owed {
         let now = Instant::now();
         entries.list.retain(|e| e.until > now);
         Due {
-            bytes: entries.list.iter().flat_map(|e| e.bytes.iter().copied()).collect(),
+            bytes: entries
+                .list
+                .iter()
+                .flat_map(|e| e.bytes.iter().copied())
+                .collect(),
             ids: entries.list.iter().map(|e| e.id).collect(),
         }
     }

@@ -2,8 +2,8 @@
 //! another is blocked reading from it.
 //!
 //! Plain TCP and Unix-socket connections are our own sockets, cloned into a
-//! writing half and a reading half; the `redis` crate's parser reads the
-//! replies from the reading half. A TLS connection cannot be split (the `redis` crate owns
+//! writing half and a reading half; replies are framed here and parsed by the
+//! `redis` crate. A TLS connection cannot be split (the `redis` crate owns
 //! it): it is one half that does both, and its reader writes what was queued
 //! meanwhile once its read returns.
 //!
@@ -104,12 +104,11 @@ impl Stream {
                 timeout: None,
             },
             Some(Reader {
-                socket: Timed {
-                    stream: other,
-                    timeout: None,
-                    until: None,
-                    late: false,
-                },
+                stream: other,
+                timeout: None,
+                buf: vec![0; READ_SIZE],
+                start: 0,
+                end: 0,
                 parser: redis::Parser::new(),
             }),
         ))
@@ -219,52 +218,25 @@ impl Writer {
     }
 }
 
-/// The reading half of a split connection: replies come in order, parsed
-/// by the `redis` crate's parser, which keeps what it read of the next
-/// replies (a read often brings several threads' replies at once).
+/// The reading half of a split connection: replies come in order.
 pub(crate) struct Reader {
-    socket: Timed,
-    parser: redis::Parser,
-}
-
-/// The reading half's socket, as the parser reads it: each read waits at
-/// most until `until` (none: no read at all), and no read starts after one
-/// that ended past it, so that a reply trickled out in pieces cannot hold
-/// the read past it.
-struct Timed {
     stream: Stream,
     timeout: Option<Duration>,
-    until: Option<Instant>,
-    late: bool,
-}
-
-impl Read for Timed {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let until = match self.until {
-            Some(until) if !self.late => until,
-            _ => return Err(io::ErrorKind::WouldBlock.into()),
-        };
-        let stream = &self.stream;
-        let set = |t| on_socket!(stream, s => s.set_read_timeout(Some(t)));
-        refresh(&mut self.timeout, left_or_least(until), set)?;
-        let read = loop {
-            match self.stream.read(buf) {
-                // A signal: with a socket timeout set, the OS does not
-                // restart the read by itself.
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Ok(0) => return Err(io::Error::other("the server closed the connection")),
-                read => break read?,
-            }
-        };
-        self.late = Instant::now() >= until;
-        Ok(read)
-    }
+    /// Bytes read and not yet parsed: `buf[start..end]`. The rest of `buf`
+    /// is room for the next read, zeroed once, when the buffer grew (not
+    /// for every read).
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// Kept, with its buffer, for every reply: a parser made per reply
+    /// allocates (and clears) several KiB each time.
+    parser: redis::Parser,
 }
 
 impl Reader {
     /// Ends the connection, so that a thread blocked writing it returns.
     pub(crate) fn shutdown(&self) {
-        self.socket.stream.shutdown();
+        self.stream.shutdown();
     }
 
     /// Reads one reply, giving up at `deadline`.
@@ -284,20 +256,159 @@ impl Reader {
         deadline: Instant,
         pause: Instant,
     ) -> Result<Option<Value>, Failure> {
-        (self.socket.until, self.socket.late) = (Some(pause.min(deadline)), false);
-        match self.parser.parse_value(&mut self.socket) {
-            Err(e) if e.is_timeout() && (pause..deadline).contains(&Instant::now()) => Ok(None),
-            reply => reply.map(Some).map_err(failure),
+        let paused = |now: Instant| now >= pause && now < deadline;
+        loop {
+            if let Some(reply) = self.recv_buffered() {
+                return reply.map(Some);
+            }
+            if self.start > 0 {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            }
+            if self.buf.len() - self.end < READ_SIZE / 4 {
+                self.buf.resize(self.end + READ_SIZE, 0);
+            }
+            let left = left_or_least(pause.min(deadline));
+            let stream = &self.stream;
+            let set = |t| on_socket!(stream, s => s.set_read_timeout(Some(t)));
+            refresh(&mut self.timeout, left, set).map_err(failure)?;
+            match self.stream.read(&mut self.buf[self.end..]) {
+                Ok(0) => {
+                    return Err(Failure::Error(NodeError::Io(
+                        "the server closed the connection".to_string(),
+                    )));
+                }
+                Ok(n) => self.end += n,
+                // A signal: with a socket timeout set, the OS does not
+                // restart the read by itself.
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    let failure = failure(e);
+                    if failure == Failure::TimedOut && paused(Instant::now()) {
+                        return Ok(None);
+                    }
+                    return Err(failure);
+                }
+            }
+            let now = Instant::now();
+            if frame_len(&self.buf[self.start..self.end]) == Ok(None) {
+                if paused(now) {
+                    return Ok(None);
+                }
+                // A reply trickled out in pieces must not hold the read
+                // past the deadline: each piece waits only for the time
+                // left.
+                if now >= deadline {
+                    return Err(Failure::TimedOut);
+                }
+            }
         }
     }
 
-    /// The next reply if it is already here whole, without a syscall.
+    /// The next reply if it is already here whole, without a syscall: a
+    /// read often brings several threads' replies at once.
     pub(crate) fn recv_buffered(&mut self) -> Option<Result<Value, Failure>> {
-        self.socket.until = None;
-        match self.parser.parse_value(&mut self.socket) {
-            Err(e) if e.is_timeout() => None,
-            reply => Some(reply.map_err(failure)),
+        let len = match frame_len(&self.buf[self.start..self.end]) {
+            Err(reason) => return Some(Err(Failure::Error(NodeError::Io(reason)))),
+            Ok(None) => return None,
+            Ok(Some(len)) => len,
+        };
+        let frame = &self.buf[self.start..self.start + len];
+        let value = match common_reply(frame) {
+            Some(value) => Ok(value),
+            None => self.parser.parse_value(frame).map_err(failure),
+        };
+        self.start += len;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
         }
+        Some(value)
+    }
+}
+
+/// How much the read buffer grows by, when less than a quarter of this is
+/// free: a read asks the socket for at least `READ_SIZE / 4` bytes.
+const READ_SIZE: usize = 4096;
+
+/// The replies nearly every round gets, parsed without the `redis`
+/// crate's general parser (which costs more than the rest of the work on
+/// a reply): `OK` and nil for `SET ... NX`, 0 and 1 for the scripts. The
+/// values are the ones that parser gives.
+fn common_reply(frame: &[u8]) -> Option<Value> {
+    match frame {
+        b"+OK\r\n" => Some(Value::Okay),
+        b"$-1\r\n" => Some(Value::Nil),
+        b":0\r\n" => Some(Value::Int(0)),
+        b":1\r\n" => Some(Value::Int(1)),
+        _ => None,
+    }
+}
+
+/// How deep arrays may nest in a reply (the `redis` crate's parser refuses
+/// deeper ones too). Our replies nest at most one level.
+const MAX_DEPTH: usize = 100;
+
+/// The largest reply we read: our largest is `INFO server`, a few KiB.
+const MAX_REPLY: usize = 16 << 20;
+
+/// The length of the first whole RESP2 value in `buf`, `None` if it is not
+/// all here yet, or why the bytes are not a reply we can read.
+fn frame_len(buf: &[u8]) -> Result<Option<usize>, String> {
+    let end = frame_end(buf, 0, 0)?;
+    if end.is_none() && buf.len() > MAX_REPLY {
+        return Err(format!("a reply longer than {MAX_REPLY} bytes"));
+    }
+    Ok(end)
+}
+
+fn frame_end(buf: &[u8], at: usize, depth: usize) -> Result<Option<usize>, String> {
+    if depth > MAX_DEPTH {
+        return Err(format!("a reply nested deeper than {MAX_DEPTH} levels"));
+    }
+    let Some(&kind) = buf.get(at) else {
+        return Ok(None);
+    };
+    let Some(line) = buf[at..].windows(2).position(|w| w == b"\r\n") else {
+        return Ok(None);
+    };
+    let after_line = at + line + 2;
+    let number = || -> Result<i64, String> {
+        std::str::from_utf8(&buf[at + 1..at + line])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("a malformed reply length after {:?}", kind as char))
+    };
+    match kind {
+        b'+' | b'-' | b':' => Ok(Some(after_line)),
+        b'$' => {
+            let len = number()?;
+            if len < 0 {
+                return Ok(Some(after_line));
+            }
+            let end = usize::try_from(len)
+                .ok()
+                .filter(|&len| len <= MAX_REPLY)
+                .and_then(|len| after_line.checked_add(len)?.checked_add(2))
+                .ok_or_else(|| format!("a reply longer than {MAX_REPLY} bytes"))?;
+            Ok((buf.len() >= end).then_some(end))
+        }
+        b'*' => {
+            let count = number()?;
+            let mut end = after_line;
+            for _ in 0..count.max(0) {
+                match frame_end(buf, end, depth + 1)? {
+                    Some(next) => end = next,
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some(end))
+        }
+        other => Err(format!(
+            "a reply that is not RESP (first byte {:?})",
+            other as char
+        )),
     }
 }
 
@@ -351,8 +462,52 @@ fn failure_as(e: redis::RedisError, error: fn(String) -> NodeError) -> Failure {
 mod tests {
     use super::*;
 
-    /// Replies larger than one read, and many replies in one read, come
-    /// back whole and in order.
+    #[test]
+    fn frames_are_found_whole_or_not_at_all() {
+        assert_eq!(frame_len(b"+OK\r\n"), Ok(Some(5)));
+        assert_eq!(frame_len(b"+OK\r"), Ok(None));
+        assert_eq!(frame_len(b":12\r\n:3"), Ok(Some(5)));
+        assert_eq!(frame_len(b"$-1\r\n"), Ok(Some(5)));
+        assert_eq!(frame_len(b"$3\r\nabc\r\n"), Ok(Some(9)));
+        assert_eq!(frame_len(b"$3\r\nabc\r"), Ok(None));
+        assert_eq!(frame_len(b"*2\r\n:1\r\n$1\r\nx\r\n"), Ok(Some(15)));
+        assert_eq!(frame_len(b"*2\r\n:1\r\n$1\r\nx"), Ok(None));
+        assert_eq!(frame_len(b"*-1\r\n"), Ok(Some(5)));
+        assert_eq!(frame_len(b"-ERR no\r\n"), Ok(Some(9)));
+        assert_eq!(frame_len(b""), Ok(None));
+        assert!(frame_len(b"?\r\n").is_err());
+        assert!(frame_len(b"$x\r\n").is_err());
+        assert!(frame_len(b"$999999999999\r\n").is_err());
+        let deep = b"*1\r\n".repeat(100_000);
+        assert!(
+            frame_len(&deep).is_err(),
+            "nesting is bounded, not a stack overflow"
+        );
+    }
+
+    #[test]
+    fn the_common_replies_parse_as_the_redis_parser_parses_them() {
+        for frame in [&b"+OK\r\n"[..], b"$-1\r\n", b":0\r\n", b":1\r\n"] {
+            let general = redis::Parser::new().parse_value(frame).expect("a reply");
+            assert_eq!(common_reply(frame), Some(general), "{frame:?}");
+        }
+        for frame in [
+            &b"+PONG\r\n"[..],
+            b"+OKAY\r\n",
+            b":2\r\n",
+            b":10\r\n",
+            b":01\r\n",
+            b"$-10\r\n",
+            b"$0\r\n\r\n",
+            b"-ERR x\r\n",
+        ] {
+            assert_eq!(common_reply(frame), None, "{frame:?} goes to the parser");
+        }
+    }
+
+    /// Replies larger than the read buffer, and many replies in one read,
+    /// come back whole and in order: the buffer grows, and what is left
+    /// of one read moves to the front for the next.
     #[test]
     fn replies_larger_than_one_read_and_many_in_one_read_come_whole_and_in_order() {
         use redlock_sync_testing::Cluster;
@@ -364,7 +519,7 @@ mod tests {
         let (mut writer, reader) = stream.split().expect("split");
         let mut reader = reader.expect("a reading half");
         let deadline = Instant::now() + Duration::from_secs(30);
-        let big = "x".repeat(5 * 8192 + 7);
+        let big = "x".repeat(5 * READ_SIZE + 7);
         let mut out = Vec::new();
         crate::script::pack(&mut out, &[b"SET", b"big", big.as_bytes()]);
         for _ in 0..3 {
@@ -412,6 +567,7 @@ mod tests {
         let paused = reader.recv_until(deadline, pause).expect("no failure");
         assert_eq!(paused, None, "no whole reply by the pause");
         assert!(Instant::now() >= pause, "returned at the pause, not before");
+        assert!(reader.end > reader.start, "part of the reply came");
         let reply = reader.recv(deadline).expect("the rest of the reply");
         assert_eq!(reply, Value::SimpleString("PONG".to_string()));
     }
