@@ -170,10 +170,8 @@ impl Kind {
     /// of the name).
     pub(crate) fn check_acquirable(self, resources: &[String]) -> Result<(), ArgumentError> {
         self.check(resources)?;
-        match resources.iter().find(|r| r.starts_with(FENCE_KEY_PREFIX)) {
-            Some(reserved) => Err(ArgumentError::ReservedResource(reserved.clone())),
-            None => Ok(()),
-        }
+        let reserved = resources.iter().find(|r| r.starts_with(FENCE_KEY_PREFIX));
+        reserved.map_or(Ok(()), |r| Err(ArgumentError::ReservedResource(r.clone())))
     }
 
     /// How many of `nodes` nodes must agree: a majority.
