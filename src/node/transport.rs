@@ -2,8 +2,8 @@
 //! another is blocked reading from it.
 //!
 //! Plain TCP and Unix-socket connections are our own sockets, cloned into a
-//! writing half and a reading half; replies are framed here and parsed by the
-//! `redis` crate. A TLS connection cannot be split (the `redis` crate owns
+//! writing half and a reading half; replies are parsed by the `redis`
+//! crate's parser, but for the most common ones. A TLS connection cannot be split (the `redis` crate owns
 //! it): it is one half that does both, and its reader writes what was queued
 //! meanwhile once its read returns.
 //!
@@ -110,6 +110,7 @@ impl Stream {
                 start: 0,
                 end: 0,
                 parser: redis::Parser::new(),
+                parsing: 0,
             }),
         ))
     }
@@ -231,6 +232,9 @@ pub(crate) struct Reader {
     /// Kept, with its buffer, for every reply: a parser made per reply
     /// allocates (and clears) several KiB each time.
     parser: redis::Parser,
+    /// How much of the reply under way the parser took in: none between
+    /// two replies.
+    parsing: usize,
 }
 
 impl Reader {
@@ -257,9 +261,19 @@ impl Reader {
         pause: Instant,
     ) -> Result<Option<Value>, Failure> {
         let paused = |now: Instant| now >= pause && now < deadline;
+        let mut read = false;
         loop {
             if let Some(reply) = self.recv_buffered() {
                 return reply.map(Some);
+            }
+            let now = Instant::now();
+            if read && paused(now) {
+                return Ok(None);
+            }
+            // A reply trickled out in pieces must not hold the read past
+            // the deadline: each piece waits only for the time left.
+            if read && now >= deadline {
+                return Err(Failure::TimedOut);
             }
             if self.start > 0 {
                 self.buf.copy_within(self.start..self.end, 0);
@@ -291,40 +305,71 @@ impl Reader {
                     return Err(failure);
                 }
             }
-            let now = Instant::now();
-            if frame_len(&self.buf[self.start..self.end]) == Ok(None) {
-                if paused(now) {
-                    return Ok(None);
-                }
-                // A reply trickled out in pieces must not hold the read
-                // past the deadline: each piece waits only for the time
-                // left.
-                if now >= deadline {
-                    return Err(Failure::TimedOut);
-                }
-            }
+            read = true;
         }
     }
 
     /// The next reply if it is already here whole, without a syscall: a
     /// read often brings several threads' replies at once.
     pub(crate) fn recv_buffered(&mut self) -> Option<Result<Value, Failure>> {
-        let len = match frame_len(&self.buf[self.start..self.end]) {
-            Err(reason) => return Some(Err(Failure::Error(NodeError::Io(reason)))),
-            Ok(None) => return None,
-            Ok(Some(len)) => len,
+        let here = &self.buf[self.start..self.end];
+        let common = [4, 5]
+            .into_iter()
+            .find_map(|n| Some((common_reply(here.get(..n)?)?, n)));
+        let reply = match common {
+            _ if here.is_empty() => return None,
+            Some((value, n)) if self.parsing == 0 => {
+                self.start += n;
+                Ok(value)
+            }
+            _ => {
+                let mut lines = Lines { here, taken: 0 };
+                let parsed = self.parser.parse_value(&mut lines);
+                (self.start, self.parsing) = (self.start + lines.taken, self.parsing + lines.taken);
+                match parsed {
+                    Err(_) if self.parsing > MAX_REPLY => Err(Failure::Error(NodeError::Io(
+                        format!("a reply longer than {MAX_REPLY} bytes"),
+                    ))),
+                    // Not whole yet: the parser keeps what it took in.
+                    Err(e) if e.is_timeout() => return None,
+                    parsed => {
+                        self.parsing = 0;
+                        parsed.map_err(failure)
+                    }
+                }
+            }
         };
-        let frame = &self.buf[self.start..self.start + len];
-        let value = match common_reply(frame) {
-            Some(value) => Ok(value),
-            None => self.parser.parse_value(frame).map_err(failure),
-        };
-        self.start += len;
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
         }
-        Some(value)
+        Some(reply)
+    }
+}
+
+/// The bytes a reader has, handed to its parser up to the end of a line at
+/// a time: every reply ends with a line's end (`\n`), so the parser never
+/// takes in more than the reply it parses, and the rest stays in the
+/// reader's buffer.
+struct Lines<'a> {
+    here: &'a [u8],
+    taken: usize,
+}
+
+impl Read for Lines<'_> {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        let rest = &self.here[self.taken..];
+        if rest.is_empty() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let line = rest
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(rest.len(), |i| i + 1);
+        let n = line.min(out.len());
+        out[..n].copy_from_slice(&rest[..n]);
+        self.taken += n;
+        Ok(n)
     }
 }
 
@@ -335,7 +380,8 @@ const READ_SIZE: usize = 4096;
 /// The replies nearly every round gets, parsed without the `redis`
 /// crate's general parser (which costs more than the rest of the work on
 /// a reply): `OK` and nil for `SET ... NX`, 0 and 1 for the scripts. The
-/// values are the ones that parser gives.
+/// values are the ones that parser gives. Each is a whole reply, also as
+/// the first bytes of several.
 fn common_reply(frame: &[u8]) -> Option<Value> {
     match frame {
         b"+OK\r\n" => Some(Value::Okay),
@@ -346,71 +392,8 @@ fn common_reply(frame: &[u8]) -> Option<Value> {
     }
 }
 
-/// How deep arrays may nest in a reply (the `redis` crate's parser refuses
-/// deeper ones too). Our replies nest at most one level.
-const MAX_DEPTH: usize = 100;
-
 /// The largest reply we read: our largest is `INFO server`, a few KiB.
 const MAX_REPLY: usize = 16 << 20;
-
-/// The length of the first whole RESP2 value in `buf`, `None` if it is not
-/// all here yet, or why the bytes are not a reply we can read.
-fn frame_len(buf: &[u8]) -> Result<Option<usize>, String> {
-    let end = frame_end(buf, 0, 0)?;
-    if end.is_none() && buf.len() > MAX_REPLY {
-        return Err(format!("a reply longer than {MAX_REPLY} bytes"));
-    }
-    Ok(end)
-}
-
-fn frame_end(buf: &[u8], at: usize, depth: usize) -> Result<Option<usize>, String> {
-    if depth > MAX_DEPTH {
-        return Err(format!("a reply nested deeper than {MAX_DEPTH} levels"));
-    }
-    let Some(&kind) = buf.get(at) else {
-        return Ok(None);
-    };
-    let Some(line) = buf[at..].windows(2).position(|w| w == b"\r\n") else {
-        return Ok(None);
-    };
-    let after_line = at + line + 2;
-    let number = || -> Result<i64, String> {
-        std::str::from_utf8(&buf[at + 1..at + line])
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| format!("a malformed reply length after {:?}", kind as char))
-    };
-    match kind {
-        b'+' | b'-' | b':' => Ok(Some(after_line)),
-        b'$' => {
-            let len = number()?;
-            if len < 0 {
-                return Ok(Some(after_line));
-            }
-            let end = usize::try_from(len)
-                .ok()
-                .filter(|&len| len <= MAX_REPLY)
-                .and_then(|len| after_line.checked_add(len)?.checked_add(2))
-                .ok_or_else(|| format!("a reply longer than {MAX_REPLY} bytes"))?;
-            Ok((buf.len() >= end).then_some(end))
-        }
-        b'*' => {
-            let count = number()?;
-            let mut end = after_line;
-            for _ in 0..count.max(0) {
-                match frame_end(buf, end, depth + 1)? {
-                    Some(next) => end = next,
-                    None => return Ok(None),
-                }
-            }
-            Ok(Some(end))
-        }
-        other => Err(format!(
-            "a reply that is not RESP (first byte {:?})",
-            other as char
-        )),
-    }
-}
 
 /// The time left until `deadline`, or past it the smallest timeout the OS
 /// offers (a socket timeout of zero would mean none at all).
@@ -462,27 +445,39 @@ fn failure_as(e: redis::RedisError, error: fn(String) -> NodeError) -> Failure {
 mod tests {
     use super::*;
 
+    /// A reader over one end of a socket pair, and the other end.
+    #[cfg(unix)]
+    fn pair() -> (Reader, UnixStream) {
+        let (ours, theirs) = UnixStream::pair().expect("a socket pair");
+        let (_, reader) = Stream::Unix(ours).split().expect("split");
+        (reader.expect("a reading half"), theirs)
+    }
+
+    #[cfg(unix)]
     #[test]
-    fn frames_are_found_whole_or_not_at_all() {
-        assert_eq!(frame_len(b"+OK\r\n"), Ok(Some(5)));
-        assert_eq!(frame_len(b"+OK\r"), Ok(None));
-        assert_eq!(frame_len(b":12\r\n:3"), Ok(Some(5)));
-        assert_eq!(frame_len(b"$-1\r\n"), Ok(Some(5)));
-        assert_eq!(frame_len(b"$3\r\nabc\r\n"), Ok(Some(9)));
-        assert_eq!(frame_len(b"$3\r\nabc\r"), Ok(None));
-        assert_eq!(frame_len(b"*2\r\n:1\r\n$1\r\nx\r\n"), Ok(Some(15)));
-        assert_eq!(frame_len(b"*2\r\n:1\r\n$1\r\nx"), Ok(None));
-        assert_eq!(frame_len(b"*-1\r\n"), Ok(Some(5)));
-        assert_eq!(frame_len(b"-ERR no\r\n"), Ok(Some(9)));
-        assert_eq!(frame_len(b""), Ok(None));
-        assert!(frame_len(b"?\r\n").is_err());
-        assert!(frame_len(b"$x\r\n").is_err());
-        assert!(frame_len(b"$999999999999\r\n").is_err());
-        let deep = b"*1\r\n".repeat(100_000);
-        assert!(
-            frame_len(&deep).is_err(),
-            "nesting is bounded, not a stack overflow"
-        );
+    fn replies_are_read_whole_in_order_and_bad_ones_fail_the_connection() {
+        let deadline = || Instant::now() + Duration::from_secs(5);
+        let (mut reader, mut server) = pair();
+        server
+            .write_all(b"+OK\r\n:12\r\n$3\r\na\nb\r\n*2\r\n:1\r\n$-1\r\n:1\r\n-ERR no\r\n")
+            .unwrap();
+        assert_eq!(reader.recv(deadline()), Ok(Value::Okay));
+        assert_eq!(reader.recv(deadline()), Ok(Value::Int(12)));
+        let bulk = Value::BulkString(b"a\nb".to_vec());
+        assert_eq!(reader.recv(deadline()), Ok(bulk));
+        let array = Value::Array(vec![Value::Int(1), Value::Nil]);
+        assert_eq!(reader.recv(deadline()), Ok(array));
+        assert_eq!(reader.recv(deadline()), Ok(Value::Int(1)));
+        assert!(matches!(reader.recv(deadline()), Ok(Value::ServerError(_))));
+        for bad in [&b"?\r\n"[..], b"$x\r\n", &b"*1\r\n".repeat(200)] {
+            let (mut reader, mut server) = pair();
+            server.write_all(bad).unwrap();
+            assert!(
+                matches!(reader.recv(deadline()), Err(Failure::Error(_))),
+                "{:?} fails (nesting is bounded, not a stack overflow)",
+                &bad[..4]
+            );
+        }
     }
 
     #[test]
@@ -567,7 +562,7 @@ mod tests {
         let paused = reader.recv_until(deadline, pause).expect("no failure");
         assert_eq!(paused, None, "no whole reply by the pause");
         assert!(Instant::now() >= pause, "returned at the pause, not before");
-        assert!(reader.end > reader.start, "part of the reply came");
+        assert!(reader.parsing > 0, "part of the reply came");
         let reply = reader.recv(deadline).expect("the rest of the reply");
         assert_eq!(reply, Value::SimpleString("PONG".to_string()));
     }
