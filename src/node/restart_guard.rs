@@ -48,13 +48,12 @@ pub(crate) struct Seen(Mutex<(Option<String>, Option<Instant>)>);
 /// node that cannot show how long it has been up does not vote.
 pub(crate) fn check(info: &Value, grace: Duration, seen: &Seen) -> Result<(), NodeError> {
     let info = info_fields(info);
-    let uptime = info.get("uptime_in_seconds").map(Duration::from_secs);
-    let uptime = uptime.ok_or_else(|| {
-        NodeError::Protocol(
+    let Some(uptime) = info.get("uptime_in_seconds").map(Duration::from_secs) else {
+        return Err(NodeError::Protocol(
             "INFO server has no readable uptime_in_seconds; the restart guard cannot tell how long the node has been up"
                 .to_string(),
-        )
-    })?;
+        ));
+    };
     let now = Instant::now();
     let young = uptime.saturating_sub(Duration::from_secs(1)) < grace;
     let mut seen = seen.0.lock().unwrap_or_else(PoisonError::into_inner);

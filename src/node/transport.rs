@@ -223,9 +223,9 @@ impl Writer {
 pub(crate) struct Reader {
     stream: Stream,
     timeout: Option<Duration>,
-    /// Bytes read and not yet parsed: `buf[start..end]`. The rest of `buf`
-    /// is room for the next read, zeroed once, when the buffer grew (not
-    /// for every read).
+    /// Bytes read and not yet parsed: `buf[start..end]`. The buffer is
+    /// zeroed once, not for every read; a reply larger than it goes to the
+    /// parser in pieces.
     buf: Vec<u8>,
     start: usize,
     end: usize,
@@ -275,14 +275,9 @@ impl Reader {
             if read && now >= deadline {
                 return Err(Failure::TimedOut);
             }
-            if self.start > 0 {
-                self.buf.copy_within(self.start..self.end, 0);
-                self.end -= self.start;
-                self.start = 0;
-            }
-            if self.buf.len() - self.end < READ_SIZE / 4 {
-                self.buf.resize(self.end + READ_SIZE, 0);
-            }
+            // The parser took in every byte here: the read fills the
+            // buffer afresh.
+            (self.start, self.end) = (0, 0);
             let left = left_or_least(pause.min(deadline));
             let stream = &self.stream;
             let set = |t| on_socket!(stream, s => s.set_read_timeout(Some(t)));
@@ -316,7 +311,7 @@ impl Reader {
         let common = [4, 5]
             .into_iter()
             .find_map(|n| Some((common_reply(here.get(..n)?)?, n)));
-        let reply = match common {
+        Some(match common {
             _ if here.is_empty() => return None,
             Some((value, n)) if self.parsing == 0 => {
                 self.start += n;
@@ -338,12 +333,7 @@ impl Reader {
                     }
                 }
             }
-        };
-        if self.start == self.end {
-            self.start = 0;
-            self.end = 0;
-        }
-        Some(reply)
+        })
     }
 }
 
@@ -373,8 +363,7 @@ impl Read for Lines<'_> {
     }
 }
 
-/// How much the read buffer grows by, when less than a quarter of this is
-/// free: a read asks the socket for at least `READ_SIZE / 4` bytes.
+/// How much one read takes in at most: the read buffer's size.
 const READ_SIZE: usize = 4096;
 
 /// The replies nearly every round gets, parsed without the `redis`
