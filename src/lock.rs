@@ -182,6 +182,11 @@ impl Lock {
     /// [`ArgumentError::NoResources`], [`ArgumentError::EmptyResource`],
     /// [`ArgumentError::DuplicateResource`] or
     /// [`ArgumentError::FencedMany`] for a bad list of resources.
+    ///
+    /// [`ArgumentError::NoResources`]: crate::ArgumentError::NoResources
+    /// [`ArgumentError::EmptyResource`]: crate::ArgumentError::EmptyResource
+    /// [`ArgumentError::DuplicateResource`]: crate::ArgumentError::DuplicateResource
+    /// [`ArgumentError::FencedMany`]: crate::ArgumentError::FencedMany
     pub fn from_token(
         resources: impl IntoResources,
         token: Token,
