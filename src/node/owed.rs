@@ -38,6 +38,7 @@ struct Entry {
 
 /// What a new connection sends for the clean-ups due: their packed
 /// commands, one after the other, and which entries they are.
+#[derive(Default)]
 pub(super) struct Due {
     pub(super) bytes: Vec<u8>,
     pub(super) ids: Vec<u64>,
@@ -67,14 +68,12 @@ impl Owed {
         let mut entries = self.lock();
         let now = Instant::now();
         entries.list.retain(|e| e.until > now);
-        Due {
-            bytes: entries
-                .list
-                .iter()
-                .flat_map(|e| e.bytes.iter().copied())
-                .collect(),
-            ids: entries.list.iter().map(|e| e.id).collect(),
+        let mut due = Due::default();
+        for entry in &entries.list {
+            due.bytes.extend_from_slice(&entry.bytes);
+            due.ids.push(entry.id);
         }
+        due
     }
 
     /// The server answered the clean-ups `ids`: they are no longer owed.
