@@ -593,26 +593,7 @@ impl Redlock {
     ) -> Result<(), LockError> {
         let options = options.into();
         let call = options.resolve(&self.inner.config, Instant::now())?;
-        self.extend_call(lock, options.ttl, &call)
-    }
-
-    /// [`extend`](Self::extend) as `call` says.
-    pub(crate) fn extend_call(
-        &self,
-        lock: &mut Lock,
-        ttl: Duration,
-        call: &Call,
-    ) -> Result<(), LockError> {
-        let ttl_ms = self.check_ttl(ttl)?;
-        self.inner.waiters.close_if_idle();
-        // Redis is given whole milliseconds: measure validity on the same.
-        let ttl = Duration::from_millis(ttl_ms);
-        // Keys gone from a node are set again only while the validity this
-        // process measured lasts: a re-take is then as safe as a vote for
-        // an acquisition (see above).
-        let retake = (lock.timed && Instant::now() < lock.valid_until)
-            .then(|| lock.fencing_token.unwrap_or(0));
-        let cmd = (lock.kind).extend(&lock.resources, &lock.token, ttl_ms, retake);
+        self.check_ttl(options.ttl)?;
         // No retry starts once the lock's validity is over (nor past the
         // call's deadline): a lock that could not be extended while it was
         // valid is not held any more, whatever a later round may find. A
@@ -627,46 +608,90 @@ impl Redlock {
                 return Err(cancelled(&lock.resources));
             }
             attempt += 1;
-            let tally = self.round(lock.kind, &cmd, ttl, script_vote, Ask::UntilDecided);
-            // A round that ended after the validity ran out counts only the
-            // nodes that renewed; what it re-took then is released.
-            let late = Instant::now() >= lock.valid_until;
-            let nodes = &tally.report.nodes;
-            let renewed = (nodes.iter())
-                .filter(|n| n.outcome == NodeOutcome::Granted && !n.retook)
-                .count();
-            if late && renewed < tally.report.quorum && nodes.iter().any(|n| n.retook) {
-                let (kind, resources) = (lock.kind, &lock.resources);
-                self.clean_up(kind, resources, &lock.token, ttl, &tally.report);
-                return Err(LockError::Lost {
-                    resource: resources[0].clone(),
-                    report: tally.report,
-                });
-            }
-            if tally.granted() {
-                lock.valid_until = tally.start + tally.validity.unwrap_or_default();
-                lock.timed = true;
-                lock.report = tally.report;
-                return Ok(());
-            }
-            if tally.refused_by_quorum_complement() {
-                return Err(LockError::Lost {
-                    resource: lock.resources[0].clone(),
-                    report: tally.report,
-                });
-            }
-            let quorum_granted = tally.report.granted() >= tally.report.quorum;
-            let error = tally.error(&lock.resources[0], attempt, ttl, true);
-            let pause = (attempt <= call.retries
-                && !quorum_granted
-                && !matches!(error, LockError::Unusable { .. }))
-            .then(|| later(Instant::now(), self.inner.config.retry.pause(attempt)))
-            .filter(|&end| retry_until.is_none_or(|until| end < until));
-            let Some(end) = pause else {
-                return Err(error);
+            // A batch of one: one result.
+            let result = (self.extend_all(&mut [(&mut *lock, options.ttl)], attempt)).pop();
+            // Only too few nodes answering is worth another round.
+            let Some(Err(error @ LockError::NoQuorum { .. })) = result else {
+                return result.unwrap_or(Ok(()));
             };
+            let end = later(Instant::now(), self.inner.config.retry.pause(attempt));
+            if attempt > call.retries || retry_until.is_some_and(|until| end >= until) {
+                return Err(error);
+            }
             call.sleep_until(end);
         }
+    }
+
+    /// One extension round for every lock of `locks`, each by its TTL (a
+    /// TTL that [`check_ttl`](Self::check_ttl) passed): one
+    /// script call a node extends them all, and each lock's part of the
+    /// replies is counted on its own by the rules of
+    /// [`extend`](Self::extend), as if the round were its alone. Returns
+    /// one outcome a lock, in order; a lock extended has its validity and
+    /// report measured anew from the round's start.
+    pub(crate) fn extend_all(
+        &self,
+        locks: &mut [(&mut Lock, Duration)],
+        attempt: u32,
+    ) -> Vec<Result<(), LockError>> {
+        if locks.is_empty() {
+            return Vec::new();
+        }
+        self.inner.waiters.close_if_idle();
+        // Redis is given whole milliseconds: measure validity on the same.
+        let ttls: Vec<_> = (locks.iter())
+            .map(|(_, ttl)| ttl.as_millis() as u64)
+            .collect();
+        let (mut keys, mut args) = (Vec::new(), Vec::new());
+        for ((lock, _), &ttl_ms) in locks.iter().zip(&ttls) {
+            // Keys gone from a node are set again only while the validity
+            // this process measured lasts: a re-take is then as safe as a
+            // vote for an acquisition (see `extend`).
+            let retake = (lock.timed && Instant::now() < lock.valid_until)
+                .then(|| lock.fencing_token.unwrap_or(0));
+            let (own, parts) = (lock.kind).extend(&lock.resources, &lock.token, ttl_ms, retake);
+            keys.extend(own);
+            args.extend(parts);
+        }
+        let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        let cmd = Command::script(&script::EXTEND, &keys, &args);
+        let ttls: Vec<_> = ttls.into_iter().map(Duration::from_millis).collect();
+        let tallies = self.rounds(Kind::Plain, &cmd, &ttls, script_vote, Ask::UntilDecided);
+        (locks.iter_mut().zip(ttls).zip(tallies))
+            .map(|(((lock, _), ttl), tally)| self.judge_extension(lock, ttl, tally, attempt))
+            .collect()
+    }
+
+    /// One lock's part of an extension round, judged: re-taken keys
+    /// released if the round was late, the lock's validity and report
+    /// measured anew if extended.
+    fn judge_extension(
+        &self,
+        lock: &mut Lock,
+        ttl: Duration,
+        tally: Tally,
+        attempt: u32,
+    ) -> Result<(), LockError> {
+        // A round that ended after the validity ran out counts only the
+        // nodes that renewed; what it re-took then is released.
+        let late = Instant::now() >= lock.valid_until;
+        let nodes = &tally.report.nodes;
+        let renewed = (nodes.iter())
+            .filter(|n| n.outcome == NodeOutcome::Granted && !n.retook)
+            .count();
+        let (kind, resource) = (lock.kind, lock.resources[0].clone());
+        if late && renewed < tally.report.quorum && nodes.iter().any(|n| n.retook) {
+            self.clean_up(kind, &lock.resources, &lock.token, ttl, &tally.report);
+        } else if tally.granted() {
+            lock.valid_until = tally.start + tally.validity.unwrap_or_default();
+            lock.timed = true;
+            lock.report = tally.report;
+            return Ok(());
+        } else if !tally.refused_by_quorum_complement() {
+            return Err(tally.error(&resource, attempt, ttl, true));
+        }
+        let report = tally.report;
+        Err(LockError::Lost { resource, report })
     }
 
     /// Releases `lock` on every node: deletes each key that still holds its
@@ -766,10 +791,28 @@ impl Redlock {
         vote: impl Fn(&Value) -> Result<(bool, u64), &Value>,
         ask: Ask<'_>,
     ) -> Tally {
+        // One TTL, one tally.
+        self.rounds(kind, cmd, &[ttl], vote, ask).swap_remove(0)
+    }
+
+    /// A [`round`](Self::round) of a command that does the work of one call
+    /// a TTL of `ttls` (an extension of many locks), and whose replies are
+    /// arrays of one part a call: one tally a call, each counted on its own
+    /// as if the round were its alone, and the round decided once every
+    /// call's is. A reply that is not an array is every call's part.
+    pub(crate) fn rounds(
+        &self,
+        kind: Kind,
+        cmd: &Command,
+        ttls: &[Duration],
+        vote: impl Fn(&Value) -> Result<(bool, u64), &Value>,
+        ask: Ask<'_>,
+    ) -> Vec<Tally> {
         let inner = &*self.inner;
         let n = inner.nodes.len();
         let quorum = kind.quorum(n);
-        let (mut yes, mut no, mut fence) = (0, 0, 0);
+        // A call's grants, refusals, and largest counter.
+        let mut counts = vec![(0, 0, 0); ttls.len()];
         let every_reply = matches!(ask, Ask::EveryReply);
         let start = Instant::now();
         // The fewest replies that can decide: a quorum of grants, or
@@ -777,34 +820,43 @@ impl Redlock {
         let to_decide = [quorum.min(n - quorum + 1), n][usize::from(every_reply)];
         let asked = |i: usize| !matches!(ask, Ask::Only(asked) if !asked[i]);
         let replies = self.run(cmd, start, asked, to_decide, |result| {
-            match result.as_ref().map(&vote) {
-                Ok(Ok((true, counter))) => (yes, fence) = (yes + 1, fence.max(counter)),
-                _ => no += 1,
+            for (g, (yes, no, fence)) in counts.iter_mut().enumerate() {
+                match part(result, g).as_ref().map(&vote) {
+                    Ok(Ok((true, counter))) => (*yes, *fence) = (*yes + 1, counter.max(*fence)),
+                    _ => *no += 1,
+                }
             }
-            !every_reply && (yes >= quorum || no > n - quorum)
+            let decided = |&(yes, no, _): &(usize, usize, u64)| yes >= quorum || no > n - quorum;
+            !every_reply && counts.iter().all(decided)
         });
         let elapsed = start.elapsed();
         let retakes = cmd.script.is_some_and(|s| s.bit == script::EXTEND.bit);
-        let nodes = (inner.nodes.iter().zip(replies))
-            .map(|(node, reply)| NodeReport {
-                node: Arc::clone(node.name()),
-                retook: retakes && matches!(reply.result, Ok(Value::Int(2))),
-                outcome: outcome(reply.result, &vote),
-                elapsed: reply.elapsed,
-            })
-            .collect();
-        let validity = self.validity(ttl, elapsed);
-        Tally {
-            report: Report {
-                nodes,
-                quorum,
-                elapsed,
-            },
-            validity,
-            start,
-            too_slow: yes >= quorum && validity.is_none(),
-            fence,
-        }
+        let tally = |(g, (&ttl, (yes, _, fence))): (usize, (&Duration, (usize, usize, u64)))| {
+            let nodes = (inner.nodes.iter().zip(&replies))
+                .map(|(node, reply)| {
+                    let part = part(&reply.result, g);
+                    NodeReport {
+                        node: Arc::clone(node.name()),
+                        retook: retakes && matches!(part, Ok(Value::Int(2))),
+                        outcome: outcome(part, &vote),
+                        elapsed: reply.elapsed,
+                    }
+                })
+                .collect();
+            let validity = self.validity(ttl, elapsed);
+            Tally {
+                report: Report {
+                    nodes,
+                    quorum,
+                    elapsed,
+                },
+                validity,
+                start,
+                too_slow: yes >= quorum && validity.is_none(),
+                fence,
+            }
+        };
+        (ttls.iter().zip(counts).enumerate()).map(tally).collect()
     }
 
     /// One round of `cmd` on every node, read until its deadline: each
@@ -859,7 +911,7 @@ impl Redlock {
     }
 
     /// Checks a TTL and returns it in whole milliseconds (Redis' unit).
-    fn check_ttl(&self, ttl: Duration) -> Result<u64, ArgumentError> {
+    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<u64, ArgumentError> {
         if ttl > MAX_TTL {
             return Err(ArgumentError::TtlTooLarge { ttl, max: MAX_TTL });
         }
@@ -912,6 +964,14 @@ fn outcome(
             Ok((false, _)) => NodeOutcome::Refused,
             Err(other) => NodeOutcome::Failed(NodeError::Protocol(format!("{other:?}"))),
         },
+    }
+}
+
+/// Call `g`'s part of a node's reply (see [`Redlock::rounds`]).
+fn part(reply: &Result<Value, Failure>, g: usize) -> Result<Value, Failure> {
+    match reply {
+        Ok(Value::Array(parts)) => Ok(parts.get(g).cloned().unwrap_or(Value::Nil)),
+        other => other.clone(),
     }
 }
 

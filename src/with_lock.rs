@@ -94,8 +94,6 @@ pub(crate) struct Lease {
     fencing_token: Option<u64>,
     ttl: Duration,
     when_left: f64,
-    /// The lock, as the watchdog's extensions measure it.
-    lock: Mutex<Lock>,
     state: Mutex<State>,
     /// Wakes the guard when an extension ends or the lock is lost.
     wake: Condvar,
@@ -135,7 +133,7 @@ impl State {
 impl Lease {
     /// The lease of `lock`, which a guard keeps as `call` says, extending it
     /// by `ttl`.
-    fn new(lock: Lock, call: &Call, ttl: Duration) -> Arc<Lease> {
+    fn new(lock: &Lock, call: &Call, ttl: Duration) -> Arc<Lease> {
         let hold_deadline = (call.max_hold).and_then(|cap| Instant::now().checked_add(cap));
         Arc::new(Lease {
             hold_deadline,
@@ -153,7 +151,6 @@ impl Lease {
                 report: lock.report.clone(),
                 ..State::default()
             }),
-            lock: Mutex::new(lock),
             wake: Condvar::new(),
         })
     }
@@ -193,33 +190,44 @@ impl Lease {
         later(now, validity.mul_f64(1.0 - self.when_left)).min(valid_until)
     }
 
-    /// The watchdog's turn on this lease: extends it by its TTL (shortened
-    /// to end at the hold cap), unless the guard is done. Returns when the
-    /// lease is due next, or `None` when the watchdog is done with it (the
-    /// guard is done, or the loss was told). A refused extension loses the
-    /// lock; a failed one (too few nodes answered) is due again after the
-    /// retry policy's pause, while validity is left. A lease that is not
-    /// extended any more is due at its deadline, to tell the loss then.
-    pub(crate) fn step(&self, client: &Redlock) -> Option<Instant> {
-        let ttl = {
-            let mut state = self.state();
-            if state.done {
-                return None;
-            }
-            let Some(deadline) = state.deadline() else {
-                return self.tell(client, state);
-            };
-            let now = Instant::now();
-            let room = (self.hold_deadline).map_or(self.ttl, |h| h.saturating_duration_since(now));
-            if state.ending || room <= deadline.saturating_duration_since(now) {
-                state.ending = true;
-                return Some(deadline);
-            }
-            state.extending = true;
-            room.min(self.ttl)
+    /// The watchdog's claim on this lease, before a round: `Ok` with the
+    /// TTL to extend it by (shortened to end at the hold cap), or else when
+    /// it is due next (`None` when the watchdog is done with it: the guard
+    /// is done, or the loss was told). A lease that is not extended any
+    /// more is due at its deadline, to tell the loss then.
+    pub(crate) fn claim(&self, client: &Redlock) -> Result<Duration, Option<Instant>> {
+        let mut state = self.state();
+        if state.done {
+            return Err(None);
+        }
+        let Some(deadline) = state.deadline() else {
+            return Err(self.tell(client, state));
         };
-        let mut lock = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
-        let result = client.extend_call(&mut lock, ttl, &Call::default());
+        let now = Instant::now();
+        let room = (self.hold_deadline).map_or(self.ttl, |h| h.saturating_duration_since(now));
+        // A TTL shortened to end at the cap may be too short to extend
+        // anything: then the last extension is past.
+        let short = client.check_ttl(room.min(self.ttl)).is_err();
+        if state.ending || room <= deadline.saturating_duration_since(now) || short {
+            state.ending = true;
+            return Err(Some(deadline));
+        }
+        state.extending = true;
+        Ok(room.min(self.ttl))
+    }
+
+    /// The watchdog's turn on this lease after its extension by `ttl`
+    /// ended in `result` with `lock` as it measured it: returns when the
+    /// lease is due next, as [`claim`](Self::claim) does. A refused
+    /// extension loses the lock; a failed one (too few nodes answered) is
+    /// due again after the retry policy's pause, while validity is left.
+    pub(crate) fn extended(
+        &self,
+        client: &Redlock,
+        lock: &Lock,
+        ttl: Duration,
+        result: Result<(), LockError>,
+    ) -> Option<Instant> {
         let what = [What::ExtendFailed, What::Extended][usize::from(result.is_ok())];
         let outcome = result.as_ref().map(|()| &lock.report);
         client.observe(what, (&self.resources, &self.token), 0, outcome);
@@ -238,9 +246,6 @@ impl Lease {
                 state.deadline = state.deadline().map(|_| valid_until);
             }
             Err(LockError::Lost { report, .. }) => (state.report, state.deadline) = (report, None),
-            // Only a shortened last TTL can be refused as an argument:
-            // it was too short to extend anything.
-            Err(LockError::Argument(_)) => state.ending = true,
             Err(e) => {
                 state.report = e.report().unwrap_or(&state.report).clone();
                 state.failures += 1;
@@ -838,21 +843,17 @@ impl Redlock {
         once: bool,
     ) -> Result<LockGuard, LockError> {
         let (lock, call) = self.acquire_with(resources, options, once)?;
-        let lease = Lease::new(lock, &call, options.ttl);
+        let lease = Lease::new(&lock, &call, options.ttl);
         let guard = LockGuard {
             lease: Arc::clone(&lease),
             client: self.clone(),
         };
         let due = lease.due(&mut lease.state());
-        let Some(due) = due else {
-            // Out of validity already: no guard (its drop releases).
-            return Err(lease.lost());
-        };
-        match self.watch().add(self, lease, due) {
-            Ok(()) => Ok(guard),
-            // The guard's drop releases.
-            Err(e) => Err(LockError::Thread(e)),
-        }
+        // Out of validity already, or no watchdog: no guard (its drop
+        // releases).
+        let due = due.ok_or_else(|| lease.lost())?;
+        let watched = self.watch().add(self, (lease, lock), due);
+        watched.map(|()| guard).map_err(LockError::Thread)
     }
 }
 
