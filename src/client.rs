@@ -598,10 +598,8 @@ impl Redlock {
         // call's deadline): a lock that could not be extended while it was
         // valid is not held any more, whatever a later round may find. A
         // lock rebuilt from its token has no validity known here.
-        let retry_until = match (lock.timed.then_some(lock.valid_until), call.deadline) {
-            (Some(valid), Some(deadline)) => Some(valid.min(deadline)),
-            (valid, deadline) => valid.or(deadline),
-        };
+        let valid = lock.timed.then_some(lock.valid_until);
+        let retry_until = valid.into_iter().chain(call.deadline).min();
         let mut attempt = 0;
         loop {
             if call.cancelled() {
@@ -610,15 +608,13 @@ impl Redlock {
             attempt += 1;
             // A batch of one: one result.
             let result = (self.extend_all(&mut [(&mut *lock, options.ttl)], attempt)).pop();
-            // Only too few nodes answering is worth another round.
-            let Some(Err(error @ LockError::NoQuorum { .. })) = result else {
-                return result.unwrap_or(Ok(()));
-            };
             let end = later(Instant::now(), self.inner.config.retry.pause(attempt));
-            if attempt > call.retries || retry_until.is_some_and(|until| end >= until) {
-                return Err(error);
+            let retry = attempt <= call.retries && retry_until.is_none_or(|until| end < until);
+            match result {
+                // Only too few nodes answering is worth another round.
+                Some(Err(LockError::NoQuorum { .. })) if retry => call.sleep_until(end),
+                result => return result.unwrap_or(Ok(())),
             }
-            call.sleep_until(end);
         }
     }
 
@@ -638,12 +634,11 @@ impl Redlock {
             return Vec::new();
         }
         self.inner.waiters.close_if_idle();
-        // Redis is given whole milliseconds: measure validity on the same.
-        let ttls: Vec<_> = (locks.iter())
-            .map(|(_, ttl)| ttl.as_millis() as u64)
-            .collect();
-        let (mut keys, mut args) = (Vec::new(), Vec::new());
-        for ((lock, _), &ttl_ms) in locks.iter().zip(&ttls) {
+        let (mut keys, mut args, mut ttls) = (Vec::new(), Vec::new(), Vec::new());
+        for (lock, ttl) in locks.iter() {
+            // Redis is given whole milliseconds: measure validity on the same.
+            let ttl_ms = ttl.as_millis() as u64;
+            ttls.push(Duration::from_millis(ttl_ms));
             // Keys gone from a node are set again only while the validity
             // this process measured lasts: a re-take is then as safe as a
             // vote for an acquisition (see `extend`).
@@ -653,45 +648,32 @@ impl Redlock {
             keys.extend(own);
             args.extend(parts);
         }
-        let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        let args: Vec<&[u8]> = args.iter().map(String::as_bytes).collect();
         let cmd = Command::script(&script::EXTEND, &keys, &args);
-        let ttls: Vec<_> = ttls.into_iter().map(Duration::from_millis).collect();
         let tallies = self.rounds(Kind::Plain, &cmd, &ttls, script_vote, Ask::UntilDecided);
-        (locks.iter_mut().zip(ttls).zip(tallies))
-            .map(|(((lock, _), ttl), tally)| self.judge_extension(lock, ttl, tally, attempt))
-            .collect()
-    }
-
-    /// One lock's part of an extension round, judged: re-taken keys
-    /// released if the round was late, the lock's validity and report
-    /// measured anew if extended.
-    fn judge_extension(
-        &self,
-        lock: &mut Lock,
-        ttl: Duration,
-        tally: Tally,
-        attempt: u32,
-    ) -> Result<(), LockError> {
-        // A round that ended after the validity ran out counts only the
-        // nodes that renewed; what it re-took then is released.
-        let late = Instant::now() >= lock.valid_until;
-        let nodes = &tally.report.nodes;
-        let renewed = (nodes.iter())
-            .filter(|n| n.outcome == NodeOutcome::Granted && !n.retook)
-            .count();
-        let (kind, resource) = (lock.kind, lock.resources[0].clone());
-        if late && renewed < tally.report.quorum && nodes.iter().any(|n| n.retook) {
-            self.clean_up(kind, &lock.resources, &lock.token, ttl, &tally.report);
-        } else if tally.granted() {
-            lock.valid_until = tally.start + tally.validity.unwrap_or_default();
-            lock.timed = true;
-            lock.report = tally.report;
-            return Ok(());
-        } else if !tally.refused_by_quorum_complement() {
-            return Err(tally.error(&resource, attempt, ttl, true));
-        }
-        let report = tally.report;
-        Err(LockError::Lost { resource, report })
+        let judged = (locks.iter_mut().zip(ttls).zip(tallies)).map(|(((lock, _), ttl), tally)| {
+            // A round that ended after the validity ran out counts only the
+            // nodes that renewed; what it re-took then is released.
+            let late = Instant::now() >= lock.valid_until;
+            let nodes = &tally.report.nodes;
+            let renewed = (nodes.iter())
+                .filter(|n| n.outcome == NodeOutcome::Granted && !n.retook)
+                .count();
+            let resource = lock.resources[0].clone();
+            if late && renewed < tally.report.quorum && nodes.iter().any(|n| n.retook) {
+                self.clean_up(lock.kind, &lock.resources, &lock.token, ttl, &tally.report);
+            } else if tally.granted() {
+                lock.valid_until = tally.start + tally.validity.unwrap_or_default();
+                lock.timed = true;
+                lock.report = tally.report;
+                return Ok(());
+            } else if !tally.refused_by_quorum_complement() {
+                return Err(tally.error(&resource, attempt, ttl, true));
+            }
+            let report = tally.report;
+            Err(LockError::Lost { resource, report })
+        });
+        judged.collect()
     }
 
     /// Releases `lock` on every node: deletes each key that still holds its
@@ -831,7 +813,7 @@ impl Redlock {
         });
         let elapsed = start.elapsed();
         let retakes = cmd.script.is_some_and(|s| s.bit == script::EXTEND.bit);
-        let tally = |(g, (&ttl, (yes, _, fence))): (usize, (&Duration, (usize, usize, u64)))| {
+        let tallies = (ttls.iter().zip(counts).enumerate()).map(|(g, (&ttl, (yes, _, fence)))| {
             let nodes = (inner.nodes.iter().zip(&replies))
                 .map(|(node, reply)| {
                     let part = part(&reply.result, g);
@@ -855,8 +837,8 @@ impl Redlock {
                 too_slow: yes >= quorum && validity.is_none(),
                 fence,
             }
-        };
-        (ttls.iter().zip(counts).enumerate()).map(tally).collect()
+        });
+        tallies.collect()
     }
 
     /// One round of `cmd` on every node, read until its deadline: each

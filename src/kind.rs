@@ -226,20 +226,15 @@ impl Kind {
         token: &Token,
         ttl_ms: u64,
         retake: Option<u64>,
-    ) -> (Vec<String>, [Vec<u8>; 4]) {
+    ) -> (Vec<String>, [String; 4]) {
         let fence = retake.filter(|&f| (self == Kind::Fenced) == (f > 0));
         let keys = match fence {
             Some(f) if f > 0 => fence_keys(&resources[0]).to_vec(),
             _ => resources.to_vec(),
         };
-        let number = |n: u64| n.to_string().into_bytes();
-        let count = number(keys.len() as u64);
-        let args = [
-            count,
-            token.hex().to_vec(),
-            number(ttl_ms),
-            fence.map(number).unwrap_or_default(),
-        ];
+        let fence = fence.map(|f| f.to_string()).unwrap_or_default();
+        let count = keys.len().to_string();
+        let args = [count, token.to_string(), ttl_ms.to_string(), fence];
         (keys, args)
     }
 }

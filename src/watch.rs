@@ -14,7 +14,10 @@
 //! is. A failed extension is retried by the schedule, never by sleeping on
 //! the watchdog. A guard claims its part of a round under its lease's
 //! mutex, and a guard that is done claims none: none is written after its
-//! release starts (see `with_lock.rs`).
+//! release starts (see `with_lock.rs`). (A round, the watchdog's as any
+//! other, connects several nodes that all need a new connection side by
+//! side on short-lived threads, and resolves host names on a helper: with
+//! the connections open, as while locks are held, it starts none.)
 //!
 //! Loss callbacks run on the notifier thread, one at a time, each under
 //! `catch_unwind`: a callback that blocks delays the callbacks after it,
@@ -47,14 +50,14 @@ pub(crate) struct Watch {
     notices: Mutex<Option<Sender<Job>>>,
 }
 
-/// A lease the watchdog keeps, and its lock.
-pub(crate) type Kept = (Arc<Lease>, Lock);
+/// A lease the watchdog keeps: when it is due next, the lease, and its
+/// lock as the watchdog's extensions measure it.
+pub(crate) type Entry = (Instant, Arc<Lease>, Lock);
 
 #[derive(Default)]
 struct Schedule {
-    /// Every lease the watchdog keeps, when it is due next, and its lock
-    /// as the watchdog's extensions measure it.
-    leases: Vec<(Instant, Kept)>,
+    /// Every lease the watchdog keeps.
+    leases: Vec<Entry>,
     running: bool,
     /// The client is gone: the watchdog exits.
     closed: bool,
@@ -65,14 +68,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Watch {
-    /// Puts `kept` under the watchdog of `client`, due at `due`; starts
-    /// the watchdog if it does not run.
-    pub(crate) fn add(
-        self: &Arc<Self>,
-        client: &Redlock,
-        kept: Kept,
-        due: Instant,
-    ) -> std::io::Result<()> {
+    /// Puts `entry` under the watchdog of `client`; starts the watchdog if
+    /// it does not run.
+    pub(crate) fn add(self: &Arc<Self>, client: &Redlock, entry: Entry) -> std::io::Result<()> {
         let mut schedule = lock(&self.schedule);
         if !schedule.running {
             let (watch, client) = (Arc::clone(self), client.downgrade());
@@ -81,7 +79,7 @@ impl Watch {
                 .spawn(move || watch.run(&client))?;
             schedule.running = true;
         }
-        schedule.leases.push((due, kept));
+        schedule.leases.push(entry);
         self.wake.notify_all();
         Ok(())
     }
@@ -113,22 +111,21 @@ impl Watch {
 
     /// The watchdog: waits for the next due leases, steps them, puts them
     /// back with their next due time.
-    fn run(&self, client: &WeakRedlock) {
-        while let Some(batch) = self.next_batch() {
-            let Some(client) = client.upgrade() else {
-                return;
-            };
+    fn run(&self, weak: &WeakRedlock) {
+        // The client is upgraded for one turn at a time: while the
+        // watchdog waits, it does not keep its client alive.
+        while let (Some(batch), Some(client)) = (self.next_batch(), weak.upgrade()) {
             // A lease whose turn panicked is dropped.
             let stepped = catch_unwind(AssertUnwindSafe(|| step_all(&client, batch)));
-            let stepped = stepped.unwrap_or_default();
-            drop(client);
-            lock(&self.schedule).leases.extend(stepped);
+            lock(&self.schedule)
+                .leases
+                .extend(stepped.unwrap_or_default());
         }
     }
 
     /// Waits until some leases are due, and takes them out of the
     /// schedule; `None` once closed or idle (the watchdog exits).
-    fn next_batch(&self) -> Option<Vec<Kept>> {
+    fn next_batch(&self) -> Option<Vec<Entry>> {
         let (mut schedule, mut idle) = (lock(&self.schedule), false);
         loop {
             let now = Instant::now();
@@ -136,14 +133,14 @@ impl Watch {
                 schedule.running = false;
                 return None;
             }
-            let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut schedule.leases)
-                .into_iter()
-                .partition(|(at, _)| *at <= now);
-            schedule.leases = later;
+            let due: Vec<_> = schedule
+                .leases
+                .extract_if(.., |(at, ..)| *at <= now)
+                .collect();
             if !due.is_empty() {
-                return Some(due.into_iter().map(|(_, kept)| kept).collect());
+                return Some(due);
             }
-            let next = schedule.leases.iter().map(|(at, _)| *at).min();
+            let next = schedule.leases.iter().map(|(at, ..)| *at).min();
             let wait = next.map_or(IDLE, |at| at.saturating_duration_since(now));
             let waited =
                 (self.wake.wait_timeout(schedule, wait)).unwrap_or_else(PoisonError::into_inner);
@@ -155,21 +152,19 @@ impl Watch {
 
 /// Steps every lease of `batch`: extends in one round those that claim
 /// an extension; returns the leases that stay, with their next due time.
-fn step_all(client: &Redlock, batch: Vec<Kept>) -> Vec<(Instant, Kept)> {
+fn step_all(client: &Redlock, batch: Vec<Entry>) -> Vec<Entry> {
     let (mut kept, mut claimed) = (Vec::new(), Vec::new());
-    for (lease, lock) in batch {
+    for (_, lease, lock) in batch {
         match lease.claim(client) {
             Ok(ttl) => claimed.push((lease, lock, ttl)),
-            Err(due) => kept.extend(due.map(|due| (due, (lease, lock)))),
+            Err(due) => kept.extend(due.map(|due| (due, lease, lock))),
         }
     }
-    let mut round: Vec<_> = (claimed.iter_mut())
-        .map(|(_, lock, ttl)| (lock, *ttl))
-        .collect();
+    let mut round: Vec<_> = claimed.iter_mut().map(|(_, l, ttl)| (l, *ttl)).collect();
     let results = client.extend_all(&mut round, 1);
     for ((lease, lock, ttl), result) in claimed.into_iter().zip(results) {
         let due = lease.extended(client, &lock, ttl, result);
-        kept.extend(due.map(|due| (due, (lease, lock))));
+        kept.extend(due.map(|due| (due, lease, lock)));
     }
     kept
 }

@@ -56,12 +56,15 @@ type OnLost = Box<dyn FnOnce(&LockError) + Send>;
 ///
 /// The client's one watchdog thread keeps all its guards (see
 /// [`RedlockBuilder::observer`](crate::RedlockBuilder::observer) for its
-/// events): with any number of guards, two threads besides the callers'
-/// (the watchdog, and the notifier that runs [`on_lost`](Self::on_lost)
-/// callbacks), and up to three short-lived helpers while a batch of
-/// extensions that fell due together meets slow rounds. A failed extension
-/// (too few nodes answered) is retried while validity is left, after the
-/// retry policy's pause or half the validity left, whichever is shorter. A
+/// events): with any number of guards, at most two threads besides the
+/// callers', the watchdog and the notifier that runs
+/// [`on_lost`](Self::on_lost) callbacks. The guards whose extensions fall
+/// due together share a round (one script call a node extends them all,
+/// each counted on its own), so each extension starts at most one round
+/// after its point, however many guards are due and however slow a node
+/// is. A failed extension (too few nodes answered) is retried while
+/// validity is left, after the retry policy's pause or half the validity
+/// left, whichever is shorter. A
 /// guard that is never dropped (`mem::forget`) stays extended up to the
 /// hold cap, or as long as the client lives.
 ///
@@ -180,16 +183,6 @@ impl Lease {
         }
     }
 
-    /// When the next extension is due: once only the share `when_left`
-    /// of the validity until `valid_until` is left. Measured on the
-    /// validity each round leaves, not on the TTL: the next extension is
-    /// always some time away, whatever the fraction and the drift term.
-    fn next_due(&self, valid_until: Instant) -> Instant {
-        let now = Instant::now();
-        let validity = valid_until.saturating_duration_since(now);
-        later(now, validity.mul_f64(1.0 - self.when_left)).min(valid_until)
-    }
-
     /// The watchdog's claim on this lease, before a round: `Ok` with the
     /// TTL to extend it by (shortened to end at the hold cap), or else when
     /// it is due next (`None` when the watchdog is done with it: the guard
@@ -197,23 +190,23 @@ impl Lease {
     /// more is due at its deadline, to tell the loss then.
     pub(crate) fn claim(&self, client: &Redlock) -> Result<Duration, Option<Instant>> {
         let mut state = self.state();
-        if state.done {
-            return Err(None);
-        }
-        let Some(deadline) = state.deadline() else {
+        // Lost, the lease is due no more once the loss is told; done, at
+        // once (its loss is not told).
+        let Some(deadline) = state.deadline().filter(|_| !state.done) else {
             return Err(self.tell(client, state));
         };
         let now = Instant::now();
         let room = (self.hold_deadline).map_or(self.ttl, |h| h.saturating_duration_since(now));
         // A TTL shortened to end at the cap may be too short to extend
         // anything: then the last extension is past.
-        let short = client.check_ttl(room.min(self.ttl)).is_err();
+        let ttl = room.min(self.ttl);
+        let short = client.check_ttl(ttl).is_err();
         if state.ending || room <= deadline.saturating_duration_since(now) || short {
             state.ending = true;
             return Err(Some(deadline));
         }
         state.extending = true;
-        Ok(room.min(self.ttl))
+        Ok(ttl)
     }
 
     /// The watchdog's turn on this lease after its extension by `ttl`
@@ -264,10 +257,15 @@ impl Lease {
     }
 
     /// When the lease is due next while the lock is held: at its deadline
-    /// once it is not extended any more, else when the next extension is.
+    /// once it is not extended any more, else when the next extension is,
+    /// once only the share `when_left` of the validity is left. Measured on
+    /// the validity each round leaves, not on the TTL: the next extension
+    /// is always some time away, whatever the fraction and the drift term.
     fn due(&self, state: &mut State) -> Option<Instant> {
-        let (d, ending) = (state.deadline()?, state.ending);
-        Some(if ending { d } else { self.next_due(d) })
+        let (deadline, now) = (state.deadline()?, Instant::now());
+        let share = [1.0 - self.when_left, 1.0][usize::from(state.ending)];
+        let wait = deadline.saturating_duration_since(now).mul_f64(share);
+        Some(later(now, wait).min(deadline))
     }
 
     /// Tells the loss once: wakes the threads waiting for it, and hands
@@ -852,7 +850,7 @@ impl Redlock {
         // Out of validity already, or no watchdog: no guard (its drop
         // releases).
         let due = due.ok_or_else(|| lease.lost())?;
-        let watched = self.watch().add(self, (lease, lock), due);
+        let watched = self.watch().add(self, (due, lease, lock));
         watched.map(|()| guard).map_err(LockError::Thread)
     }
 }
