@@ -972,6 +972,58 @@ mod tests {
     }
 
     #[test]
+    fn one_round_extends_many_locks_and_judges_each_on_its_own() {
+        let cluster = Cluster::start(3).expect("3 redis-server nodes");
+        let locks = Redlock::builder(cluster.urls()).build().unwrap();
+        let ttl = Duration::from_secs(10);
+        let fenced = LockOptions::new(ttl).kind(Kind::Fenced);
+        let mut kept = locks.acquire("kept", ttl).unwrap();
+        let mut taken = locks.acquire("taken", ttl).unwrap();
+        let mut retaken = locks.acquire(["retaken:a", "retaken:b"], ttl).unwrap();
+        let mut garbled = locks.acquire("garbled", fenced).unwrap();
+        // Another holder on two nodes; a key gone from node 0; a fencing
+        // counter that is not a number on node 1.
+        for i in [0, 1] {
+            cluster.node(i).set("taken", "someone-else").unwrap();
+        }
+        cluster.node(0).query(&["DEL", "retaken:b"]).unwrap();
+        let counter = &crate::kind::fence_keys("garbled")[1];
+        cluster.node(1).set(counter, "not a number").unwrap();
+        let mut batch = [
+            (&mut kept, ttl),
+            (&mut taken, ttl),
+            (&mut retaken, ttl),
+            (&mut garbled, ttl),
+        ];
+        let results = locks.extend_all(&mut batch, 1);
+        assert!(results[0].is_ok(), "{:?}", results[0]);
+        assert!(
+            matches!(results[1], Err(LockError::Lost { .. })),
+            "{:?}",
+            results[1]
+        );
+        assert!(results[2].is_ok(), "{:?}", results[2]);
+        assert!(results[3].is_ok(), "{:?}", results[3]);
+        let retook: Vec<_> = retaken.report.nodes.iter().map(|n| n.retook).collect();
+        assert!(retook[0] && !retook[2], "{:?}", retaken.report);
+        assert_eq!(
+            cluster.node(0).get("retaken:b").unwrap().as_deref(),
+            Some(&*retaken.token.to_string())
+        );
+        let node1 = &garbled.report.nodes[1].outcome;
+        assert!(
+            matches!(node1, NodeOutcome::Failed(_) | NodeOutcome::NotAwaited),
+            "{node1:?}"
+        );
+        // One round: the same elapsed time in every lock's report.
+        assert_eq!(kept.report.elapsed, retaken.report.elapsed);
+        assert_eq!(kept.report.elapsed, garbled.report.elapsed);
+        for lock in [kept, retaken, garbled] {
+            locks.release(lock).unwrap();
+        }
+    }
+
+    #[test]
     fn the_pace_counts_no_thread_awake_once_rounds_that_met_noscript_are_over() {
         let cluster = Cluster::start(3).expect("3 redis-server nodes");
         let locks = Redlock::builder(cluster.urls())
