@@ -653,8 +653,9 @@ impl Redlock {
         let tallies = self.rounds(Kind::Plain, &cmd, &ttls, script_vote, Ask::UntilDecided);
         let judged = (locks.iter_mut().zip(ttls).zip(tallies)).map(|(((lock, _), ttl), tally)| {
             // A round that ended after the validity ran out counts only the
-            // nodes that renewed; what it re-took then is released.
-            let late = Instant::now() >= lock.valid_until;
+            // nodes that renewed; what it re-took then is released. (Its
+            // end, not the time this lock's turn comes after the others'.)
+            let late = tally.start + tally.report.elapsed >= lock.valid_until;
             let nodes = &tally.report.nodes;
             let renewed = (nodes.iter())
                 .filter(|n| n.outcome == NodeOutcome::Granted && !n.retook)

@@ -117,9 +117,8 @@ impl Watch {
         while let (Some(batch), Some(client)) = (self.next_batch(), weak.upgrade()) {
             // A lease whose turn panicked is dropped.
             let stepped = catch_unwind(AssertUnwindSafe(|| step_all(&client, batch)));
-            lock(&self.schedule)
-                .leases
-                .extend(stepped.unwrap_or_default());
+            let stepped = stepped.unwrap_or_default();
+            lock(&self.schedule).leases.extend(stepped);
         }
     }
 
@@ -133,10 +132,8 @@ impl Watch {
                 schedule.running = false;
                 return None;
             }
-            let due: Vec<_> = schedule
-                .leases
-                .extract_if(.., |(at, ..)| *at <= now)
-                .collect();
+            let leases = &mut schedule.leases;
+            let due: Vec<_> = leases.extract_if(.., |(at, ..)| *at <= now).collect();
             if !due.is_empty() {
                 return Some(due);
             }

@@ -64,9 +64,9 @@ type OnLost = Box<dyn FnOnce(&LockError) + Send>;
 /// after its point, however many guards are due and however slow a node
 /// is. A failed extension (too few nodes answered) is retried while
 /// validity is left, after the retry policy's pause or half the validity
-/// left, whichever is shorter. A
-/// guard that is never dropped (`mem::forget`) stays extended up to the
-/// hold cap, or as long as the client lives.
+/// left, whichever is shorter. A guard that is never dropped
+/// (`mem::forget`) stays extended up to the hold cap, or as long as the
+/// client lives.
 ///
 /// ```no_run
 /// # use redlock_sync::{LockError, Redlock};
