@@ -21,6 +21,19 @@ fn threads() -> usize {
     std::fs::read_dir("/proc/self/task").map_or(0, Iterator::count)
 }
 
+/// The names of this process's threads, for a failure message.
+fn names() -> Vec<String> {
+    let tasks = std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten();
+    let name = |task: std::fs::DirEntry| std::fs::read_to_string(task.path().join("comm"));
+    tasks
+        .filter_map(|task| name(task).ok())
+        .map(|n| n.trim().to_string())
+        .collect()
+}
+
 /// How many times the watchdog extended each guard, as the observer
 /// counts them.
 fn counts(extended: &[AtomicUsize]) -> Vec<usize> {
@@ -40,7 +53,11 @@ fn watch_until(
     let (start, mut seen) = (Instant::now(), 0);
     loop {
         let now = threads();
-        assert!(now <= most, "{now} threads while {what}: at most {most}");
+        assert!(
+            now <= most,
+            "{now} threads while {what}, at most {most}: {:?}",
+            names()
+        );
         seen = seen.max(now);
         if let Some(lost) = guards.iter().find(|g| !g.is_held()) {
             panic!("{} lost while {what}: {:?}", lost.resource(), lost.check());
@@ -100,10 +117,11 @@ fn a_thousand_guards_on_one_client_take_at_most_two_threads_and_all_outlive_thre
         let guard = locks.lock(format!("many:{i}"), LockOptions::new(ttl));
         guards.push(guard.unwrap_or_else(|e| panic!("guard {i}: {e}")));
         let now = threads();
+        let guards = i + 1;
         assert!(
             now <= most,
-            "{now} threads with {} guards: at most {most}",
-            i + 1
+            "{now} threads with {guards} guards, at most {most}: {:?}",
+            names()
         );
     }
     let acquired = Instant::now();
