@@ -590,80 +590,88 @@ impl Redlock {
     ) -> Result<(), LockError> {
         let options = options.into();
         let call = options.resolve(&self.inner.config, Instant::now())?;
-        self.extend_call(lock, options.ttl, &call)
-    }
-
-    /// [`extend`](Self::extend) as `call` says.
-    pub(crate) fn extend_call(
-        &self,
-        lock: &mut Lock,
-        ttl: Duration,
-        call: &Call,
-    ) -> Result<(), LockError> {
-        let ttl_ms = self.check_ttl(ttl)?;
-        self.inner.waiters.close_if_idle();
-        // Redis is given whole milliseconds: measure validity on the same.
-        let ttl = Duration::from_millis(ttl_ms);
-        // Keys gone from a node are set again only while the validity this
-        // process measured lasts: a re-take is then as safe as a vote for
-        // an acquisition (see above).
-        let retake = (lock.timed && Instant::now() < lock.valid_until)
-            .then(|| lock.fencing_token.unwrap_or(0));
-        let cmd = (lock.kind).extend(&lock.resources, &lock.token, ttl_ms, retake);
+        self.check_ttl(options.ttl)?;
         // No retry starts once the lock's validity is over (nor past the
         // call's deadline): a lock that could not be extended while it was
         // valid is not held any more, whatever a later round may find. A
         // lock rebuilt from its token has no validity known here.
-        let retry_until = match (lock.timed.then_some(lock.valid_until), call.deadline) {
-            (Some(valid), Some(deadline)) => Some(valid.min(deadline)),
-            (valid, deadline) => valid.or(deadline),
-        };
+        let valid = lock.timed.then_some(lock.valid_until);
+        let retry_until = valid.into_iter().chain(call.deadline).min();
         let mut attempt = 0;
         loop {
             if call.cancelled() {
                 return Err(cancelled(&lock.resources));
             }
             attempt += 1;
-            let tally = self.round(lock.kind, &cmd, ttl, script_vote, Ask::UntilDecided);
+            // A batch of one: one result.
+            let result = (self.extend_all(&mut [(&mut *lock, options.ttl)], attempt)).pop();
+            let end = later(Instant::now(), self.inner.config.retry.pause(attempt));
+            let retry = attempt <= call.retries && retry_until.is_none_or(|until| end < until);
+            match result {
+                // Only too few nodes answering is worth another round.
+                Some(Err(LockError::NoQuorum { .. })) if retry => call.sleep_until(end),
+                result => return result.unwrap_or(Ok(())),
+            }
+        }
+    }
+
+    /// One extension round for every lock of `locks`, each by its TTL (a
+    /// TTL that [`check_ttl`](Self::check_ttl) passed): one
+    /// script call a node extends them all, and each lock's part of the
+    /// replies is counted on its own by the rules of
+    /// [`extend`](Self::extend), as if the round were its alone. Returns
+    /// one outcome a lock, in order; a lock extended has its validity and
+    /// report measured anew from the round's start.
+    pub(crate) fn extend_all(
+        &self,
+        locks: &mut [(&mut Lock, Duration)],
+        attempt: u32,
+    ) -> Vec<Result<(), LockError>> {
+        if locks.is_empty() {
+            return Vec::new();
+        }
+        self.inner.waiters.close_if_idle();
+        let (mut keys, mut args, mut ttls) = (Vec::new(), Vec::new(), Vec::new());
+        for (lock, ttl) in locks.iter() {
+            // Redis is given whole milliseconds: measure validity on the same.
+            let ttl_ms = ttl.as_millis() as u64;
+            ttls.push(Duration::from_millis(ttl_ms));
+            // Keys gone from a node are set again only while the validity
+            // this process measured lasts: a re-take is then as safe as a
+            // vote for an acquisition (see `extend`).
+            let retake = (lock.timed && Instant::now() < lock.valid_until)
+                .then(|| lock.fencing_token.unwrap_or(0));
+            let (own, parts) = (lock.kind).extend(&lock.resources, &lock.token, ttl_ms, retake);
+            keys.extend(own);
+            args.extend(parts);
+        }
+        let args: Vec<&[u8]> = args.iter().map(String::as_bytes).collect();
+        let cmd = Command::script(&script::EXTEND, &keys, &args);
+        let tallies = self.rounds(Kind::Plain, &cmd, &ttls, script_vote, Ask::UntilDecided);
+        let judged = (locks.iter_mut().zip(ttls).zip(tallies)).map(|(((lock, _), ttl), tally)| {
             // A round that ended after the validity ran out counts only the
-            // nodes that renewed; what it re-took then is released.
-            let late = Instant::now() >= lock.valid_until;
+            // nodes that renewed; what it re-took then is released. (Its
+            // end, not the time this lock's turn comes after the others'.)
+            let late = tally.start + tally.report.elapsed >= lock.valid_until;
             let nodes = &tally.report.nodes;
             let renewed = (nodes.iter())
                 .filter(|n| n.outcome == NodeOutcome::Granted && !n.retook)
                 .count();
+            let resource = lock.resources[0].clone();
             if late && renewed < tally.report.quorum && nodes.iter().any(|n| n.retook) {
-                let (kind, resources) = (lock.kind, &lock.resources);
-                self.clean_up(kind, resources, &lock.token, ttl, &tally.report);
-                return Err(LockError::Lost {
-                    resource: resources[0].clone(),
-                    report: tally.report,
-                });
-            }
-            if tally.granted() {
+                self.clean_up(lock.kind, &lock.resources, &lock.token, ttl, &tally.report);
+            } else if tally.granted() {
                 lock.valid_until = tally.start + tally.validity.unwrap_or_default();
                 lock.timed = true;
                 lock.report = tally.report;
                 return Ok(());
+            } else if !tally.refused_by_quorum_complement() {
+                return Err(tally.error(&resource, attempt, ttl, true));
             }
-            if tally.refused_by_quorum_complement() {
-                return Err(LockError::Lost {
-                    resource: lock.resources[0].clone(),
-                    report: tally.report,
-                });
-            }
-            let quorum_granted = tally.report.granted() >= tally.report.quorum;
-            let error = tally.error(&lock.resources[0], attempt, ttl, true);
-            let pause = (attempt <= call.retries
-                && !quorum_granted
-                && !matches!(error, LockError::Unusable { .. }))
-            .then(|| later(Instant::now(), self.inner.config.retry.pause(attempt)))
-            .filter(|&end| retry_until.is_none_or(|until| end < until));
-            let Some(end) = pause else {
-                return Err(error);
-            };
-            call.sleep_until(end);
-        }
+            let report = tally.report;
+            Err(LockError::Lost { resource, report })
+        });
+        judged.collect()
     }
 
     /// Releases `lock` on every node: deletes each key that still holds its
@@ -763,10 +771,28 @@ impl Redlock {
         vote: impl Fn(&Value) -> Result<(bool, u64), &Value>,
         ask: Ask<'_>,
     ) -> Tally {
+        // One TTL, one tally.
+        self.rounds(kind, cmd, &[ttl], vote, ask).swap_remove(0)
+    }
+
+    /// A [`round`](Self::round) of a command that does the work of one call
+    /// a TTL of `ttls` (an extension of many locks), and whose replies are
+    /// arrays of one part a call: one tally a call, each counted on its own
+    /// as if the round were its alone, and the round decided once every
+    /// call's is. A reply that is not an array is every call's part.
+    pub(crate) fn rounds(
+        &self,
+        kind: Kind,
+        cmd: &Command,
+        ttls: &[Duration],
+        vote: impl Fn(&Value) -> Result<(bool, u64), &Value>,
+        ask: Ask<'_>,
+    ) -> Vec<Tally> {
         let inner = &*self.inner;
         let n = inner.nodes.len();
         let quorum = kind.quorum(n);
-        let (mut yes, mut no, mut fence) = (0, 0, 0);
+        // A call's grants, refusals, and largest counter.
+        let mut counts = vec![(0, 0, 0); ttls.len()];
         let every_reply = matches!(ask, Ask::EveryReply);
         let start = Instant::now();
         // The fewest replies that can decide: a quorum of grants, or
@@ -774,34 +800,43 @@ impl Redlock {
         let to_decide = [quorum.min(n - quorum + 1), n][usize::from(every_reply)];
         let asked = |i: usize| !matches!(ask, Ask::Only(asked) if !asked[i]);
         let replies = self.run(cmd, start, asked, to_decide, |result| {
-            match result.as_ref().map(&vote) {
-                Ok(Ok((true, counter))) => (yes, fence) = (yes + 1, fence.max(counter)),
-                _ => no += 1,
+            for (g, (yes, no, fence)) in counts.iter_mut().enumerate() {
+                match part(result, g).as_ref().map(&vote) {
+                    Ok(Ok((true, counter))) => (*yes, *fence) = (*yes + 1, counter.max(*fence)),
+                    _ => *no += 1,
+                }
             }
-            !every_reply && (yes >= quorum || no > n - quorum)
+            let decided = |&(yes, no, _): &(usize, usize, u64)| yes >= quorum || no > n - quorum;
+            !every_reply && counts.iter().all(decided)
         });
         let elapsed = start.elapsed();
         let retakes = cmd.script.is_some_and(|s| s.bit == script::EXTEND.bit);
-        let nodes = (inner.nodes.iter().zip(replies))
-            .map(|(node, reply)| NodeReport {
-                node: Arc::clone(node.name()),
-                retook: retakes && matches!(reply.result, Ok(Value::Int(2))),
-                outcome: outcome(reply.result, &vote),
-                elapsed: reply.elapsed,
-            })
-            .collect();
-        let validity = self.validity(ttl, elapsed);
-        Tally {
-            report: Report {
-                nodes,
-                quorum,
-                elapsed,
-            },
-            validity,
-            start,
-            too_slow: yes >= quorum && validity.is_none(),
-            fence,
-        }
+        let tallies = (ttls.iter().zip(counts).enumerate()).map(|(g, (&ttl, (yes, _, fence)))| {
+            let nodes = (inner.nodes.iter().zip(&replies))
+                .map(|(node, reply)| {
+                    let part = part(&reply.result, g);
+                    NodeReport {
+                        node: Arc::clone(node.name()),
+                        retook: retakes && matches!(part, Ok(Value::Int(2))),
+                        outcome: outcome(part, &vote),
+                        elapsed: reply.elapsed,
+                    }
+                })
+                .collect();
+            let validity = self.validity(ttl, elapsed);
+            Tally {
+                report: Report {
+                    nodes,
+                    quorum,
+                    elapsed,
+                },
+                validity,
+                start,
+                too_slow: yes >= quorum && validity.is_none(),
+                fence,
+            }
+        });
+        tallies.collect()
     }
 
     /// One round of `cmd` on every node, read until its deadline: each
@@ -856,7 +891,7 @@ impl Redlock {
     }
 
     /// Checks a TTL and returns it in whole milliseconds (Redis' unit).
-    fn check_ttl(&self, ttl: Duration) -> Result<u64, ArgumentError> {
+    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<u64, ArgumentError> {
         if ttl > MAX_TTL {
             return Err(ArgumentError::TtlTooLarge { ttl, max: MAX_TTL });
         }
@@ -909,6 +944,14 @@ fn outcome(
     }
 }
 
+/// Call `g`'s part of a node's reply (see [`Redlock::rounds`]).
+fn part(reply: &Result<Value, Failure>, g: usize) -> Result<Value, Failure> {
+    match reply {
+        Ok(Value::Array(parts)) => Ok(parts.get(g).cloned().unwrap_or(Value::Nil)),
+        other => other.clone(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -921,6 +964,58 @@ mod tests {
         let pace = locks.inner.nodes[0].pace();
         pace.hold();
         pace.release()
+    }
+
+    #[test]
+    fn one_round_extends_many_locks_and_judges_each_on_its_own() {
+        let cluster = Cluster::start(3).expect("3 redis-server nodes");
+        let locks = Redlock::builder(cluster.urls()).build().unwrap();
+        let ttl = Duration::from_secs(10);
+        let fenced = LockOptions::new(ttl).kind(Kind::Fenced);
+        let mut kept = locks.acquire("kept", ttl).unwrap();
+        let mut taken = locks.acquire("taken", ttl).unwrap();
+        let mut retaken = locks.acquire(["retaken:a", "retaken:b"], ttl).unwrap();
+        let mut garbled = locks.acquire("garbled", fenced).unwrap();
+        // Another holder on two nodes; a key gone from node 0; a fencing
+        // counter that is not a number on node 1.
+        for i in [0, 1] {
+            cluster.node(i).set("taken", "someone-else").unwrap();
+        }
+        cluster.node(0).query(&["DEL", "retaken:b"]).unwrap();
+        let counter = &crate::kind::fence_keys("garbled")[1];
+        cluster.node(1).set(counter, "not a number").unwrap();
+        let mut batch = [
+            (&mut kept, ttl),
+            (&mut taken, ttl),
+            (&mut retaken, ttl),
+            (&mut garbled, ttl),
+        ];
+        let results = locks.extend_all(&mut batch, 1);
+        assert!(results[0].is_ok(), "{:?}", results[0]);
+        assert!(
+            matches!(results[1], Err(LockError::Lost { .. })),
+            "{:?}",
+            results[1]
+        );
+        assert!(results[2].is_ok(), "{:?}", results[2]);
+        assert!(results[3].is_ok(), "{:?}", results[3]);
+        let retook: Vec<_> = retaken.report.nodes.iter().map(|n| n.retook).collect();
+        assert!(retook[0] && !retook[2], "{:?}", retaken.report);
+        assert_eq!(
+            cluster.node(0).get("retaken:b").unwrap().as_deref(),
+            Some(&*retaken.token.to_string())
+        );
+        let node1 = &garbled.report.nodes[1].outcome;
+        assert!(
+            matches!(node1, NodeOutcome::Failed(_) | NodeOutcome::NotAwaited),
+            "{node1:?}"
+        );
+        // One round: the same elapsed time in every lock's report.
+        assert_eq!(kept.report.elapsed, retaken.report.elapsed);
+        assert_eq!(kept.report.elapsed, garbled.report.elapsed);
+        for lock in [kept, retaken, garbled] {
+            locks.release(lock).unwrap();
+        }
     }
 
     #[test]

@@ -221,10 +221,12 @@ impl Kind {
         Command::script(&script::RELEASE, resources, args)
     }
 
-    /// The extension of the lock `token` holds on `resources` to `ttl_ms`;
-    /// with `retake`, also where a key is absent (see [`Redlock::extend`]).
-    /// `retake` is the lock's fencing token, or zero for a plain lock: a
-    /// fenced lock re-takes only with its token, and raises its counter.
+    /// One lock's part of an extension (see [`script::EXTEND`]): its keys
+    /// and its four arguments, to extend the lock `token` holds on
+    /// `resources` to `ttl_ms`; with `retake`, also where a key is absent
+    /// (see [`Redlock::extend`]). `retake` is the lock's fencing token, or
+    /// zero for a plain lock: a fenced lock re-takes only with its token,
+    /// and raises its counter.
     ///
     /// [`Redlock::extend`]: crate::Redlock::extend
     pub(crate) fn extend(
@@ -233,15 +235,16 @@ impl Kind {
         token: &Token,
         ttl_ms: u64,
         retake: Option<u64>,
-    ) -> Command {
-        let (hex, number) = (token.hex(), ttl_ms.to_string());
+    ) -> (Vec<String>, [String; 4]) {
         let fence = retake.filter(|&f| (self == Kind::Fenced) == (f > 0));
-        let (keys, fence) = (fence_keys(&resources[0]), fence.map(|f| f.to_string()));
-        let fenced = self == Kind::Fenced && fence.is_some();
-        let mut args: Vec<&[u8]> = vec![&hex, number.as_bytes()];
-        args.extend(fence.as_ref().map(String::as_bytes));
-        let keys = if fenced { &keys[..] } else { resources };
-        Command::script(&script::EXTEND, keys, &args)
+        let keys = match fence {
+            Some(f) if f > 0 => fence_keys(&resources[0]).to_vec(),
+            _ => resources.to_vec(),
+        };
+        let fence = fence.map(|f| f.to_string()).unwrap_or_default();
+        let count = keys.len().to_string();
+        let args = [count, token.to_string(), ttl_ms.to_string(), fence];
+        (keys, args)
     }
 }
 

@@ -74,8 +74,8 @@
 //!
 //! [`with_lock`](Redlock::with_lock) acquires, runs a closure, and always
 //! releases (on return, on error, on panic). Meanwhile the client's one
-//! watchdog thread (for all its guards) extends the lock each time a third
-//! of its validity is left, so the
+//! watchdog thread (for all its guards, in shared rounds) extends the lock
+//! each time a third of its validity is left, so the
 //! closure may run far longer than the TTL. The closure gets a
 //! [`LockGuard`] whose [`check`](LockGuard::check) fails as soon as the
 //! lock is lost; and if it was lost at any moment, `with_lock` returns the

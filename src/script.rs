@@ -62,31 +62,40 @@ pub(crate) const RELEASE: Script = Script {
     sha: "94b1672c1843acdad052af017a661cf14fbbfd4f",
 };
 
-/// Sets a new TTL (ARGV[2], milliseconds) on every lock key if, and only if,
-/// every one holds our token (ARGV[1]), and returns 1; else returns 0 and
-/// writes nothing. With a third argument (a re-take) a key that is absent
-/// counts as ours and is set again, and the script returns 2 if it set any:
-/// all or nothing, and a key that holds another token still refuses. A
-/// third argument above zero is a fenced lock's token: the last key is then
-/// its fencing counter, raised to at least that token (read before any
-/// write, so a counter that is not a number fails the script unwritten).
+/// Extends many locks in one call: for each lock, four arguments (how many
+/// of the keys are its own, its token, its new TTL in milliseconds, and its
+/// re-take: empty for none) and its keys, in the same order; returns one
+/// reply a lock, in order. Each lock on its own, all or nothing over its
+/// keys: if every key holds its token, each gets the new TTL and the reply
+/// is 1; else nothing of it is written and the reply is 0. With a re-take,
+/// a key that is absent counts as its own and is set again, and the reply
+/// is 2 if it set any; a key that holds another token still refuses. A
+/// re-take above zero is a fenced lock's token: its last key is then its
+/// fencing counter, raised to at least that token (read before any write
+/// of the lock: a counter that is not a number makes that lock's reply an
+/// error, unwritten).
 pub(crate) const EXTEND: Script = Script {
     bit: 2,
-    body: "local fence = tonumber(ARGV[3] or '0')\n\
-           local n, voted = #KEYS - (fence > 0 and 1 or 0), 1\n\
-           for i = 1, n do\n  \
-             local v = redis.call('get', KEYS[i])\n  \
-             if v == false and ARGV[3] then voted = 2\n  \
-             elseif v ~= ARGV[1] then return 0 end\n\
+    body: "local out, k = {}, 0\n\
+           for g = 1, #ARGV, 4 do\n  \
+             local n, token, fence = tonumber(ARGV[g]), ARGV[g + 1], tonumber(ARGV[g + 3])\n  \
+             local locks, vote = n - ((fence or 0) > 0 and 1 or 0), 1\n  \
+             for i = k + 1, k + locks do\n    \
+               local v = redis.call('get', KEYS[i])\n    \
+               if v == false and fence and vote > 0 then vote = 2\n    \
+               elseif v ~= token then vote = 0 end\n  \
+             end\n  \
+             local counter = vote > 0 and locks < n and tonumber(redis.call('get', KEYS[k + n]) or '0')\n  \
+             if counter == nil then\n    \
+               vote = redis.error_reply('the fencing counter is not a number')\n  \
+             elseif vote > 0 then\n    \
+               if counter and counter < fence then redis.call('set', KEYS[k + n], ARGV[g + 3]) end\n    \
+               for i = k + 1, k + locks do redis.call('set', KEYS[i], token, 'PX', ARGV[g + 2]) end\n  \
+             end\n  \
+             out[#out + 1], k = vote, k + n\n\
            end\n\
-           if fence > 0 and tonumber(redis.call('get', KEYS[#KEYS]) or '0') < fence then\n  \
-             redis.call('set', KEYS[#KEYS], ARGV[3])\n\
-           end\n\
-           for i = 1, n do\n  \
-             redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2])\n\
-           end\n\
-           return voted",
-    sha: "50e1696cffbdc067e5451e9c802cd1824202ce39",
+           return out",
+    sha: "270116f23bee8c688046994a03a947da1cf08160",
 };
 
 /// Sets every key to our token with a TTL if, and only if, none of them

@@ -1,16 +1,23 @@
 //! One watchdog thread per client, which keeps every guard of that client
-//! alive, and one notifier thread, which runs the guards' loss callbacks.
+//! alive, and one notifier thread, which runs the guards' loss callbacks:
+//! the only threads a client's guards cost, however many there are.
 //!
 //! The watchdog starts with the first guard, holds the client weakly (the
 //! guards hold it strongly), and exits when the client is dropped or after
 //! [`IDLE`] with no guard. It sleeps until the earliest due extension; each
-//! guard's lease says when it is due next ([`Lease::step`]). Extensions that
-//! fall due together run one after the other on the watchdog while that
-//! is quick; once a batch has taken half an `io_timeout` (its rounds are
-//! slow), the rest runs side by side on at most [`WORKERS`] threads (the
-//! watchdog and short-lived scoped helpers), so slow rounds delay the
-//! others by about one round, not one round each. A failed extension is retried by the
-//! schedule, never by sleeping on the watchdog.
+//! guard's lease says when it is due next. Every guard due by then is
+//! extended in one round, whose script extends them all on each node
+//! ([`Redlock::extend_all`]; each guard's votes counted on their own): a
+//! guard that falls due while a round runs starts in the next one, so its
+//! extension starts at most one round (`connect_timeout` + `io_timeout`)
+//! after its point, however many guards are due and however slow a node
+//! is. A failed extension is retried by the schedule, never by sleeping on
+//! the watchdog. A guard claims its part of a round under its lease's
+//! mutex, and a guard that is done claims none: none is written after its
+//! release starts (see `with_lock.rs`). (A round, the watchdog's as any
+//! other, connects several nodes that all need a new connection side by
+//! side on short-lived threads, and resolves host names on a helper: with
+//! the connections open, as while locks are held, it starts none.)
 //!
 //! Loss callbacks run on the notifier thread, one at a time, each under
 //! `catch_unwind`: a callback that blocks delays the callbacks after it,
@@ -18,24 +25,18 @@
 //! exits when the client is dropped.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::client::{Redlock, WeakRedlock};
 use crate::error::{LockError, NodeOutcome, Report};
-use crate::lock::Token;
-use crate::retry::later;
+use crate::lock::{Lock, Token};
 use crate::with_lock::Lease;
 
 /// How long the watchdog waits with no guard before it exits; the next
 /// guard starts it again.
 const IDLE: Duration = Duration::from_secs(30);
-
-/// The most threads that run one batch of due extensions, the watchdog
-/// included.
-const WORKERS: usize = 4;
 
 /// A callback to run on the notifier thread.
 pub(crate) type Job = Box<dyn FnOnce() + Send>;
@@ -49,10 +50,14 @@ pub(crate) struct Watch {
     notices: Mutex<Option<Sender<Job>>>,
 }
 
+/// A lease the watchdog keeps: when it is due next, the lease, and its
+/// lock as the watchdog's extensions measure it.
+pub(crate) type Entry = (Instant, Arc<Lease>, Lock);
+
 #[derive(Default)]
 struct Schedule {
-    /// Every lease the watchdog keeps, and when it is due next.
-    leases: Vec<(Instant, Arc<Lease>)>,
+    /// Every lease the watchdog keeps.
+    leases: Vec<Entry>,
     running: bool,
     /// The client is gone: the watchdog exits.
     closed: bool,
@@ -63,14 +68,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Watch {
-    /// Puts `lease` under the watchdog of `client`, due at `due`; starts
-    /// the watchdog if it does not run.
-    pub(crate) fn add(
-        self: &Arc<Self>,
-        client: &Redlock,
-        lease: Arc<Lease>,
-        due: Instant,
-    ) -> std::io::Result<()> {
+    /// Puts `entry` under the watchdog of `client`; starts the watchdog if
+    /// it does not run.
+    pub(crate) fn add(self: &Arc<Self>, client: &Redlock, entry: Entry) -> std::io::Result<()> {
         let mut schedule = lock(&self.schedule);
         if !schedule.running {
             let (watch, client) = (Arc::clone(self), client.downgrade());
@@ -79,7 +79,7 @@ impl Watch {
                 .spawn(move || watch.run(&client))?;
             schedule.running = true;
         }
-        schedule.leases.push((due, lease));
+        schedule.leases.push(entry);
         self.wake.notify_all();
         Ok(())
     }
@@ -111,20 +111,20 @@ impl Watch {
 
     /// The watchdog: waits for the next due leases, steps them, puts them
     /// back with their next due time.
-    fn run(&self, client: &WeakRedlock) {
-        while let Some(batch) = self.next_batch() {
-            let Some(client) = client.upgrade() else {
-                return;
-            };
-            let stepped = step_all(&client, batch);
-            drop(client);
+    fn run(&self, weak: &WeakRedlock) {
+        // The client is upgraded for one turn at a time: while the
+        // watchdog waits, it does not keep its client alive.
+        while let (Some(batch), Some(client)) = (self.next_batch(), weak.upgrade()) {
+            // A lease whose turn panicked is dropped.
+            let stepped = catch_unwind(AssertUnwindSafe(|| step_all(&client, batch)));
+            let stepped = stepped.unwrap_or_default();
             lock(&self.schedule).leases.extend(stepped);
         }
     }
 
     /// Waits until some leases are due, and takes them out of the
     /// schedule; `None` once closed or idle (the watchdog exits).
-    fn next_batch(&self) -> Option<Vec<Arc<Lease>>> {
+    fn next_batch(&self) -> Option<Vec<Entry>> {
         let (mut schedule, mut idle) = (lock(&self.schedule), false);
         loop {
             let now = Instant::now();
@@ -132,14 +132,12 @@ impl Watch {
                 schedule.running = false;
                 return None;
             }
-            let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut schedule.leases)
-                .into_iter()
-                .partition(|(at, _)| *at <= now);
-            schedule.leases = later;
+            let leases = &mut schedule.leases;
+            let due: Vec<_> = leases.extract_if(.., |(at, ..)| *at <= now).collect();
             if !due.is_empty() {
-                return Some(due.into_iter().map(|(_, lease)| lease).collect());
+                return Some(due);
             }
-            let next = schedule.leases.iter().map(|(at, _)| *at).min();
+            let next = schedule.leases.iter().map(|(at, ..)| *at).min();
             let wait = next.map_or(IDLE, |at| at.saturating_duration_since(now));
             let waited =
                 (self.wake.wait_timeout(schedule, wait)).unwrap_or_else(PoisonError::into_inner);
@@ -149,40 +147,21 @@ impl Watch {
     }
 }
 
-/// Steps every lease of `batch`, on the watchdog alone while that is
-/// quick, side by side on up to [`WORKERS`] threads once the batch has
-/// taken half an `io_timeout` (rounds are slow); returns the leases that
-/// stay, with their next due time.
-fn step_all(client: &Redlock, batch: Vec<Arc<Lease>>) -> Vec<(Instant, Arc<Lease>)> {
-    let next = AtomicUsize::new(0);
-    let slow = later(Instant::now(), client.config().io_timeout / 2);
-    let work = |alone: bool| {
-        let mut kept = Vec::new();
-        while let Some(lease) = batch.get(next.fetch_add(1, Ordering::Relaxed)) {
-            // A lease whose step panicked is dropped; the others go on.
-            let due = catch_unwind(AssertUnwindSafe(|| lease.step(client)));
-            kept.extend(due.ok().flatten().map(|due| (due, Arc::clone(lease))));
-            if alone && Instant::now() >= slow {
-                break;
-            }
+/// Steps every lease of `batch`: extends in one round those that claim
+/// an extension; returns the leases that stay, with their next due time.
+fn step_all(client: &Redlock, batch: Vec<Entry>) -> Vec<Entry> {
+    let (mut kept, mut claimed) = (Vec::new(), Vec::new());
+    for (_, lease, lock) in batch {
+        match lease.claim(client) {
+            Ok(ttl) => claimed.push((lease, lock, ttl)),
+            Err(due) => kept.extend(due.map(|due| (due, lease, lock))),
         }
-        kept
-    };
-    let mut kept = work(true);
-    if next.load(Ordering::Relaxed) < batch.len() {
-        std::thread::scope(|s| {
-            let helpers: Vec<_> = (1..WORKERS)
-                .filter_map(|_| {
-                    (std::thread::Builder::new().name("redlock-watchdog".to_string()))
-                        .spawn_scoped(s, move || work(false))
-                        .ok()
-                })
-                .collect();
-            kept.extend(work(false));
-            for helper in helpers {
-                kept.extend(helper.join().unwrap_or_default());
-            }
-        });
+    }
+    let mut round: Vec<_> = claimed.iter_mut().map(|(_, l, ttl)| (l, *ttl)).collect();
+    let results = client.extend_all(&mut round, 1);
+    for ((lease, lock, ttl), result) in claimed.into_iter().zip(results) {
+        let due = lease.extended(client, &lock, ttl, result);
+        kept.extend(due.map(|due| (due, lease, lock)));
     }
     kept
 }

@@ -56,14 +56,17 @@ type OnLost = Box<dyn FnOnce(&LockError) + Send>;
 ///
 /// The client's one watchdog thread keeps all its guards (see
 /// [`RedlockBuilder::observer`](crate::RedlockBuilder::observer) for its
-/// events): with any number of guards, two threads besides the callers'
-/// (the watchdog, and the notifier that runs [`on_lost`](Self::on_lost)
-/// callbacks), and up to three short-lived helpers while a batch of
-/// extensions that fell due together meets slow rounds. A failed extension
-/// (too few nodes answered) is retried while validity is left, after the
-/// retry policy's pause or half the validity left, whichever is shorter. A
-/// guard that is never dropped (`mem::forget`) stays extended up to the
-/// hold cap, or as long as the client lives.
+/// events): with any number of guards, at most two threads besides the
+/// callers', the watchdog and the notifier that runs
+/// [`on_lost`](Self::on_lost) callbacks. The guards whose extensions fall
+/// due together share a round (one script call a node extends them all,
+/// each counted on its own), so each extension starts at most one round
+/// after its point, however many guards are due and however slow a node
+/// is. A failed extension (too few nodes answered) is retried while
+/// validity is left, after the retry policy's pause or half the validity
+/// left, whichever is shorter. A guard that is never dropped
+/// (`mem::forget`) stays extended up to the hold cap, or as long as the
+/// client lives.
 ///
 /// ```no_run
 /// # use redlock_sync::{LockError, Redlock};
@@ -94,8 +97,6 @@ pub(crate) struct Lease {
     fencing_token: Option<u64>,
     ttl: Duration,
     when_left: f64,
-    /// The lock, as the watchdog's extensions measure it.
-    lock: Mutex<Lock>,
     state: Mutex<State>,
     /// Wakes the guard when an extension ends or the lock is lost.
     wake: Condvar,
@@ -135,7 +136,7 @@ impl State {
 impl Lease {
     /// The lease of `lock`, which a guard keeps as `call` says, extending it
     /// by `ttl`.
-    fn new(lock: Lock, call: &Call, ttl: Duration) -> Arc<Lease> {
+    fn new(lock: &Lock, call: &Call, ttl: Duration) -> Arc<Lease> {
         let hold_deadline = (call.max_hold).and_then(|cap| Instant::now().checked_add(cap));
         Arc::new(Lease {
             hold_deadline,
@@ -153,7 +154,6 @@ impl Lease {
                 report: lock.report.clone(),
                 ..State::default()
             }),
-            lock: Mutex::new(lock),
             wake: Condvar::new(),
         })
     }
@@ -183,43 +183,44 @@ impl Lease {
         }
     }
 
-    /// When the next extension is due: once only the share `when_left`
-    /// of the validity until `valid_until` is left. Measured on the
-    /// validity each round leaves, not on the TTL: the next extension is
-    /// always some time away, whatever the fraction and the drift term.
-    fn next_due(&self, valid_until: Instant) -> Instant {
+    /// The watchdog's claim on this lease, before a round: `Ok` with the
+    /// TTL to extend it by (shortened to end at the hold cap), or else when
+    /// it is due next (`None` when the watchdog is done with it: the guard
+    /// is done, or the loss was told). A lease that is not extended any
+    /// more is due at its deadline, to tell the loss then.
+    pub(crate) fn claim(&self, client: &Redlock) -> Result<Duration, Option<Instant>> {
+        let mut state = self.state();
+        // Lost, the lease is due no more once the loss is told; done, at
+        // once (its loss is not told).
+        let Some(deadline) = state.deadline().filter(|_| !state.done) else {
+            return Err(self.tell(client, state));
+        };
         let now = Instant::now();
-        let validity = valid_until.saturating_duration_since(now);
-        later(now, validity.mul_f64(1.0 - self.when_left)).min(valid_until)
+        let room = (self.hold_deadline).map_or(self.ttl, |h| h.saturating_duration_since(now));
+        // A TTL shortened to end at the cap may be too short to extend
+        // anything: then the last extension is past.
+        let ttl = room.min(self.ttl);
+        let short = client.check_ttl(ttl).is_err();
+        if state.ending || room <= deadline.saturating_duration_since(now) || short {
+            state.ending = true;
+            return Err(Some(deadline));
+        }
+        state.extending = true;
+        Ok(ttl)
     }
 
-    /// The watchdog's turn on this lease: extends it by its TTL (shortened
-    /// to end at the hold cap), unless the guard is done. Returns when the
-    /// lease is due next, or `None` when the watchdog is done with it (the
-    /// guard is done, or the loss was told). A refused extension loses the
-    /// lock; a failed one (too few nodes answered) is due again after the
-    /// retry policy's pause, while validity is left. A lease that is not
-    /// extended any more is due at its deadline, to tell the loss then.
-    pub(crate) fn step(&self, client: &Redlock) -> Option<Instant> {
-        let ttl = {
-            let mut state = self.state();
-            if state.done {
-                return None;
-            }
-            let Some(deadline) = state.deadline() else {
-                return self.tell(client, state);
-            };
-            let now = Instant::now();
-            let room = (self.hold_deadline).map_or(self.ttl, |h| h.saturating_duration_since(now));
-            if state.ending || room <= deadline.saturating_duration_since(now) {
-                state.ending = true;
-                return Some(deadline);
-            }
-            state.extending = true;
-            room.min(self.ttl)
-        };
-        let mut lock = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
-        let result = client.extend_call(&mut lock, ttl, &Call::default());
+    /// The watchdog's turn on this lease after its extension by `ttl`
+    /// ended in `result` with `lock` as it measured it: returns when the
+    /// lease is due next, as [`claim`](Self::claim) does. A refused
+    /// extension loses the lock; a failed one (too few nodes answered) is
+    /// due again after the retry policy's pause, while validity is left.
+    pub(crate) fn extended(
+        &self,
+        client: &Redlock,
+        lock: &Lock,
+        ttl: Duration,
+        result: Result<(), LockError>,
+    ) -> Option<Instant> {
         let what = [What::ExtendFailed, What::Extended][usize::from(result.is_ok())];
         let outcome = result.as_ref().map(|()| &lock.report);
         client.observe(what, (&self.resources, &self.token), 0, outcome);
@@ -238,9 +239,6 @@ impl Lease {
                 state.deadline = state.deadline().map(|_| valid_until);
             }
             Err(LockError::Lost { report, .. }) => (state.report, state.deadline) = (report, None),
-            // Only a shortened last TTL can be refused as an argument:
-            // it was too short to extend anything.
-            Err(LockError::Argument(_)) => state.ending = true,
             Err(e) => {
                 state.report = e.report().unwrap_or(&state.report).clone();
                 state.failures += 1;
@@ -259,10 +257,15 @@ impl Lease {
     }
 
     /// When the lease is due next while the lock is held: at its deadline
-    /// once it is not extended any more, else when the next extension is.
+    /// once it is not extended any more, else when the next extension is,
+    /// once only the share `when_left` of the validity is left. Measured on
+    /// the validity each round leaves, not on the TTL: the next extension
+    /// is always some time away, whatever the fraction and the drift term.
     fn due(&self, state: &mut State) -> Option<Instant> {
-        let (d, ending) = (state.deadline()?, state.ending);
-        Some(if ending { d } else { self.next_due(d) })
+        let (deadline, now) = (state.deadline()?, Instant::now());
+        let share = [1.0 - self.when_left, 1.0][usize::from(state.ending)];
+        let wait = deadline.saturating_duration_since(now).mul_f64(share);
+        Some(later(now, wait).min(deadline))
     }
 
     /// Tells the loss once: wakes the threads waiting for it, and hands
@@ -838,21 +841,17 @@ impl Redlock {
         once: bool,
     ) -> Result<LockGuard, LockError> {
         let (lock, call) = self.acquire_with(resources, options, once)?;
-        let lease = Lease::new(lock, &call, options.ttl);
+        let lease = Lease::new(&lock, &call, options.ttl);
         let guard = LockGuard {
             lease: Arc::clone(&lease),
             client: self.clone(),
         };
         let due = lease.due(&mut lease.state());
-        let Some(due) = due else {
-            // Out of validity already: no guard (its drop releases).
-            return Err(lease.lost());
-        };
-        match self.watch().add(self, lease, due) {
-            Ok(()) => Ok(guard),
-            // The guard's drop releases.
-            Err(e) => Err(LockError::Thread(e)),
-        }
+        // Out of validity already, or no watchdog: no guard (its drop
+        // releases).
+        let due = due.ok_or_else(|| lease.lost())?;
+        let watched = self.watch().add(self, (due, lease, lock));
+        watched.map(|()| guard).map_err(LockError::Thread)
     }
 }
 
