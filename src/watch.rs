@@ -5,13 +5,13 @@
 //! The watchdog starts with the first guard, holds the client weakly (the
 //! guards hold it strongly), and exits when the client is dropped or after
 //! [`IDLE`] with no guard. It sleeps until the earliest due extension; each
-//! guard's lease says when it is due next. Every guard due by then is
-//! extended in one round, whose script extends them all on each node
+//! guard's lease says when it is due next. Every guard due by then (up to
+//! [`MAX_BATCH`] a round) is extended in one round, whose script extends them all on each node
 //! ([`Redlock::extend_all`]; each guard's votes counted on their own): a
 //! guard that falls due while a round runs starts in the next one, so its
 //! extension starts at most one round (`connect_timeout` + `io_timeout`)
-//! after its point, however many guards are due and however slow a node
-//! is. A failed extension is retried by the schedule, never by sleeping on
+//! after its point, however slow a node is (and one round more for each
+//! [`MAX_BATCH`] guards due at once). A failed extension is retried by the schedule, never by sleeping on
 //! the watchdog. A guard claims its part of a round under its lease's
 //! mutex, and a guard that is done claims none: none is written after its
 //! release starts (see `with_lock.rs`). (A round, the watchdog's as any
@@ -37,6 +37,10 @@ use crate::with_lock::Lease;
 /// How long the watchdog waits with no guard before it exits; the next
 /// guard starts it again.
 const IDLE: Duration = Duration::from_secs(30);
+
+/// The most guards one round extends, so that one script call stays short
+/// on the nodes (each node runs it whole before anything else).
+const MAX_BATCH: usize = 1024;
 
 /// A callback to run on the notifier thread.
 pub(crate) type Job = Box<dyn FnOnce() + Send>;
@@ -133,7 +137,14 @@ impl Watch {
                 return None;
             }
             let leases = &mut schedule.leases;
-            let due: Vec<_> = leases.extract_if(.., |(at, ..)| *at <= now).collect();
+            let mut room = MAX_BATCH;
+            let due: Vec<_> = leases
+                .extract_if(.., |(at, ..)| {
+                    let take = *at <= now && room > 0;
+                    room -= usize::from(take);
+                    take
+                })
+                .collect();
             if !due.is_empty() {
                 return Some(due);
             }
