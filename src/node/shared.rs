@@ -457,6 +457,8 @@ impl Shared {
             let opened = connector.connect_unless_backing_off(after, deadline, timeout);
             link = self.lock();
             match opened {
+                // (Nobody else ends an epoch with nothing written yet.)
+                _ if link.epoch != epoch => return link,
                 Ok(new) => {
                     link.connect_after = None;
                     link.conn.unsplit = new.writer.is_unsplit();
