@@ -43,7 +43,7 @@ pub(crate) use subscription::{Event, Listener, Sender};
 pub use transport::counts::{io_counts, IoCounts};
 
 use crate::error::Failure;
-use crate::script::{is_noscript, Command};
+use crate::script::{Command, Script};
 
 /// One Redis master.
 pub(crate) struct Node {
@@ -100,11 +100,7 @@ impl Node {
         (self.shared).submit(&self.connector, cmd, bounds, eval)
     }
 
-    /// Writes what is queued on the connection (unless another thread is
-    /// writing, which writes it before it lets go). With `wake_reader`,
-    /// then wakes a sleeping thread to read the node if replies are due
-    /// and nobody is awake to read them: false for a thread that reads the
-    /// node next itself.
+    /// Writes what is queued on the connection: see [`Shared::flush`].
     fn flush(&self, bounds: Bounds, wake_reader: bool) {
         self.shared.flush(&self.connector, bounds, wake_reader);
     }
@@ -112,21 +108,6 @@ impl Node {
     /// The pace of the client's threads: the same for all its nodes.
     pub(crate) fn pace(&self) -> &Pace {
         &self.connector.servers.pace
-    }
-
-    /// Records what `reply` says about whether the server of `ticket`'s
-    /// connection has the script `bit`. Returns whether the server lost it
-    /// (`NOSCRIPT`).
-    fn note_script(&self, ticket: Ticket, bit: u8, reply: &Result<Value, Failure>) -> bool {
-        let Ok(value) = reply else {
-            return false;
-        };
-        let lost = is_noscript(value);
-        let ran = !matches!(value, Value::ServerError(_));
-        if lost || ran {
-            self.shared.note_script(ticket, bit, ran);
-        }
-        lost
     }
 
     /// Opens a subscription connection to this node, apart from the shared
@@ -163,9 +144,13 @@ impl Node {
 /// every node, and again once woken with a reply, until it polls, sleeps
 /// or leaves: the last thread to let go writes every node's queue, in one
 /// write per node, as an event loop writes once all its tasks ran. A
-/// thread alone is the last at once, and writes its own command. A
-/// command still queued after a sleep of [`RECHECK`] (its writer is
-/// overdue) is written by its own thread.
+/// thread alone is the last at once, and writes its own command, unless
+/// enough other rounds await replies from its nodes (see
+/// [`pace::BATCH_FROM`]): the
+/// threads those replies wake write it then, with their own next
+/// commands. A command still queued after a sleep of [`RECHECK`] (its
+/// writer is overdue), or past the batch's wait, is written by its own
+/// thread, as is every command of a round that leaves.
 pub(crate) struct Turn<'a> {
     nodes: &'a [Node],
     pace: &'a Pace,
@@ -174,6 +159,8 @@ pub(crate) struct Turn<'a> {
     awaited: Vec<Option<Ticket>>,
     /// This thread holds the pace.
     held: bool,
+    /// Our commands wait for the next batch until then.
+    batch_until: Option<Instant>,
 }
 
 impl<'a> Turn<'a> {
@@ -186,6 +173,7 @@ impl<'a> Turn<'a> {
             bounds,
             awaited: vec![None; nodes.len()],
             held: false,
+            batch_until: None,
         }
     }
 
@@ -204,19 +192,31 @@ impl<'a> Turn<'a> {
     /// travel while the round connects to the others. It is written with
     /// the commands of the client's other threads, in one write per node,
     /// by the last of them to let go of the pace: this thread, unless
-    /// others are queuing too. Returns whether each was queued.
+    /// others are queuing too, or the round waits for the next batch (if
+    /// it `may_batch`: it connects to no node). Returns whether each was
+    /// queued.
     pub(crate) fn queue(
         &mut self,
         cmd: &Command,
         connected: &[usize],
+        may_batch: bool,
     ) -> Vec<(usize, Result<(), Failure>)> {
-        self.pace.hold();
+        let alone = self.pace.hold();
         self.held = true;
         let mut queued = Vec::with_capacity(connected.len());
         for &i in connected {
             let sent = self.nodes[i].submit(cmd, self.bounds, false);
             self.awaited[i] = sent.as_ref().ok().copied();
             queued.push((i, sent.map(drop)));
+        }
+        if alone
+            && may_batch
+            && !connected.is_empty()
+            && connected
+                .iter()
+                .all(|&i| self.nodes[i].shared.carries_batch())
+        {
+            self.batch_until = Some(Instant::now() + RECHECK);
         }
         self.let_go(false);
         queued
@@ -232,14 +232,20 @@ impl<'a> Turn<'a> {
     /// instead.
     pub(crate) fn poll(&mut self, i: usize, cmd: &Command) -> Option<Result<Value, Failure>> {
         let ticket = self.awaited[i]?;
+        if self.batch_until.is_some_and(|by| Instant::now() >= by) {
+            // No batch came in time: write our commands ourselves.
+            self.end_batch(false);
+        }
         self.let_go(false);
         let node = &self.nodes[i];
-        let reply = node.shared.take(&node.connector, ticket, self.bounds)?;
+        let reply = (node.shared).take(&node.connector, ticket, self.bounds, self.batch_until)?;
         self.awaited[i] = None;
-        if cmd
-            .script
-            .is_some_and(|s| node.note_script(ticket, s.bit, &reply))
-        {
+        let noted = |s: &Script| {
+            reply
+                .as_ref()
+                .is_ok_and(|v| node.shared.note_script(ticket, s.bit, v))
+        };
+        if cmd.script.is_some_and(noted) {
             match node.submit(cmd, self.bounds, true) {
                 Ok(ticket) => self.awaited[i] = Some(ticket),
                 Err(failure) => return Some(Err(failure)),
@@ -311,24 +317,39 @@ impl<'a> Turn<'a> {
         }
     }
 
+    /// Stops waiting for the next batch: writes the round's commands still
+    /// queued. `wake_reader` as for [`Node::flush`].
+    fn end_batch(&mut self, wake_reader: bool) {
+        if self.batch_until.take().is_some() {
+            for node in self.nodes {
+                node.flush(self.bounds, wake_reader);
+            }
+        }
+    }
+
     /// Lets go of the pace, if held. The last thread to let go writes what
     /// every node has queued, and wakes a sleeper to read a node whose
     /// replies are due and unread; unless it goes on to read that node
     /// itself (it awaits a reply there and is not `leaving`): like an event
     /// loop, it then reads its nodes in turn, and the replies it reads wake
-    /// the other threads.
+    /// the other threads. While the round waits for the next batch, it
+    /// leaves the queues of its own nodes to it.
     fn let_go(&mut self, leaving: bool) {
         if !std::mem::take(&mut self.held) || !self.pace.release() {
             return;
         }
         for (i, node) in self.nodes.iter().enumerate() {
-            node.flush(self.bounds, leaving || !self.awaits(i));
+            let reads_next = !leaving && self.awaits(i);
+            if !(reads_next && self.batch_until.is_some()) {
+                node.flush(self.bounds, !reads_next);
+            }
         }
     }
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
+        self.end_batch(true);
         self.let_go(true);
     }
 }

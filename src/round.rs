@@ -61,7 +61,7 @@ pub(crate) fn run(
         counted: 0,
     };
     let (connecting, connected) = by_connect(nodes, &ask);
-    for (i, queued) in turn.queue(cmd, &connected) {
+    for (i, queued) in turn.queue(cmd, &connected, connecting.is_empty()) {
         round.record(i, queued.and(Err(Failure::NotAwaited)));
     }
     // The other nodes are connected side by side, so that one node whose

@@ -5,9 +5,11 @@
 //! A round queues its command on every node, and the last of the client's
 //! threads to fall asleep (to block on a read, to sleep until a reply
 //! comes, or to leave its round) writes every node's queue in one write per
-//! node. A thread alone writes its own command at once. A thread blocked on
-//! a read never counts, so no command waits behind a read; a queued command
-//! whose writer is overdue ([`RECHECK`]) is written by its own thread.
+//! node. A thread alone writes its own command at once, unless enough other
+//! rounds await replies on the wire that the threads those replies wake
+//! will carry it ([`BATCH_FROM`]). A thread blocked on a read never counts,
+//! so no command waits behind a read; a queued command whose writer is
+//! overdue ([`RECHECK`]) is written by its own thread.
 //!
 //! Correctness never depends on any of this: every command gets written,
 //! by the last thread awake, or by its own thread once that is overdue.
@@ -21,6 +23,12 @@ use std::time::Duration;
 /// awake, and a thread awake owes the write of what is queued; this bounds
 /// what either may cost, should that thread go elsewhere.
 pub(crate) const RECHECK: Duration = Duration::from_millis(2);
+
+/// From how many rounds awaiting replies on the wire a round that starts
+/// alone (no other thread awake) leaves its command queued for the batch
+/// that those replies will set off, rather than write it alone: below
+/// this, the wait for the batch costs more than the write it saves.
+pub(crate) const BATCH_FROM: u64 = 6;
 
 /// The pace of one client's threads: how many are running round code that
 /// will queue commands soon. Commands queued meanwhile wait, and the last

@@ -22,16 +22,18 @@
 //! be taken for the answer to another command.
 
 use std::collections::VecDeque;
-use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+/// A node's lock, held.
+type Guard<'a> = MutexGuard<'a, Link>;
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
 use redis::Value;
 
 use super::connect::Connector;
-use super::pace::Pace;
+use super::pace::{Pace, BATCH_FROM, RECHECK};
 use super::transport::{Reader, Writer};
 use crate::error::{Failure, NodeError};
 use crate::script::{is_noscript, Command};
@@ -110,16 +112,15 @@ impl Waiter {
         self.woken.load(Ordering::Acquire) == AWAKE_REPLY
     }
 
-    /// Wakes it, unless it was woken already: marks it woken now, and
-    /// leaves its thread in `wakes` to unpark once the node's lock is let
-    /// go (see [`Locked`]). Returns whether this call woke it.
-    fn wake(&self, why: u8, wakes: &mut Vec<Thread>) -> bool {
+    /// Wakes it, unless it was woken already. Returns whether this call
+    /// woke it.
+    fn wake(&self, why: u8) -> bool {
         let woke = self
             .woken
             .compare_exchange(AWAKE_NO, why, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if woke {
-            wakes.push(self.thread.clone());
+            self.thread.unpark();
         }
         woke
     }
@@ -151,39 +152,6 @@ struct Link {
     /// A moving average of how long a read of this node blocked, in
     /// microseconds: rounds read the nodes that keep them waiting last.
     wait_us: u64,
-    /// Threads woken under the lock, to unpark once it is let go: an
-    /// unpark is a syscall, and the other threads need the lock meanwhile.
-    wakes: Vec<Thread>,
-}
-
-/// A node's lock, held: unparks the threads woken under it once it is let
-/// go, so that no thread waits for the lock while the holder makes those
-/// syscalls (nor wakes only to wait for the lock its waker still holds).
-struct Locked<'a>(Option<MutexGuard<'a, Link>>);
-
-impl Deref for Locked<'_> {
-    type Target = Link;
-
-    fn deref(&self) -> &Link {
-        self.0.as_deref().expect("held until dropped")
-    }
-}
-
-impl DerefMut for Locked<'_> {
-    fn deref_mut(&mut self) -> &mut Link {
-        self.0.as_deref_mut().expect("held until dropped")
-    }
-}
-
-impl Drop for Locked<'_> {
-    fn drop(&mut self) {
-        // (An empty list keeps its capacity for the next wake-ups.)
-        if let Some(mut guard) = self.0.take().filter(|g| !g.wakes.is_empty()) {
-            let wakes = std::mem::take(&mut guard.wakes);
-            drop(guard);
-            wakes.iter().for_each(Thread::unpark);
-        }
-    }
 }
 
 /// One connection, from its connect to the end of its epoch: its halves,
@@ -254,8 +222,8 @@ impl Connection {
 }
 
 impl Shared {
-    fn lock(&self) -> Locked<'_> {
-        Locked(Some(self.link.lock().unwrap_or_else(|e| e.into_inner())))
+    fn lock(&self) -> Guard<'_> {
+        self.link.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Queues `cmd` on the connection. With `eval` (for a request whose
@@ -298,6 +266,21 @@ impl Shared {
         link.epoch == ticket.epoch && ticket.seq < link.conn.written
     }
 
+    /// Whether at least [`BATCH_FROM`] requests whose threads await their
+    /// replies are on the wire: each of those threads will be woken once
+    /// its replies are read, and write what is queued by then. Never
+    /// unless the node answers quickly (within half a [`RECHECK`], on
+    /// average) and its connection splits (a read of an unsplit one cannot
+    /// pause for our command): a command queued to wait for them would
+    /// wait a whole round trip.
+    pub(super) fn carries_batch(&self) -> bool {
+        let link = self.lock();
+        let conn = &link.conn;
+        let quick = !link.slow && link.wait_us < RECHECK.as_micros() as u64 / 2;
+        let queued = conn.next_seq - conn.written;
+        quick && !conn.unsplit && conn.live.saturating_sub(queued) >= BATCH_FROM
+    }
+
     /// Writes what is queued, unless another thread is writing (which
     /// writes it before it lets go). With `wake_reader`, then wakes a
     /// sleeper to read if replies are due, nobody reads them and no thread
@@ -317,17 +300,29 @@ impl Shared {
     /// the client's [`Pace`] owes the write of the command (it writes it
     /// when it lets go). Past the deadline, the reply is given up, unless
     /// it is the only one the connection owes and nobody reads it.
+    ///
+    /// Until `batch_until`, a command still queued waits for the next
+    /// batch even while nobody is awake (the threads woken by the replies
+    /// on the wire write it), and a read pauses then; past it, `None`, so
+    /// that the round writes its queued commands before a read may block.
     pub(super) fn take(
         &self,
         connector: &Connector,
         ticket: Ticket,
         bounds: Bounds,
+        batch_until: Option<Instant>,
     ) -> Option<Result<Value, Failure>> {
         let pace = &connector.servers.pace;
         let mut link = self.lock();
         let taken = loop {
-            if let Some(taken) = taken_now(&mut link, ticket) {
-                break Some(taken);
+            if let Err(failure) = check(&link, ticket) {
+                break Some(Err(failure));
+            }
+            if let Some(value) = take_stored(&mut link.conn, ticket.seq) {
+                break Some(Ok(value));
+            }
+            if batch_until.is_some_and(|by| Instant::now() >= by) {
+                break None;
             }
             let conn = &mut link.conn;
             let queued = ticket.seq >= conn.written && !conn.writing;
@@ -339,10 +334,10 @@ impl Shared {
                 give_up(conn, ticket.seq);
                 break Some(Err(Failure::TimedOut));
             }
-            if queued && !pace.others_awake() {
+            if queued && !pace.others_awake() && batch_until.is_none() {
                 link = self.write_out(link, connector, bounds, false);
             } else if readable {
-                link = self.read_one(link, connector, bounds);
+                link = self.read_one(link, connector, bounds, batch_until);
             } else {
                 break None;
             }
@@ -421,28 +416,32 @@ impl Shared {
         hand_off(&mut link, pace);
     }
 
-    /// Records whether the server of `ticket`'s connection has `script`.
-    pub(super) fn note_script(&self, ticket: Ticket, bit: u8, known: bool) {
+    /// Records what `reply` says about whether the server of `ticket`'s
+    /// connection has the script `bit`: a script that ran is cached there,
+    /// a `NOSCRIPT` says it is not. Returns whether it said `NOSCRIPT`.
+    pub(super) fn note_script(&self, ticket: Ticket, bit: u8, reply: &Value) -> bool {
+        let lost = is_noscript(reply);
+        let ran = !matches!(reply, Value::ServerError(_));
         let mut link = self.lock();
-        if link.epoch == ticket.epoch {
-            let others = link.conn.scripts & !bit;
-            link.conn.scripts = others | if known { bit } else { 0 };
+        if link.epoch == ticket.epoch && (lost || ran) {
+            link.conn.scripts = (link.conn.scripts & !bit) | if ran { bit } else { 0 };
         }
+        lost
     }
 
     /// The writing role: writes the outbox until it is empty (connecting
     /// first if there is no connection), then lets go. If another thread is
     /// writing, it writes the outbox before it lets go. The lock is not held
     /// during I/O. With `wake_reader`, wakes a sleeper to read what was
-    /// written when nobody reads it (see [`hand_off`]); after a connect, a
-    /// sleeper is woken to read in any case.
+    /// written when nobody reads it (see [`hand_off`]), as after a connect
+    /// in any case.
     fn write_out<'a>(
         &'a self,
-        mut link: Locked<'a>,
+        mut link: Guard<'a>,
         connector: &Connector,
         bounds: Bounds,
         wake_reader: bool,
-    ) -> Locked<'a> {
+    ) -> Guard<'a> {
         if link.conn.writing || link.conn.outbox.is_empty() {
             return link;
         }
@@ -504,9 +503,7 @@ impl Shared {
         }
         link.conn.writer = writer;
         link.conn.writing = false;
-        if connecting {
-            wake_one(&mut link);
-        } else if wake_reader {
+        if connecting || wake_reader {
             hand_off(&mut link, &connector.servers.pace);
         }
         link
@@ -516,13 +513,16 @@ impl Shared {
     /// buffered whole (parsed before the lock is taken again: the other
     /// threads need it meanwhile), and hands each to its thread (or
     /// discards it), then lets go; over an unsplit connection, then writes
-    /// what was queued meanwhile. The lock is not held during I/O.
+    /// what was queued meanwhile. The lock is not held during I/O. With a
+    /// `pause`, a read of a split connection with no reply by then lets go
+    /// with nothing read (the connection stays up).
     fn read_one<'a>(
         &'a self,
-        mut link: Locked<'a>,
+        mut link: Guard<'a>,
         connector: &Connector,
         bounds: Bounds,
-    ) -> Locked<'a> {
+        pause: Option<Instant>,
+    ) -> Guard<'a> {
         let epoch = link.epoch;
         let unsplit = link.conn.unsplit;
         link.conn.reading = true;
@@ -531,19 +531,23 @@ impl Shared {
         let mut writer = unsplit.then(|| link.conn.writer.take()).flatten();
         drop(link);
         let began = Instant::now();
+        // `None`: paused with nothing read.
         let first = match (&mut reader, &mut writer) {
-            (Some(r), _) => r.recv(bounds.deadline),
-            (None, Some(w)) => w.recv(bounds.deadline),
-            (None, None) => Err(Failure::Error(NodeError::Io(
+            (Some(r), _) => {
+                (r.recv_until(bounds.deadline, pause.unwrap_or(bounds.deadline))).transpose()
+            }
+            (None, Some(w)) => Some(w.recv(bounds.deadline)),
+            (None, None) => Some(Err(Failure::Error(NodeError::Io(
                 "the connection has no reading half".to_string(),
-            ))),
+            )))),
         };
+        let read = matches!(first, Some(Ok(_)));
         let waited = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
         // (No allocation unless a read brought several.)
         let mut more = Vec::new();
         while let Some(next) = reader
             .as_mut()
-            .filter(|_| first.is_ok())
+            .filter(|_| read)
             .and_then(Reader::recv_buffered)
         {
             let failed = next.is_err();
@@ -554,15 +558,15 @@ impl Shared {
         }
         link = self.lock();
         if link.epoch == epoch {
-            if first.is_ok() {
-                link.slow = false;
+            if !matches!(first, Some(Err(_))) {
+                link.slow &= !read;
                 link.wait_us = link.wait_us - link.wait_us / 8 + waited / 8;
             }
             (link.conn.reader, link.conn.reading) = (reader, false);
             if unsplit {
                 (link.conn.writer, link.conn.writing) = (writer, false);
             }
-            for next in std::iter::once(first).chain(more) {
+            for next in first.into_iter().chain(more) {
                 match next {
                     Ok(value) => store(&mut link, value, &connector.servers.pace),
                     Err(failure) => {
@@ -576,14 +580,6 @@ impl Shared {
             link = self.write_out(link, connector, bounds, true);
         }
         link
-    }
-}
-
-/// The reply to `ticket` if it is stored, or why none will come.
-fn taken_now(link: &mut Link, ticket: Ticket) -> Option<Result<Value, Failure>> {
-    match check(link, ticket) {
-        Err(failure) => Some(Err(failure)),
-        Ok(()) => take_stored(&mut link.conn, ticket.seq).map(Ok),
     }
 }
 
@@ -611,35 +607,26 @@ fn store(link: &mut Link, value: Value, pace: &Pace) {
     let (_, waiter) = link.sleepers.swap_remove(i);
     // The pace is held on its behalf under this node's lock, which the
     // waiter takes to delist before it looks whether it holds it.
-    if waiter.stored.fetch_add(1, Ordering::AcqRel) + 1 >= waiter.need
-        && waiter.wake(AWAKE_REPLY, &mut link.wakes)
-    {
+    if waiter.stored.fetch_add(1, Ordering::AcqRel) + 1 >= waiter.need && waiter.wake(AWAKE_REPLY) {
         pace.hold();
     }
 }
 
 /// Replies are due and nobody reads them: unless a thread is awake (it
 /// will read them when it polls, or, as the last to let go of the pace,
-/// call this again), wakes a sleeper to take the reading role over. So a
-/// reader lets go without waking anyone while others run, as an event
-/// loop's poll serves whoever is ready.
+/// call this again), wakes a sleeper (all of them wait for replies not read
+/// yet) to take the reading role over. So a reader lets go without waking
+/// anyone while others run, as an event loop's poll serves whoever is
+/// ready. Nor is one woken if one is woken for that already (on this node
+/// or another it waits on): it polls every node it waits on, and reads
+/// this one, or, should its round be decided first, hands this node off
+/// when it abandons its reply here. So one wake-up serves every node whose
+/// replies one round awaits, not one per node.
 fn hand_off(link: &mut Link, pace: &Pace) {
-    if can_read(&link.conn) && !pace.others_awake() {
-        wake_one(link);
-    }
-}
-
-/// Wakes one sleeper (all of them wait for replies not read yet): it takes
-/// the reading role over. Unless one is woken for that already (on this
-/// node or another it waits on): it polls every node it waits on, and
-/// reads this one, or, should its round be decided first, hands this node
-/// off when it abandons its reply here. So one wake-up serves every node
-/// whose replies one round awaits, not one per node.
-fn wake_one(link: &mut Link) {
     let woken = |w: &Waiter| w.woken.load(Ordering::Acquire) == AWAKE_OTHER;
-    if !link.sleepers.iter().any(|(_, w)| woken(w)) {
-        let wakes = &mut link.wakes;
-        let _ = (link.sleepers.iter()).any(|(_, w)| w.wake(AWAKE_OTHER, wakes));
+    if can_read(&link.conn) && !pace.others_awake() && !link.sleepers.iter().any(|(_, w)| woken(w))
+    {
+        let _ = (link.sleepers.iter()).any(|(_, w)| w.wake(AWAKE_OTHER));
     }
 }
 
@@ -689,7 +676,7 @@ fn end_epoch(link: &mut Link, failure: Failure) {
     link.ended = Some((link.epoch, failure));
     link.epoch += 1;
     for (_, waiter) in std::mem::take(&mut link.sleepers) {
-        waiter.wake(AWAKE_OTHER, &mut link.wakes);
+        waiter.wake(AWAKE_OTHER);
     }
 }
 
@@ -703,20 +690,18 @@ fn can_read(conn: &Connection) -> bool {
 mod tests {
     use super::*;
 
-    /// A thread woken under a node's lock is unparked once the lock is let
-    /// go, by the thread that woke it: not later (a sleeper would wait for
-    /// its recheck), and not while the lock is held.
+    /// A waiter is woken once, by the first thread that wakes it, which
+    /// unparks its thread and says why it woke it.
     #[test]
-    fn a_thread_woken_under_the_lock_is_unparked_when_the_lock_is_let_go() {
-        let shared = Shared::default();
+    fn a_waiter_is_woken_once_and_its_thread_unparked() {
         let waiter = Waiter::new(1);
-        let mut link = shared.lock();
-        assert!(waiter.wake(AWAKE_REPLY, &mut link.wakes));
-        assert!(!waiter.wake(AWAKE_OTHER, &mut link.wakes), "woken once");
-        assert_eq!(link.wakes.len(), 1, "its unpark waits for the lock");
-        drop(link);
-        assert!(shared.lock().wakes.is_empty(), "unparked on the way out");
-        assert!(waiter.holds_pace(), "woken with its reply");
+        assert!(!waiter.woken());
+        assert!(waiter.wake(AWAKE_REPLY));
+        assert!(!waiter.wake(AWAKE_OTHER), "woken once");
+        assert!(
+            waiter.woken() && waiter.holds_pace(),
+            "woken with its reply"
+        );
         // The unpark left this thread's token: a park returns at once.
         let parked = Instant::now();
         thread::park_timeout(Duration::from_secs(30));
