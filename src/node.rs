@@ -146,11 +146,11 @@ impl Node {
 /// write per node, as an event loop writes once all its tasks ran. A
 /// thread alone is the last at once, and writes its own command, unless
 /// enough other rounds await replies from its nodes (see
-/// [`pace::BATCH_FROM`]): the
-/// threads those replies wake write it then, with their own next
-/// commands. A command still queued after a sleep of [`RECHECK`] (its
-/// writer is overdue), or past the batch's wait, is written by its own
-/// thread, as is every command of a round that leaves.
+/// [`pace::BATCH_FROM`]): the threads those replies wake write it then,
+/// with their own next commands. A command still queued after a sleep of
+/// [`RECHECK`] (its writer is overdue), or past the batch's wait, is
+/// written by its own thread, as is every command of a round that leaves
+/// while it waits for a batch.
 pub(crate) struct Turn<'a> {
     nodes: &'a [Node],
     pace: &'a Pace,
