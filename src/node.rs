@@ -289,8 +289,10 @@ impl<'a> Turn<'a> {
         if !ready && !waiter.woken() && Instant::now() < self.bounds.deadline {
             // The thread owing the write of our command is overdue: write
             // what is queued ourselves.
-            for &(i, _) in &enlisted {
-                self.nodes[i].flush(self.bounds, false);
+            for &(i, ticket) in &enlisted {
+                if !self.nodes[i].shared.written(ticket) {
+                    self.nodes[i].flush(self.bounds, false);
+                }
             }
         }
     }
@@ -318,11 +320,14 @@ impl<'a> Turn<'a> {
     }
 
     /// Stops waiting for the next batch: writes the round's commands still
-    /// queued. `wake_reader` as for [`Node::flush`].
-    fn end_batch(&mut self, wake_reader: bool) {
+    /// queued, and, for a round `leaving`, whatever its nodes have queued
+    /// (its abandoned commands among it), waking a reader for them.
+    fn end_batch(&mut self, leaving: bool) {
         if self.batch_until.take().is_some() {
-            for node in self.nodes {
-                node.flush(self.bounds, wake_reader);
+            for (node, ticket) in self.nodes.iter().zip(&self.awaited) {
+                if leaving || ticket.is_some_and(|t| !node.shared.written(t)) {
+                    node.flush(self.bounds, leaving);
+                }
             }
         }
     }
