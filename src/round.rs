@@ -74,7 +74,14 @@ pub(crate) fn run(
     let mut pending = connected;
     pending.extend(connecting);
     pending.retain(|&i| turn.awaits(i));
-    pending = order_for_reading(nodes, pending);
+    // Read the nodes that keep us waiting (or timed out last time) last, so
+    // a round that a quorum decided need not wait for them; among equally
+    // quick nodes, rotated, so the replies left unread spread out.
+    pending.sort_unstable();
+    let rotation = ROTATION.fetch_add(1, Ordering::Relaxed) % pending.len().max(1);
+    pending.rotate_left(rotation);
+    // (Each node asked once: the question takes its lock.)
+    pending.sort_by_cached_key(|&i| nodes[i].shared.lateness());
     round.read_until_decided(&mut turn, cmd, &mut pending);
     // The outcome is decided: the replies still pending are left to be
     // read and discarded later, except on a connection with so many
@@ -138,19 +145,6 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<D> {
         }
         self.replies[i].result = result;
     }
-}
-
-/// The nodes to read, in the order to read them: the nodes that keep us
-/// waiting (or timed out last time) after the others, so a round that a
-/// quorum decided need not wait for them; among equally quick nodes,
-/// rotated, so the replies left unread spread out.
-fn order_for_reading(nodes: &[Node], mut order: Vec<usize>) -> Vec<usize> {
-    order.sort_unstable();
-    let len = order.len().max(1);
-    order.rotate_left(ROTATION.fetch_add(1, Ordering::Relaxed) % len);
-    // (Each node asked once: the question takes its lock.)
-    order.sort_by_cached_key(|&i| nodes[i].shared.lateness());
-    order
 }
 
 /// The nodes for which `ask` is true: those that must be connected first

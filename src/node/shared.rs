@@ -112,17 +112,14 @@ impl Waiter {
         self.woken.load(Ordering::Acquire) == AWAKE_REPLY
     }
 
-    /// Wakes it, unless it was woken already. Returns whether this call
-    /// woke it.
-    fn wake(&self, why: u8) -> bool {
-        let woke = self
+    /// Marks it woken, unless it was woken already: then returns the
+    /// thread to unpark.
+    fn wake(&self, why: u8) -> Option<&Thread> {
+        let (no, order) = (AWAKE_NO, Ordering::AcqRel);
+        let cas = self
             .woken
-            .compare_exchange(AWAKE_NO, why, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok();
-        if woke {
-            self.thread.unpark();
-        }
-        woke
+            .compare_exchange(no, why, order, Ordering::Acquire);
+        cas.ok().map(|_| &self.thread)
     }
 }
 
@@ -566,14 +563,22 @@ impl Shared {
             if unsplit {
                 (link.conn.writer, link.conn.writing) = (writer, false);
             }
+            let mut woken = Vec::new();
             for next in first.into_iter().chain(more) {
                 match next {
-                    Ok(value) => store(&mut link, value, &connector.servers.pace),
+                    Ok(value) => woken.extend(store(&mut link, value, &connector.servers.pace)),
                     Err(failure) => {
                         end_epoch(&mut link, failure);
                         break;
                     }
                 }
+            }
+            if !woken.is_empty() {
+                // Unparked with the lock let go: an unpark is a syscall, and
+                // the woken threads need the lock first thing.
+                drop(link);
+                woken.iter().for_each(Thread::unpark);
+                link = self.lock();
             }
         }
         if unsplit {
@@ -591,25 +596,27 @@ fn take_stored(conn: &mut Connection, seq: u64) -> Option<Value> {
 
 /// Hands the next reply on the connection to its thread, counting it for
 /// its sleeper and waking that once it has its replies (it holds the
-/// `pace` from then on), or discards it if its thread stopped waiting.
-fn store(link: &mut Link, value: Value, pace: &Pace) {
+/// `pace` from then on: returns its thread, to unpark once the lock is let
+/// go), or discards it if its thread stopped waiting.
+fn store(link: &mut Link, value: Value, pace: &Pace) -> Option<Thread> {
     let seq = link.conn.next_read;
     link.conn.next_read += 1;
     if link.conn.abandoned.pop_front().unwrap_or(false) {
         forget_scripts_if_lost(&mut link.conn, &value);
-        return;
+        return None;
     }
     link.conn.live -= 1;
     link.conn.replies.push((seq, value));
-    let Some(i) = link.sleepers.iter().position(|(t, _)| t.seq == seq) else {
-        return;
-    };
+    let i = link.sleepers.iter().position(|(t, _)| t.seq == seq)?;
     let (_, waiter) = link.sleepers.swap_remove(i);
+    if waiter.stored.fetch_add(1, Ordering::AcqRel) + 1 < waiter.need {
+        return None;
+    }
     // The pace is held on its behalf under this node's lock, which the
     // waiter takes to delist before it looks whether it holds it.
-    if waiter.stored.fetch_add(1, Ordering::AcqRel) + 1 >= waiter.need && waiter.wake(AWAKE_REPLY) {
-        pace.hold();
-    }
+    let thread = waiter.wake(AWAKE_REPLY)?.clone();
+    pace.hold();
+    Some(thread)
 }
 
 /// Replies are due and nobody reads them: unless a thread is awake (it
@@ -626,7 +633,8 @@ fn hand_off(link: &mut Link, pace: &Pace) {
     let woken = |w: &Waiter| w.woken.load(Ordering::Acquire) == AWAKE_OTHER;
     if can_read(&link.conn) && !pace.others_awake() && !link.sleepers.iter().any(|(_, w)| woken(w))
     {
-        let _ = (link.sleepers.iter()).any(|(_, w)| w.wake(AWAKE_OTHER));
+        let woken = link.sleepers.iter().find_map(|(_, w)| w.wake(AWAKE_OTHER));
+        woken.iter().for_each(|t| t.unpark());
     }
 }
 
@@ -676,7 +684,7 @@ fn end_epoch(link: &mut Link, failure: Failure) {
     link.ended = Some((link.epoch, failure));
     link.epoch += 1;
     for (_, waiter) in std::mem::take(&mut link.sleepers) {
-        waiter.wake(AWAKE_OTHER);
+        waiter.wake(AWAKE_OTHER).iter().for_each(|t| t.unpark());
     }
 }
 
@@ -691,23 +699,17 @@ mod tests {
     use super::*;
 
     /// A waiter is woken once, by the first thread that wakes it, which
-    /// unparks its thread and says why it woke it.
+    /// gets its thread to unpark and says why it woke it.
     #[test]
-    fn a_waiter_is_woken_once_and_its_thread_unparked() {
+    fn a_waiter_is_woken_once_and_says_why() {
         let waiter = Waiter::new(1);
         assert!(!waiter.woken());
-        assert!(waiter.wake(AWAKE_REPLY));
-        assert!(!waiter.wake(AWAKE_OTHER), "woken once");
+        let thread = waiter.wake(AWAKE_REPLY).expect("not woken before");
+        assert_eq!(thread.id(), thread::current().id());
+        assert!(waiter.wake(AWAKE_OTHER).is_none(), "woken once");
         assert!(
             waiter.woken() && waiter.holds_pace(),
             "woken with its reply"
-        );
-        // The unpark left this thread's token: a park returns at once.
-        let parked = Instant::now();
-        thread::park_timeout(Duration::from_secs(30));
-        assert!(
-            parked.elapsed() < Duration::from_secs(20),
-            "the woken thread was never unparked"
         );
     }
 }
