@@ -218,7 +218,7 @@ impl<'a> Turn<'a> {
         {
             self.batch_until = Some(Instant::now() + RECHECK);
         }
-        self.let_go(false);
+        self.let_go(false, self.batch_until.is_some());
         queued
     }
 
@@ -236,7 +236,7 @@ impl<'a> Turn<'a> {
             // No batch came in time: write our commands ourselves.
             self.end_batch(false);
         }
-        self.let_go(false);
+        self.let_go(false, false);
         let node = &self.nodes[i];
         let reply = (node.shared).take(&node.connector, ticket, self.bounds, self.batch_until)?;
         self.awaited[i] = None;
@@ -260,7 +260,7 @@ impl<'a> Turn<'a> {
     /// deadline or [`RECHECK`] passes. One wake-up, not one per node. The
     /// caller polls after.
     pub(crate) fn sleep_on(&mut self, pending: &[usize], need: usize) {
-        self.let_go(false);
+        self.let_go(false, false);
         let waiter = Waiter::new(need);
         let mut enlisted = Vec::with_capacity(pending.len());
         let ready = pending.iter().any(|&i| {
@@ -337,15 +337,15 @@ impl<'a> Turn<'a> {
     /// replies are due and unread; unless it goes on to read that node
     /// itself (it awaits a reply there and is not `leaving`): like an event
     /// loop, it then reads its nodes in turn, and the replies it reads wake
-    /// the other threads. While the round waits for the next batch, it
-    /// leaves the queues of its own nodes to it.
-    fn let_go(&mut self, leaving: bool) {
+    /// the other threads. With `batch` (the round starts to wait for the
+    /// next batch), it leaves the queues of its own nodes to that batch.
+    fn let_go(&mut self, leaving: bool, batch: bool) {
         if !std::mem::take(&mut self.held) || !self.pace.release() {
             return;
         }
         for (i, node) in self.nodes.iter().enumerate() {
             let reads_next = !leaving && self.awaits(i);
-            if !(reads_next && self.batch_until.is_some()) {
+            if !(reads_next && batch) {
                 node.flush(self.bounds, !reads_next);
             }
         }
@@ -355,6 +355,6 @@ impl<'a> Turn<'a> {
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
         self.end_batch(true);
-        self.let_go(true);
+        self.let_go(true, false);
     }
 }
