@@ -1052,7 +1052,7 @@ mod tests {
         assert!(
             pace_idle(&locks),
             "a thread is still counted awake with no round under way: \
-             queued commands now wait out FLUSH_GRACE in every round"
+             queued commands now wait out a recheck sleep in every round"
         );
     }
 }

@@ -35,15 +35,15 @@ use redis::Value;
 
 use connect::Connector;
 pub(crate) use endpoint::Endpoint;
-use pace::{Pace, SpinWait, BATCH_FROM, FLUSH_GRACE, RECHECK};
+use pace::{Pace, SpinWait, RECHECK};
 pub(crate) use servers::Servers;
-pub(crate) use shared::{Bounds, Dispatch, Ticket};
-use shared::{Enlisted, Shared, Waiter};
+pub(crate) use shared::{Bounds, Ticket};
+use shared::{Shared, Waiter};
 pub(crate) use subscription::{Event, Listener, Sender};
 pub use transport::counts::{io_counts, IoCounts};
 
 use crate::error::Failure;
-use crate::script::{is_noscript, Command};
+use crate::script::{Command, Script};
 
 /// One Redis master.
 pub(crate) struct Node {
@@ -89,29 +89,18 @@ impl Node {
         &self.connector.endpoint.name
     }
 
-    /// Queues `cmd` on the connection and gets it written as `dispatch`
-    /// says: [`Dispatch::Now`] by this thread now, or, if another thread is
-    /// writing, by that thread before it lets go (connecting first if there
-    /// is no connection); [`Dispatch::Eval`] likewise, but a script always
-    /// goes as `EVAL` (for a request whose reply nobody will read, and for
-    /// the retry after a `NOSCRIPT`: meanwhile another thread may have seen
-    /// the script run and marked it cached again); [`Dispatch::Queued`]
-    /// with other threads' commands, by whoever lets go of the client's
-    /// [`Pace`] last (see [`Turn`]), or now without an open connection.
+    /// Queues `cmd` on the connection: with `eval` written now, a script
+    /// as `EVAL`, otherwise left for the batch (see [`Shared::submit`]).
     pub(crate) fn submit(
         &self,
         cmd: &Command,
         bounds: Bounds,
-        dispatch: Dispatch,
+        eval: bool,
     ) -> Result<Ticket, Failure> {
-        (self.shared).submit(&self.connector, cmd, bounds, dispatch)
+        (self.shared).submit(&self.connector, cmd, bounds, eval)
     }
 
-    /// Writes what is queued on the connection (unless another thread is
-    /// writing, which writes it before it lets go). With `wake_reader`,
-    /// then wakes a sleeping thread to read the node if replies are due
-    /// and nobody is awake to read them: false for a thread that reads the
-    /// node next itself.
+    /// Writes what is queued on the connection: see [`Shared::flush`].
     fn flush(&self, bounds: Bounds, wake_reader: bool) {
         self.shared.flush(&self.connector, bounds, wake_reader);
     }
@@ -119,67 +108,6 @@ impl Node {
     /// The pace of the client's threads: the same for all its nodes.
     pub(crate) fn pace(&self) -> &Pace {
         &self.connector.servers.pace
-    }
-
-    /// The reply to `cmd`, sent under `ticket`, read (and whatever comes
-    /// before it) when no other thread is doing I/O. Unless `block`, `None`
-    /// instead of sleeping when another thread is doing I/O on the
-    /// connection (or owes the write of the command); with `batch_until`,
-    /// a command still queued waits until then for other threads to write
-    /// it, even while none is awake. Also returns whether the thread was
-    /// woken with its reply: it holds the [`Pace`] then.
-    ///
-    /// The node's script cache bookkeeping, once the reply came: a script
-    /// that ran is known to be cached on the connection's server, a
-    /// `NOSCRIPT` says it is not. After a `NOSCRIPT` the command goes once
-    /// more as `EVAL`, within the same deadline, and that reply is the
-    /// answer.
-    fn take(
-        &self,
-        cmd: &Command,
-        ticket: Ticket,
-        bounds: Bounds,
-        (block, batch_until): (bool, Option<Instant>),
-    ) -> (Option<Result<Value, Failure>>, bool) {
-        let (reply, held) = (self.shared).take(&self.connector, ticket, bounds, block, batch_until);
-        let Some(reply) = reply else {
-            return (None, held);
-        };
-        let Some(script) = cmd
-            .script
-            .filter(|s| self.note_script(ticket, s.bit, &reply))
-        else {
-            return (Some(reply), held);
-        };
-        let ticket = match self.submit(cmd, bounds, Dispatch::Eval) {
-            Ok(ticket) => ticket,
-            Err(failure) => return (Some(Err(failure)), held),
-        };
-        let (reply, woken) = (self.shared).take(&self.connector, ticket, bounds, true, None);
-        let reply = reply.unwrap_or(Err(Failure::TimedOut));
-        // A thread holds the pace once, however many of its replies woke
-        // it: a second hold would never be let go, and every later round's
-        // queued commands would wait out their grace.
-        if woken && held {
-            self.pace().release();
-        }
-        self.note_script(ticket, script.bit, &reply);
-        (Some(reply), held || woken)
-    }
-
-    /// Records what `reply` says about whether the server of `ticket`'s
-    /// connection has the script `bit`. Returns whether the server lost it
-    /// (`NOSCRIPT`).
-    fn note_script(&self, ticket: Ticket, bit: u8, reply: &Result<Value, Failure>) -> bool {
-        let Ok(value) = reply else {
-            return false;
-        };
-        let lost = is_noscript(value);
-        let ran = !matches!(value, Value::ServerError(_));
-        if lost || ran {
-            self.shared.note_script(ticket, bit, ran);
-        }
-        lost
     }
 
     /// Opens a subscription connection to this node, apart from the shared
@@ -210,33 +138,41 @@ impl Node {
 /// One round's turn at the client's nodes: the requests it awaits, and
 /// when its commands are written (the batching of [`pace`], behind this
 /// one door). A round queues its command on the nodes through it, polls
-/// and sleeps through it, and leaves it: every command it queued is
-/// written by then, at the latest by this thread.
+/// and sleeps through it, and leaves it.
+///
+/// The turn holds the client's [`Pace`] while it queues its command on
+/// every node, and again once woken with a reply, until it polls, sleeps
+/// or leaves: the last thread to let go writes every node's queue, in one
+/// write per node, as an event loop writes once all its tasks ran. A
+/// thread alone is the last at once, and writes its own command, unless
+/// enough other rounds await replies from its nodes (see
+/// [`pace::BATCH_FROM`]): the threads those replies wake write it then,
+/// with their own next commands. A command still queued after a sleep of
+/// [`RECHECK`] (its writer is overdue), or past the batch's wait, is
+/// written by its own thread, as is every command of a round that leaves
+/// while it waits for a batch.
 pub(crate) struct Turn<'a> {
     nodes: &'a [Node],
+    pace: &'a Pace,
     bounds: Bounds,
     /// The request awaited on each node: sent, its reply not taken yet.
     awaited: Vec<Option<Ticket>>,
-    /// This thread holds the client's [`Pace`]: from the start of the
-    /// round until its commands are queued, and again once woken with a
-    /// reply, until it blocks or leaves.
+    /// This thread holds the pace.
     held: bool,
-    /// When a thread awake is overdue writing our queued commands.
-    flush_by: Option<Instant>,
-    /// Our commands wait for the next batch (see [`BATCH_FROM`]) until
-    /// then, even while no thread is awake.
+    /// Our commands wait for the next batch until then.
     batch_until: Option<Instant>,
 }
 
 impl<'a> Turn<'a> {
-    /// A round's turn at `nodes`, within `bounds`; nothing sent yet.
+    /// A round's turn at `nodes` (at least one), within `bounds`; nothing
+    /// sent yet.
     pub(crate) fn new(nodes: &'a [Node], bounds: Bounds) -> Turn<'a> {
         Turn {
             nodes,
+            pace: nodes[0].pace(),
             bounds,
             awaited: vec![None; nodes.len()],
             held: false,
-            flush_by: None,
             batch_until: None,
         }
     }
@@ -256,49 +192,44 @@ impl<'a> Turn<'a> {
     /// travel while the round connects to the others. It is written with
     /// the commands of the client's other threads, in one write per node,
     /// by the last of them to let go of the pace: this thread, unless
-    /// others are queuing too. Returns whether each was queued.
-    ///
-    /// A round that starts alone (no other thread awake) writes its
-    /// command at once, unless at least [`BATCH_FROM`] other rounds await
-    /// replies on the wire from each of its nodes (all split connections,
-    /// that answer quickly) and it connects to no node (`may_batch`): the
-    /// threads those replies wake write it then, with their own next
-    /// commands, as an event loop would. The wait is bounded: the round
-    /// writes its commands itself after [`FLUSH_GRACE`] (every read it
-    /// makes meanwhile pauses then), and before it leaves or blocks on one
-    /// node.
+    /// others are queuing too, or the round waits for the next batch (if
+    /// it `may_batch`: it connects to no node). Returns whether each was
+    /// queued.
     pub(crate) fn queue(
         &mut self,
         cmd: &Command,
         connected: &[usize],
         may_batch: bool,
     ) -> Vec<(usize, Result<(), Failure>)> {
-        let mut alone = false;
-        if let Some(pace) = self.nodes.first().map(Node::pace).filter(|_| !self.held) {
-            alone = pace.hold();
-            self.held = true;
-        }
+        let alone = self.pace.hold();
+        self.held = true;
         let mut queued = Vec::with_capacity(connected.len());
         for &i in connected {
-            let sent = self.nodes[i].submit(cmd, self.bounds, Dispatch::Queued);
+            let sent = self.nodes[i].submit(cmd, self.bounds, false);
             self.awaited[i] = sent.as_ref().ok().copied();
             queued.push((i, sent.map(drop)));
         }
-        let batch = may_batch
-            && alone
+        if alone
+            && may_batch
             && !connected.is_empty()
-            && (connected.iter()).all(|&i| self.nodes[i].shared.awaited_on_wire() >= BATCH_FROM);
-        if batch {
-            let by = Instant::now() + FLUSH_GRACE;
-            self.batch_until = Some(by);
-            self.flush_by = Some(by);
+            && connected
+                .iter()
+                .all(|&i| self.nodes[i].shared.carries_batch())
+        {
+            self.batch_until = Some(Instant::now() + RECHECK);
         }
-        self.let_go(false, batch);
+        self.let_go(false, self.batch_until.is_some());
         queued
     }
 
     /// Node `i`'s reply, if it can be had without sleeping: it is stored,
     /// or nobody else reads the connection (the read may block).
+    ///
+    /// The node's script cache bookkeeping, once the reply came: a script
+    /// that ran is known to be cached on the connection's server, a
+    /// `NOSCRIPT` says it is not. After a `NOSCRIPT` the command goes once
+    /// more as `EVAL`, within the same deadline, and that reply is awaited
+    /// instead.
     pub(crate) fn poll(&mut self, i: usize, cmd: &Command) -> Option<Result<Value, Failure>> {
         let ticket = self.awaited[i]?;
         if self.batch_until.is_some_and(|by| Instant::now() >= by) {
@@ -306,44 +237,41 @@ impl<'a> Turn<'a> {
             self.end_batch(false);
         }
         self.let_go(false, false);
-        let (reply, held) = self.nodes[i].take(cmd, ticket, self.bounds, (false, self.batch_until));
-        self.held |= held;
-        if reply.is_some() {
-            self.awaited[i] = None;
+        let node = &self.nodes[i];
+        let reply = (node.shared).take(&node.connector, ticket, self.bounds, self.batch_until)?;
+        self.awaited[i] = None;
+        let noted = |s: &Script| {
+            reply
+                .as_ref()
+                .is_ok_and(|v| node.shared.note_script(ticket, s.bit, v))
+        };
+        if cmd.script.is_some_and(noted) {
+            match node.submit(cmd, self.bounds, true) {
+                Ok(ticket) => self.awaited[i] = Some(ticket),
+                Err(failure) => return Some(Err(failure)),
+            }
+            return None;
         }
-        reply
+        Some(reply)
     }
 
     /// Sleeps until `need` of the replies from `pending` are stored, or a
     /// reading role among them is free, or a connection ends, or the
-    /// deadline (or, while a command is queued, the grace of the thread
-    /// owing its write) passes. One wake-up, not one per node. The caller
-    /// polls after.
+    /// deadline or [`RECHECK`] passes. One wake-up, not one per node. The
+    /// caller polls after.
     pub(crate) fn sleep_on(&mut self, pending: &[usize], need: usize) {
         self.let_go(false, false);
         let waiter = Waiter::new(need);
         let mut enlisted = Vec::with_capacity(pending.len());
-        let (mut ready, mut queued) = (false, false);
-        for &i in pending {
+        let ready = pending.iter().any(|&i| {
             let Some(ticket) = self.awaited[i] else {
-                continue;
+                return false;
             };
-            match self.nodes[i].shared.enlist(ticket, &waiter) {
-                Enlisted::Ready => {
-                    ready = true;
-                    break;
-                }
-                Enlisted::Asleep { queued: q } => {
-                    queued |= q;
-                    enlisted.push((i, ticket));
-                }
-            }
-        }
-        let mut until = self.bounds.deadline.min(Instant::now() + RECHECK);
-        if queued {
-            let by = (self.flush_by).get_or_insert_with(|| Instant::now() + FLUSH_GRACE);
-            until = until.min(*by);
-        }
+            let asleep = self.nodes[i].shared.enlist(ticket, &waiter);
+            enlisted.extend(asleep.then_some((i, ticket)));
+            !asleep
+        });
+        let until = self.bounds.deadline.min(Instant::now() + RECHECK);
         let mut spin = SpinWait::default();
         while !ready && !waiter.woken() {
             let left = until.saturating_duration_since(Instant::now());
@@ -358,10 +286,13 @@ impl<'a> Turn<'a> {
             self.nodes[i].shared.delist(ticket);
         }
         self.held |= waiter.holds_pace();
-        if queued && !waiter.woken() && self.flush_by.is_some_and(|by| Instant::now() >= by) {
-            // The thread owing the write is overdue: write it ourselves.
-            for &(i, _) in &enlisted {
-                self.nodes[i].flush(self.bounds, false);
+        if !ready && !waiter.woken() && Instant::now() < self.bounds.deadline {
+            // The thread owing the write of our command is overdue: write
+            // what is queued ourselves.
+            for &(i, ticket) in &enlisted {
+                if !self.nodes[i].shared.written(ticket) {
+                    self.nodes[i].flush(self.bounds, false);
+                }
             }
         }
     }
@@ -380,24 +311,23 @@ impl<'a> Turn<'a> {
             self.nodes[i].abandon(ticket);
             return None;
         }
-        self.end_batch(true);
-        self.let_go(false, false);
-        self.awaited[i] = None;
-        let (reply, held) = self.nodes[i].take(cmd, ticket, self.bounds, (true, None));
-        self.held |= held;
-        reply
+        loop {
+            if let Some(reply) = self.poll(i, cmd) {
+                return Some(reply);
+            }
+            self.sleep_on(&[i], 1);
+        }
     }
 
     /// Stops waiting for the next batch: writes the round's commands still
-    /// queued. For a round that leaves, blocks on one node, or waited its
-    /// [`FLUSH_GRACE`]; `wake_reader` as for [`Node::flush`].
-    fn end_batch(&mut self, wake_reader: bool) {
-        if self.batch_until.take().is_none() {
-            return;
-        }
-        for (node, ticket) in self.nodes.iter().zip(&self.awaited) {
-            if ticket.is_some_and(|t| !node.shared.written(t)) {
-                node.flush(self.bounds, wake_reader);
+    /// queued, and, for a round `leaving`, whatever its nodes have queued
+    /// (its abandoned commands among it), waking a reader for them.
+    fn end_batch(&mut self, leaving: bool) {
+        if self.batch_until.take().is_some() {
+            for (node, ticket) in self.nodes.iter().zip(&self.awaited) {
+                if leaving || ticket.is_some_and(|t| !node.shared.written(t)) {
+                    node.flush(self.bounds, leaving);
+                }
             }
         }
     }
@@ -407,11 +337,10 @@ impl<'a> Turn<'a> {
     /// replies are due and unread; unless it goes on to read that node
     /// itself (it awaits a reply there and is not `leaving`): like an event
     /// loop, it then reads its nodes in turn, and the replies it reads wake
-    /// the other threads. With `batch`, it leaves the queues of its own
-    /// nodes for the next batch.
+    /// the other threads. With `batch` (the round starts to wait for the
+    /// next batch), it leaves the queues of its own nodes to that batch.
     fn let_go(&mut self, leaving: bool, batch: bool) {
-        let pace = self.nodes.first().map(Node::pace);
-        if !std::mem::take(&mut self.held) || !pace.is_some_and(Pace::release) {
+        if !std::mem::take(&mut self.held) || !self.pace.release() {
             return;
         }
         for (i, node) in self.nodes.iter().enumerate() {

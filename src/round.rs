@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::error::Failure;
-use crate::node::{Bounds, Dispatch, Node, Turn};
+use crate::node::{Bounds, Node, Turn};
 use crate::script::Command;
 
 /// Where the next round starts reading.
@@ -47,43 +47,56 @@ pub(crate) fn run(
         deadline,
         connect_timeout,
     };
+    let mut turn = Turn::new(nodes, bounds);
+    let not_awaited = || Reply {
+        result: Err(Failure::NotAwaited),
+        elapsed: Duration::ZERO,
+    };
     let mut round = Round {
-        nodes,
-        cmd,
         start,
-        bounds,
-        turn: Turn::new(nodes, bounds),
-        replies: nodes
-            .iter()
-            .map(|_| Reply {
-                result: Err(Failure::NotAwaited),
-                elapsed: Duration::ZERO,
-            })
-            .collect(),
+        replies: nodes.iter().map(|_| not_awaited()).collect(),
         decided,
         done: false,
         to_decide,
         counted: 0,
     };
     let (connecting, connected) = by_connect(nodes, &ask);
-    for (i, queued) in round.turn.queue(cmd, &connected, connecting.is_empty()) {
-        round.sent(i, queued);
+    for (i, queued) in turn.queue(cmd, &connected, connecting.is_empty()) {
+        round.record(i, queued.and(Err(Failure::NotAwaited)));
     }
-    round.connect_the_rest(&connecting);
-    let order = round.order_for_reading(connected, connecting);
-    let left = round.read_until_decided(order);
-    round.leave_the_rest(left);
+    // The other nodes are connected side by side, so that one node whose
+    // connect hangs does not use up the others' time.
+    let connect = |i: usize| nodes[i].submit(cmd, bounds, false);
+    for (i, sent) in side_by_side(&connecting, connect) {
+        sent.iter().for_each(|&ticket| turn.sent(i, ticket));
+        round.record(i, sent.and(Err(Failure::NotAwaited)));
+    }
+    let mut pending = connected;
+    pending.extend(connecting);
+    pending.retain(|&i| turn.awaits(i));
+    // Read the nodes that keep us waiting (or timed out last time) last, so
+    // a round that a quorum decided need not wait for them; among equally
+    // quick nodes, rotated, so the replies left unread spread out.
+    pending.sort_unstable();
+    let rotation = ROTATION.fetch_add(1, Ordering::Relaxed) % pending.len().max(1);
+    pending.rotate_left(rotation);
+    // (Each node asked once: the question takes its lock.)
+    pending.sort_by_cached_key(|&i| nodes[i].shared.lateness());
+    round.read_until_decided(&mut turn, cmd, &mut pending);
+    // The outcome is decided: the replies still pending are left to be
+    // read and discarded later, except on a connection with so many
+    // unread replies that it is drained now.
+    for i in pending {
+        if let Some(result) = turn.leave_unread(i, cmd) {
+            round.record(i, result);
+        }
+    }
     round.replies
 }
 
-/// One round under way: what it runs where, and what came back.
-struct Round<'a, D> {
-    nodes: &'a [Node],
-    cmd: &'a Command,
+/// One round under way: what came back, and the caller's tally.
+struct Round<D> {
     start: Instant,
-    bounds: Bounds,
-    /// The requests on the nodes' connections, and their dispatch.
-    turn: Turn<'a>,
     replies: Vec<Reply>,
     /// The caller's tally: true once the outcome is decided.
     decided: D,
@@ -95,99 +108,38 @@ struct Round<'a, D> {
     counted: usize,
 }
 
-impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<'_, D> {
-    /// Connects to the other nodes side by side, so that one node whose
-    /// connect hangs does not use up the others' time, and writes the
-    /// command to each.
-    fn connect_the_rest(&mut self, connecting: &[usize]) {
-        let (nodes, cmd, bounds) = (self.nodes, self.cmd, self.bounds);
-        let submit = |i: usize| nodes[i].submit(cmd, bounds, Dispatch::Now);
-        for (i, sent) in side_by_side(connecting, submit) {
-            if let Ok(ticket) = sent {
-                self.turn.sent(i, ticket);
-            }
-            self.sent(i, sent.map(drop));
-        }
-    }
-
-    /// Records that the command was written to node `i`, or why not (which
-    /// counts as its reply).
-    fn sent(&mut self, i: usize, sent: Result<(), Failure>) {
-        // Until its reply is read, a node that was sent the command stands
-        // as not awaited.
-        let result = sent.and(Err(Failure::NotAwaited));
-        if result != Err(Failure::NotAwaited) && !self.done {
-            self.counted += 1;
-            self.done = (self.decided)(&result);
-        }
-        self.replies[i] = Reply {
-            result,
-            elapsed: self.start.elapsed(),
-        };
-    }
-
-    /// The nodes to read, in the order to read them: the nodes that keep us
-    /// waiting (or timed out last time) after the others, so a round that a
-    /// quorum decided need not wait for them; among equally quick nodes,
-    /// rotated, so the replies left unread spread out.
-    fn order_for_reading(&self, connected: Vec<usize>, connecting: Vec<usize>) -> Vec<usize> {
-        let mut order = connected;
-        order.extend(connecting);
-        order.sort_unstable();
-        order.retain(|&i| self.turn.awaits(i));
-        let len = order.len().max(1);
-        order.rotate_left(ROTATION.fetch_add(1, Ordering::Relaxed) % len);
-        // (Each node asked once: the question takes its lock.)
-        order.sort_by_cached_key(|&i| self.nodes[i].shared.lateness());
-        order
-    }
-
+impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<D> {
     /// Reads replies, in `pending`'s order as far as they come, until the
-    /// outcome is decided or none is left. Returns the nodes not read.
-    fn read_until_decided(&mut self, mut pending: Vec<usize>) -> Vec<usize> {
+    /// outcome is decided or none is left; the nodes not read stay in
+    /// `pending`.
+    fn read_until_decided(&mut self, turn: &mut Turn, cmd: &Command, pending: &mut Vec<usize>) {
         while !pending.is_empty() && !self.done {
             // Take whatever can be had without sleeping: a stored reply, or
             // a connection nobody else is reading.
-            let mut progressed = false;
+            let before = pending.len();
             let mut k = 0;
             while k < pending.len() && !self.done {
-                let i = pending[k];
-                match self.turn.poll(i, self.cmd) {
-                    Some(result) => {
-                        pending.remove(k);
-                        self.received(i, result);
-                        progressed = true;
-                    }
+                match turn.poll(pending[k], cmd) {
+                    Some(result) => self.record(pending.remove(k), result),
                     None => k += 1,
                 }
             }
             // Every connection still awaited is being read by another
             // thread (or its write is owed by one): sleep until enough of
             // our replies are handed over to decide, on any of them.
-            if !progressed && !self.done {
-                let need = (self.to_decide.saturating_sub(self.counted)).clamp(1, pending.len());
-                self.turn.sleep_on(&pending, need);
-            }
-        }
-        pending
-    }
-
-    /// The outcome is decided: leaves the replies of `unread` to be read
-    /// and discarded later, except on a connection with so many unread
-    /// replies that it is drained now.
-    fn leave_the_rest(&mut self, unread: Vec<usize>) {
-        for i in unread {
-            if let Some(result) = self.turn.leave_unread(i, self.cmd) {
-                self.received(i, result);
+            if pending.len() == before && !self.done {
+                let need = (self.to_decide.saturating_sub(self.counted)).clamp(1, before);
+                turn.sleep_on(pending, need);
             }
         }
     }
 
-    /// Records node `i`'s reply, and counts it unless the outcome is
-    /// already decided.
-    fn received(&mut self, i: usize, result: Result<Value, Failure>) {
+    /// Records node `i`'s result: its reply, why there is none, or (while
+    /// the reply is awaited) `NotAwaited`; and counts it unless it is that
+    /// or the outcome is already decided.
+    fn record(&mut self, i: usize, result: Result<Value, Failure>) {
         self.replies[i].elapsed = self.start.elapsed();
-        if !self.done {
+        if result != Err(Failure::NotAwaited) && !self.done {
             self.counted += 1;
             self.done = (self.decided)(&result);
         }
@@ -254,7 +206,7 @@ pub(crate) fn send_only(
         deadline,
         connect_timeout,
     };
-    let send = |i: usize| match nodes[i].submit(cmd, bounds, Dispatch::Eval) {
+    let send = |i: usize| match nodes[i].submit(cmd, bounds, true) {
         Ok(ticket) => {
             // Queued behind another thread's write or connect, it may yet
             // be lost with that connection: owe it too (a release sent

@@ -9,23 +9,19 @@
 //! rounds await replies on the wire that the threads those replies wake
 //! will carry it ([`BATCH_FROM`]). A thread blocked on a read never counts,
 //! so no command waits behind a read; a queued command whose writer is
-//! overdue ([`FLUSH_GRACE`]) is written by its own thread.
+//! overdue ([`RECHECK`]) is written by its own thread.
 //!
 //! Correctness never depends on any of this: every command gets written,
-//! at the latest by its own thread before it blocks or leaves.
+//! by the last thread awake, or by its own thread once that is overdue.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-/// How long a thread whose command is queued waits for the thread owing
-/// the write before it writes the command itself: a bound on what
-/// batching may cost, should the client's threads never all fall asleep.
-pub(crate) const FLUSH_GRACE: Duration = Duration::from_millis(2);
-
 /// How long a thread sleeps at most before it looks again whether a
-/// reading role it waits on is free: a reader lets go without waking
-/// anyone while a thread is awake, and this bounds what that may cost,
-/// should that thread go elsewhere.
+/// reading role it waits on is free, or writes its command itself if it is
+/// still queued: a reader lets go without waking anyone while a thread is
+/// awake, and a thread awake owes the write of what is queued; this bounds
+/// what either may cost, should that thread go elsewhere.
 pub(crate) const RECHECK: Duration = Duration::from_millis(2);
 
 /// From how many rounds awaiting replies on the wire a round that starts

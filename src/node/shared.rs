@@ -1,27 +1,20 @@
 //! The shared connection of one node: every thread that has a command for
 //! the node queues it here, and the threads that want answers do the I/O.
 //!
-//! Threads batch their commands on the shared connection, as an event loop
-//! does: a round queues its command on every node's outbox, and the last of
-//! the client's threads to fall asleep (see [`Pace`]) writes every outbox in
-//! one write per node. A thread alone writes its own command at once
-//! (unless a batch is due soon: see `Turn` in [`crate::node`]). Writing
-//! and reading are separate roles: a command never waits for a read to
-//! return (except over TLS, whose connection cannot be split: there its
-//! reader writes what was queued once its read returns). A thread whose own command
-//! waits in the queue may read meanwhile, but its read pauses when the
-//! wait ([`FLUSH_GRACE`]) is over, and it writes the command. Replies come
-//! back in order: each is matched to its request by sequence number and handed
-//! to the thread that asked (or discarded, if that thread stopped waiting).
-//! A reader hands out every reply one read brought. A round sleeps once,
-//! on all its nodes at a time (a [`Waiter`]): readers count its replies,
-//! and the one that stores as many as could decide the round wakes it
-//! (`thread::park` / `unpark`; before it parks, a round yields the CPU a
-//! few times, and a reply stored meanwhile needs no wake-up: see
-//! [`SpinWait`](super::pace::SpinWait)). A reader that lets the reading role go with
-//! replies due wakes a sleeper to read on only when no thread is awake to
-//! poll the node, and one sleeper woken to read serves every node it
-//! waits on (see [`hand_off`]).
+//! Commands are queued on the connection's outbox, and whoever writes
+//! empties it in one write (when that happens is [`Pace`]'s business: see
+//! `Turn` in [`crate::node`]). Writing and reading are separate roles: a
+//! command never waits for a read to return (except over TLS, whose
+//! connection cannot be split: there its reader writes what was queued
+//! once its read returns). Replies come back in order: each is matched to
+//! its request by sequence number and handed to the thread that asked (or
+//! discarded, if that thread stopped waiting). A reader hands out every
+//! reply one read brought. A round sleeps once, on all its nodes at a time
+//! (a [`Waiter`]): readers count its replies, and the one that stores as
+//! many as could decide the round wakes it. A reader that lets the reading
+//! role go with replies due wakes a sleeper to read on only when no thread
+//! is awake to poll the node, and one sleeper woken to read serves every
+//! node it waits on (see [`hand_off`]).
 //!
 //! Any error or timeout on the connection ends its *epoch*: the connection is
 //! dropped for every thread that shared it, and every request still on it
@@ -29,16 +22,18 @@
 //! be taken for the answer to another command.
 
 use std::collections::VecDeque;
-use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+/// A node's lock, held.
+type Guard<'a> = MutexGuard<'a, Link>;
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
 use redis::Value;
 
 use super::connect::Connector;
-use super::pace::{Pace, FLUSH_GRACE, RECHECK};
+use super::pace::{Pace, BATCH_FROM, RECHECK};
 use super::transport::{Reader, Writer};
 use crate::error::{Failure, NodeError};
 use crate::script::{is_noscript, Command};
@@ -71,17 +66,6 @@ pub(crate) struct Ticket {
 #[derive(Default)]
 pub(crate) struct Shared {
     link: Mutex<Link>,
-}
-
-/// How a command goes out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Dispatch {
-    /// Written now.
-    Now,
-    /// Written now, a script as `EVAL` whatever the server is known to have.
-    Eval,
-    /// Written with other threads' commands, when the pace says.
-    Queued,
 }
 
 /// A thread asleep until enough of its replies come, on any of the nodes
@@ -128,38 +112,15 @@ impl Waiter {
         self.woken.load(Ordering::Acquire) == AWAKE_REPLY
     }
 
-    /// Wakes it, unless it was woken already: marks it woken now, and
-    /// leaves its thread in `wakes` to unpark once the node's lock is let
-    /// go (see [`Locked`]). Returns whether this call woke it.
-    fn wake(&self, why: u8, wakes: &mut Vec<Thread>) -> bool {
-        let woke = self
+    /// Marks it woken, unless it was woken already: then returns the
+    /// thread to unpark.
+    fn wake(&self, why: u8) -> Option<&Thread> {
+        let (no, order) = (AWAKE_NO, Ordering::AcqRel);
+        let cas = self
             .woken
-            .compare_exchange(AWAKE_NO, why, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok();
-        if woke {
-            wakes.push(self.thread.clone());
-        }
-        woke
+            .compare_exchange(no, why, order, Ordering::Acquire);
+        cas.ok().map(|_| &self.thread)
     }
-}
-
-/// A request whose thread sleeps until its reply comes.
-struct Sleeper {
-    ticket: Ticket,
-    waiter: Arc<Waiter>,
-    /// Its reply was stored (and counted for its waiter).
-    stored: bool,
-}
-
-/// What [`Shared::enlist`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Enlisted {
-    /// Do not sleep: the reply is stored, the reading role is free with
-    /// replies due, or the epoch ended.
-    Ready,
-    /// Enlisted; `queued` if the command is not written yet (a thread
-    /// awake owes its write).
-    Asleep { queued: bool },
 }
 
 /// Everything behind a node's mutex: the connection of the current epoch,
@@ -168,17 +129,19 @@ pub(crate) enum Enlisted {
 struct Link {
     /// Bumped whenever the connection is dropped.
     epoch: u64,
-    /// The connection of this epoch (none open yet, if `!conn.open`).
+    /// The connection of this epoch (none open yet, if nobody holds or
+    /// left a writer).
     conn: Connection,
     /// Why the last epoch ended.
     ended: Option<(u64, Failure)>,
-    /// The threads blocked waiting for their replies (or for the reading
-    /// role): a thread that stores one of these replies wakes exactly that
-    /// sleeper; one that lets the reading role go while replies are due
-    /// wakes one sleeper to take it over; the end of an epoch wakes all.
-    /// Nobody else is woken: every thread woken for nothing costs a
-    /// context switch and two syscalls.
-    sleepers: Vec<Sleeper>,
+    /// The threads asleep until their replies come (or the reading role is
+    /// free), by request, in this epoch: a thread that stores one of these
+    /// replies counts it for that sleeper (and drops it from the list); one
+    /// that lets the reading role go while replies are due wakes one
+    /// sleeper to take it over; the end of an epoch wakes all. Nobody else
+    /// is woken: every thread woken for nothing costs a context switch and
+    /// two syscalls.
+    sleepers: Vec<(Ticket, Arc<Waiter>)>,
     /// The last connection ended in a timeout, and no reply came since.
     slow: bool,
     /// No connect before this, after one timed out.
@@ -186,41 +149,6 @@ struct Link {
     /// A moving average of how long a read of this node blocked, in
     /// microseconds: rounds read the nodes that keep them waiting last.
     wait_us: u64,
-    /// Threads woken under the lock, to unpark once it is let go: an
-    /// unpark is a syscall, and the other threads need the lock meanwhile.
-    wakes: Vec<Thread>,
-}
-
-/// A node's lock, held: unparks the threads woken under it once it is let
-/// go, so that no thread waits for the lock while the holder makes those
-/// syscalls (nor wakes only to wait for the lock its waker still holds).
-struct Locked<'a> {
-    guard: Option<MutexGuard<'a, Link>>,
-}
-
-impl Deref for Locked<'_> {
-    type Target = Link;
-
-    fn deref(&self) -> &Link {
-        self.guard.as_deref().expect("held until dropped")
-    }
-}
-
-impl DerefMut for Locked<'_> {
-    fn deref_mut(&mut self) -> &mut Link {
-        self.guard.as_deref_mut().expect("held until dropped")
-    }
-}
-
-impl Drop for Locked<'_> {
-    fn drop(&mut self) {
-        // (An empty list keeps its capacity for the next wake-ups.)
-        if let Some(mut guard) = self.guard.take().filter(|g| !g.wakes.is_empty()) {
-            let wakes = std::mem::take(&mut guard.wakes);
-            drop(guard);
-            wakes.iter().for_each(Thread::unpark);
-        }
-    }
 }
 
 /// One connection, from its connect to the end of its epoch: its halves,
@@ -236,19 +164,18 @@ impl Drop for Locked<'_> {
 ///
 /// | `writing` | `reading` | split (TCP, Unix socket) | unsplit (TLS) |
 /// |---|---|---|---|
-/// | no  | no  | both halves lie here | `writer` lies here |
-/// | yes | no  | a thread writes with `writer` | a thread writes with `writer` |
+/// | no  | no  | both halves lie here (or none: not connected) | `writer` lies here (or not connected) |
+/// | yes | no  | a thread writes with `writer` (or connects) | a thread writes with `writer` (or connects) |
 /// | no  | yes | a thread reads with `reader` | (never) |
-/// | yes | yes | one thread writes, another reads; or one thread connects, and holds both roles until the handshake is over | one thread reads with `writer`, then writes what was queued meanwhile |
+/// | yes | yes | one thread writes, another reads | one thread reads with `writer`, then writes what was queued meanwhile |
 ///
 /// A thread may take the writing role while `writing` is false, and the
-/// reading role when [`can_read`]: `reading` is false and, on an unsplit
-/// connection, `writing` too. Whoever ends the epoch shuts down the halves
-/// that lie here; a thread that holds one finds out when its I/O fails.
+/// reading role when [`can_read`]: `reading` is false, replies are due (so
+/// the handshake is over) and, on an unsplit connection, `writing` is
+/// false too. Whoever ends the epoch shuts down the halves that lie here; a
+/// thread that holds one finds out when its I/O fails.
 #[derive(Default)]
 struct Connection {
-    /// A connection is open in this epoch (or being opened).
-    open: bool,
     /// The connection cannot be split (TLS): its writer also reads, so the
     /// reading role takes the writing role too.
     unsplit: bool,
@@ -257,7 +184,7 @@ struct Connection {
     /// The reading half, unless the reading thread holds it (none for an
     /// unsplit connection).
     reader: Option<Reader>,
-    /// A thread is writing (it has taken `writer`).
+    /// A thread is writing (it has taken `writer`, or is connecting).
     writing: bool,
     /// A thread is reading (it has taken `reader`, or on an unsplit
     /// connection `writer`).
@@ -284,32 +211,35 @@ struct Connection {
     live: u64,
 }
 
+impl Connection {
+    /// Whether a connection is open in this epoch (or being opened).
+    fn open(&self) -> bool {
+        self.writing || self.writer.is_some()
+    }
+}
+
 impl Shared {
-    fn lock(&self) -> Locked<'_> {
-        Locked {
-            guard: Some(self.link.lock().unwrap_or_else(|e| e.into_inner())),
-        }
+    fn lock(&self) -> Guard<'_> {
+        self.link.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues `cmd` on the connection and, as `dispatch` says, gets it written
-    /// now or leaves it for whoever lets go of the client's [`Pace`] last
-    /// (see [`flush`](Self::flush)). Written now means: by this thread, or,
-    /// if another thread is writing, by that thread before it lets go; and
-    /// connected first if there is no connection. A command to queue on a
-    /// connection not open yet is written now too: a connect must not wait.
+    /// Queues `cmd` on the connection. With `eval` (for a request whose
+    /// reply nobody will read, and for the retry after a `NOSCRIPT`), a
+    /// script goes as `EVAL` and the command is written now; otherwise it
+    /// is left for whoever lets go of the client's [`Pace`] last (see
+    /// [`flush`](Self::flush)), unless the connection is not open yet: a
+    /// connect must not wait. Written now means: by this thread, or, if
+    /// another thread is writing, by that thread before it lets go; and
+    /// connected first if there is no connection.
     pub(super) fn submit(
         &self,
         connector: &Connector,
         cmd: &Command,
         bounds: Bounds,
-        dispatch: Dispatch,
+        eval: bool,
     ) -> Result<Ticket, Failure> {
         let mut link = self.lock();
-        let scripts = if dispatch == Dispatch::Eval {
-            0
-        } else {
-            link.conn.scripts
-        };
+        let scripts = if eval { 0 } else { link.conn.scripts };
         link.conn.outbox.extend_from_slice(cmd.bytes_for(scripts));
         let ticket = Ticket {
             epoch: link.epoch,
@@ -318,11 +248,10 @@ impl Shared {
         link.conn.next_seq += 1;
         link.conn.abandoned.push_back(false);
         link.conn.live += 1;
-        if dispatch == Dispatch::Queued && link.conn.open {
-            return Ok(ticket);
+        if eval || !link.conn.open() {
+            link = self.write_out(link, connector, bounds, true);
+            check(&link, ticket)?;
         }
-        link = self.write_out(link, connector, bounds, true);
-        check(&link, ticket)?;
         Ok(ticket)
     }
 
@@ -334,19 +263,19 @@ impl Shared {
         link.epoch == ticket.epoch && ticket.seq < link.conn.written
     }
 
-    /// How many requests whose threads await their replies are on the
-    /// wire (at least): each of those threads will be woken once its
-    /// replies are read, and write what is queued by then. None counted
-    /// unless the node [answers quickly](answers_quickly): a command
-    /// queued to wait for them would wait a whole round trip.
-    pub(super) fn awaited_on_wire(&self) -> u64 {
+    /// Whether at least [`BATCH_FROM`] requests whose threads await their
+    /// replies are on the wire: each of those threads will be woken once
+    /// its replies are read, and write what is queued by then. Never
+    /// unless the node answers quickly (within half a [`RECHECK`], on
+    /// average) and its connection splits (a read of an unsplit one cannot
+    /// pause for our command): a command queued to wait for them would
+    /// wait a whole round trip.
+    pub(super) fn carries_batch(&self) -> bool {
         let link = self.lock();
-        if !answers_quickly(&link) || link.conn.unsplit {
-            // An unsplit connection's read cannot pause for our command.
-            return 0;
-        }
-        let queued = link.conn.next_seq - link.conn.written;
-        link.conn.live.saturating_sub(queued)
+        let conn = &link.conn;
+        let quick = !link.slow && link.wait_us < RECHECK.as_micros() as u64 / 2;
+        let queued = conn.next_seq - conn.written;
+        quick && !conn.unsplit && conn.live.saturating_sub(queued) >= BATCH_FROM
     }
 
     /// Writes what is queued, unless another thread is writing (which
@@ -356,107 +285,89 @@ impl Shared {
     /// itself passes false, so that nobody is woken to find the reading
     /// role taken.
     pub(super) fn flush(&self, connector: &Connector, bounds: Bounds, wake_reader: bool) {
-        let mut link = self.lock();
-        if !link.conn.outbox.is_empty() {
-            drop(self.write_out(link, connector, bounds, wake_reader));
-        } else if wake_reader {
-            // Nothing to write, but replies may be due with nobody to read
-            // them, now that the last thread awake lets go.
+        let mut link = self.write_out(self.lock(), connector, bounds, wake_reader);
+        if wake_reader {
             hand_off(&mut link, &connector.servers.pace);
         }
     }
 
     /// Takes the reply to `ticket`, reading it (and whatever comes before
-    /// it) when no other thread is doing I/O. Unless `block`, returns `None`
-    /// instead of sleeping while another thread does the I/O. Also returns
-    /// whether the thread was woken with its reply: it holds the client's
-    /// [`Pace`] then, and must let go of it before it blocks again.
+    /// it) when no other thread is doing I/O; `None` when it cannot be had
+    /// without sleeping: another thread does the I/O, or a thread awake on
+    /// the client's [`Pace`] owes the write of the command (it writes it
+    /// when it lets go). Past the deadline, the reply is given up, unless
+    /// it is the only one the connection owes and nobody reads it.
     ///
-    /// A command still queued is written by this thread when no other
-    /// thread is awake to write it, or after [`FLUSH_GRACE`]; with
-    /// `batch_until`, it waits until then for the next batch even while
-    /// nobody is awake (the threads woken by the replies on the wire write
-    /// it); a poll returns `None` once that time is past, so that the round
-    /// writes its queued commands before any read may block.
+    /// Until `batch_until`, a command still queued waits for the next
+    /// batch even while nobody is awake (the threads woken by the replies
+    /// on the wire write it), and a read pauses then; past it, `None`, so
+    /// that the round writes its queued commands before a read may block.
     pub(super) fn take(
         &self,
         connector: &Connector,
         ticket: Ticket,
         bounds: Bounds,
-        block: bool,
         batch_until: Option<Instant>,
-    ) -> (Option<Result<Value, Failure>>, bool) {
+    ) -> Option<Result<Value, Failure>> {
+        let pace = &connector.servers.pace;
         let mut link = self.lock();
-        let mut held = false;
-        // When to stop waiting for other threads to write our command.
-        let mut flush_by = batch_until;
         let taken = loop {
-            let now = Instant::now();
-            let next = match taken_now(&mut link, ticket) {
-                Some(taken) => break Some(taken),
-                None if !block && batch_until.is_some_and(|by| now >= by) => {
-                    // No batch came in time: back to the round, which writes
-                    // every command it left queued before a read may block.
-                    break None;
-                }
-                None => next_step(
-                    &mut link,
-                    &connector.servers.pace,
-                    ticket,
-                    bounds.deadline,
-                    batch_until,
-                    &mut flush_by,
-                    now,
-                ),
-            };
-            match next {
-                Step::Write => link = self.write_out(link, connector, bounds, false),
-                Step::Read { pause } => {
-                    // While our command waits, a read pauses when its wait
-                    // is over: it never waits behind a read of a slow node.
-                    // So does a read while the round's commands on other
-                    // nodes wait for the batch.
-                    let pause = pause.or(batch_until);
-                    link = self.read_one(link, connector, bounds, pause);
-                }
-                Step::Done(taken) => break Some(taken),
-                Step::Sleep(_) if !block => break None,
-                Step::Sleep(until) => {
-                    let waiter = Waiter::new(1);
-                    enlist(&mut link, ticket, &waiter);
-                    drop(link);
-                    thread::park_timeout(until.min(now + RECHECK).saturating_duration_since(now));
-                    link = self.lock();
-                    delist(&mut link, ticket);
-                    held |= waiter.holds_pace();
-                }
+            if let Err(failure) = check(&link, ticket) {
+                break Some(Err(failure));
+            }
+            if let Some(value) = take_stored(&mut link.conn, ticket.seq) {
+                break Some(Ok(value));
+            }
+            if batch_until.is_some_and(|by| Instant::now() >= by) {
+                break None;
+            }
+            let conn = &mut link.conn;
+            let queued = ticket.seq >= conn.written && !conn.writing;
+            let readable = can_read(conn);
+            // Late, and our command not sent, or other threads still want
+            // replies here: a read that timed out now would drop the
+            // connection for them too. Leave the reading to them.
+            if Instant::now() >= bounds.deadline && (queued || !readable || conn.live > 1) {
+                give_up(conn, ticket.seq);
+                break Some(Err(Failure::TimedOut));
+            }
+            if queued && !pace.others_awake() && batch_until.is_none() {
+                link = self.write_out(link, connector, bounds, false);
+            } else if readable {
+                link = self.read_one(link, connector, bounds, batch_until);
+            } else {
+                break None;
             }
         };
-        hand_off(&mut link, &connector.servers.pace);
-        (taken, held)
+        hand_off(&mut link, pace);
+        taken
     }
 
     /// Enlists `waiter` for the reply to `ticket`: the reader that stores
-    /// it counts it, and wakes the waiter once it has its `need`. Unless
-    /// the waiter need not sleep: see [`Enlisted`]. Every enlisted ticket
-    /// must be [`delist`](Self::delist)ed once the waiter wakes.
-    pub(super) fn enlist(&self, ticket: Ticket, waiter: &Arc<Waiter>) -> Enlisted {
+    /// it counts it, and wakes the waiter once it has its `need`. Returns
+    /// false, enlisting nothing, if the waiter need not sleep: the reply is
+    /// stored, the reading role is free with replies due, or the epoch
+    /// ended. Every enlisted ticket must be [`delist`](Self::delist)ed once
+    /// the waiter wakes.
+    pub(super) fn enlist(&self, ticket: Ticket, waiter: &Arc<Waiter>) -> bool {
         let mut link = self.lock();
         let conn = &link.conn;
         if link.epoch != ticket.epoch
             || conn.replies.iter().any(|(seq, _)| *seq == ticket.seq)
-            || (conn.next_read < conn.written && can_read(conn))
+            || can_read(conn)
         {
-            return Enlisted::Ready;
+            return false;
         }
-        let queued = ticket.seq >= conn.written && !conn.writing;
-        enlist(&mut link, ticket, waiter);
-        Enlisted::Asleep { queued }
+        link.sleepers.push((ticket, Arc::clone(waiter)));
+        true
     }
 
-    /// Removes the waiter enlisted for `ticket`.
+    /// Removes the waiter enlisted for `ticket`, if still there.
     pub(super) fn delist(&self, ticket: Ticket) {
-        delist(&mut self.lock(), ticket);
+        let mut link = self.lock();
+        if let Some(i) = link.sleepers.iter().position(|(t, _)| *t == ticket) {
+            link.sleepers.swap_remove(i);
+        }
     }
 
     /// Whether writing to the node now means connecting first (it has no
@@ -464,11 +375,7 @@ impl Shared {
     /// to the connect timeout.
     pub(crate) fn will_connect(&self) -> bool {
         let link = self.lock();
-        !link.conn.open
-            && !link.conn.writing
-            && link
-                .connect_after
-                .is_none_or(|after| after <= Instant::now())
+        !link.conn.open() && link.connect_after.is_none_or(|at| at <= Instant::now())
     }
 
     /// How late this node tends to answer, coarsely (a power-of-two bucket
@@ -506,85 +413,113 @@ impl Shared {
         hand_off(&mut link, pace);
     }
 
-    /// Records whether the server of `ticket`'s connection has `script`.
-    pub(super) fn note_script(&self, ticket: Ticket, bit: u8, known: bool) {
+    /// Records what `reply` says about whether the server of `ticket`'s
+    /// connection has the script `bit`: a script that ran is cached there,
+    /// a `NOSCRIPT` says it is not. Returns whether it said `NOSCRIPT`.
+    pub(super) fn note_script(&self, ticket: Ticket, bit: u8, reply: &Value) -> bool {
+        let lost = is_noscript(reply);
+        let ran = !matches!(reply, Value::ServerError(_));
         let mut link = self.lock();
-        if link.epoch == ticket.epoch {
-            let others = link.conn.scripts & !bit;
-            link.conn.scripts = others | if known { bit } else { 0 };
+        if link.epoch == ticket.epoch && (lost || ran) {
+            link.conn.scripts = (link.conn.scripts & !bit) | if ran { bit } else { 0 };
         }
+        lost
     }
 
     /// The writing role: writes the outbox until it is empty (connecting
     /// first if there is no connection), then lets go. If another thread is
     /// writing, it writes the outbox before it lets go. The lock is not held
     /// during I/O. With `wake_reader`, wakes a sleeper to read what was
-    /// written when nobody reads it (see [`hand_off`]).
+    /// written when nobody reads it (see [`hand_off`]), as after a connect
+    /// in any case.
     fn write_out<'a>(
         &'a self,
-        mut link: Locked<'a>,
+        mut link: Guard<'a>,
         connector: &Connector,
         bounds: Bounds,
         wake_reader: bool,
-    ) -> Locked<'a> {
+    ) -> Guard<'a> {
         if link.conn.writing || link.conn.outbox.is_empty() {
             return link;
         }
         let epoch = link.epoch;
         link.conn.writing = true;
-        // Nobody reads a connection before its handshake is over.
-        let mut connecting = !link.conn.open;
-        if connecting {
-            link.conn.open = true;
-            link.conn.reading = true;
-        }
         let mut writer = link.conn.writer.take();
-        while !link.conn.outbox.is_empty() {
+        let connecting = writer.is_none();
+        if connecting {
+            let after = link.connect_after;
+            drop(link);
+            let (deadline, timeout) = (bounds.deadline, bounds.connect_timeout);
+            let opened = connector.connect_unless_backing_off(after, deadline, timeout);
+            link = self.lock();
+            match opened {
+                // (Nobody else ends an epoch with nothing written yet.)
+                _ if link.epoch != epoch => return link,
+                Ok(new) => {
+                    link.connect_after = None;
+                    link.conn.unsplit = new.writer.is_unsplit();
+                    (link.conn.reader, link.conn.scripts) = (new.reader, new.scripts);
+                    writer = Some(new.writer);
+                }
+                Err(Failure::ConnectTimedOut) => {
+                    let backoff = connector.reconnect_backoff;
+                    link.connect_after = Instant::now().checked_add(backoff);
+                    end_epoch(&mut link, Failure::TimedOut);
+                    return link;
+                }
+                Err(failure) => {
+                    end_epoch(&mut link, failure);
+                    return link;
+                }
+            }
+        }
+        while let Some(w) = writer.as_mut().filter(|_| !link.conn.outbox.is_empty()) {
             let out = std::mem::take(&mut link.conn.outbox);
             let count = link.conn.next_seq - link.conn.written;
-            let connect_after = link.connect_after;
             drop(link);
-            let written = write_or_connect(connector, writer.take(), connect_after, &out, bounds);
+            let sent = w.send(&out, bounds.deadline);
             link = self.lock();
             if link.epoch != epoch {
                 // The reader ended the connection meanwhile: what was just
                 // written failed with it.
-                break;
+                return link;
             }
-            let backoff = connector.reconnect_backoff;
-            writer = record_write(&mut link, written, out, count, &mut connecting, backoff);
-            if writer.is_none() {
-                break;
+            if let Err(failure) = sent {
+                // The cause is recorded first: ending the socket makes the
+                // reader fail too, for no reason of its own.
+                link.conn.writer = writer;
+                end_epoch(&mut link, failure);
+                return link;
+            }
+            link.conn.written += count;
+            if link.conn.outbox.is_empty() {
+                // Keep the buffer's capacity for the next batch.
+                link.conn.outbox = out;
+                link.conn.outbox.clear();
             }
         }
-        if link.epoch == epoch {
-            link.conn.writer = writer;
-            link.conn.writing = false;
-            if connecting {
-                link.conn.reading = false;
-            }
-            // Sleepers want replies: a thread that is reading hands them
-            // over. Otherwise what was written may be theirs to read now.
-            if wake_reader {
-                hand_off(&mut link, &connector.servers.pace);
-            }
+        link.conn.writer = writer;
+        link.conn.writing = false;
+        if connecting || wake_reader {
+            hand_off(&mut link, &connector.servers.pace);
         }
         link
     }
 
     /// The reading role: reads one reply, and every other one already
-    /// buffered whole, and hands each to its thread (or discards it), then
-    /// lets go; over an unsplit connection, then writes what was queued
-    /// meanwhile. The lock is not held during I/O. With a `pause`, a read
-    /// of a split connection with no reply by then lets go with nothing
-    /// read (the connection stays up).
+    /// buffered whole (parsed before the lock is taken again: the other
+    /// threads need it meanwhile), and hands each to its thread (or
+    /// discards it), then lets go; over an unsplit connection, then writes
+    /// what was queued meanwhile. The lock is not held during I/O. With a
+    /// `pause`, a read of a split connection with no reply by then lets go
+    /// with nothing read (the connection stays up).
     fn read_one<'a>(
         &'a self,
-        mut link: Locked<'a>,
+        mut link: Guard<'a>,
         connector: &Connector,
         bounds: Bounds,
         pause: Option<Instant>,
-    ) -> Locked<'a> {
+    ) -> Guard<'a> {
         let epoch = link.epoch;
         let unsplit = link.conn.unsplit;
         link.conn.reading = true;
@@ -592,33 +527,58 @@ impl Shared {
         let mut reader = link.conn.reader.take();
         let mut writer = unsplit.then(|| link.conn.writer.take()).flatten();
         drop(link);
-        let (received, more, waited) = receive(&mut reader, &mut writer, bounds.deadline, pause);
+        let began = Instant::now();
+        // `None`: paused with nothing read.
+        let first = match (&mut reader, &mut writer) {
+            (Some(r), _) => {
+                (r.recv_until(bounds.deadline, pause.unwrap_or(bounds.deadline))).transpose()
+            }
+            (None, Some(w)) => Some(w.recv(bounds.deadline)),
+            (None, None) => Some(Err(Failure::Error(NodeError::Io(
+                "the connection has no reading half".to_string(),
+            )))),
+        };
+        let read = matches!(first, Some(Ok(_)));
+        let waited = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
+        // (No allocation unless a read brought several.)
+        let mut more = Vec::new();
+        while let Some(next) = reader
+            .as_mut()
+            .filter(|_| read)
+            .and_then(Reader::recv_buffered)
+        {
+            let failed = next.is_err();
+            more.push(next);
+            if failed {
+                break;
+            }
+        }
         link = self.lock();
         if link.epoch == epoch {
-            if !matches!(received, Some(Err(_))) {
-                // `None`: paused with nothing read (a wait of at least
-                // `waited`).
-                link.slow &= received.is_none();
+            if !matches!(first, Some(Err(_))) {
+                link.slow &= !read;
                 link.wait_us = link.wait_us - link.wait_us / 8 + waited / 8;
             }
-            for next in received.into_iter().chain(more) {
+            (link.conn.reader, link.conn.reading) = (reader, false);
+            if unsplit {
+                (link.conn.writer, link.conn.writing) = (writer, false);
+            }
+            let mut woken = Vec::new();
+            for next in first.into_iter().chain(more) {
                 match next {
-                    Ok(value) => store(&mut link, value, &connector.servers.pace),
+                    Ok(value) => woken.extend(store(&mut link, value, &connector.servers.pace)),
                     Err(failure) => {
-                        // The cause is recorded first: ending the socket
-                        // makes a writer fail too, for no reason of its own.
                         end_epoch(&mut link, failure);
-                        reader.iter().for_each(Reader::shutdown);
+                        break;
                     }
                 }
             }
-            if link.epoch == epoch {
-                link.conn.reader = reader;
-                link.conn.reading = false;
-                if unsplit {
-                    link.conn.writer = writer;
-                    link.conn.writing = false;
-                }
+            if !woken.is_empty() {
+                // Unparked with the lock let go: an unpark is a syscall, and
+                // the woken threads need the lock first thing.
+                drop(link);
+                woken.iter().for_each(Thread::unpark);
+                link = self.lock();
             }
         }
         if unsplit {
@@ -628,282 +588,53 @@ impl Shared {
     }
 }
 
-/// What a thread that wants a reply not stored yet does next.
-enum Step {
-    /// Write what is queued, its command among it.
-    Write,
-    /// Read the connection, pausing at `pause` if given.
-    Read { pause: Option<Instant> },
-    /// Sleep until woken, or until then at the latest.
-    Sleep(Instant),
-    /// No reply will come: why.
-    Done(Result<Value, Failure>),
-}
-
-/// The reply to `ticket` if it is stored, or why none will come.
-fn taken_now(link: &mut Link, ticket: Ticket) -> Option<Result<Value, Failure>> {
-    match check(link, ticket) {
-        Err(failure) => Some(Err(failure)),
-        Ok(()) => take_stored(&mut link.conn, ticket.seq).map(Ok),
-    }
-}
-
 /// Takes the stored reply to request `seq`, if any.
 fn take_stored(conn: &mut Connection, seq: u64) -> Option<Value> {
     let i = conn.replies.iter().position(|(s, _)| *s == seq)?;
     Some(conn.replies.swap_remove(i).1)
 }
 
-/// What to do for `ticket`'s reply, not stored yet. Our command is
-/// queued: a thread awake owes its write, or the next batch (before
-/// `batch_until`) will carry it, until `flush_by`; unless nobody is awake
-/// and no batch is awaited, or it is overdue: then we write it. Past the
-/// deadline, the reply is given up.
-fn next_step(
-    link: &mut Link,
-    pace: &Pace,
-    ticket: Ticket,
-    deadline: Instant,
-    batch_until: Option<Instant>,
-    flush_by: &mut Option<Instant>,
-    now: Instant,
-) -> Step {
-    let late = now >= deadline;
-    let mut queued_until = None;
-    let conn = &mut link.conn;
-    if ticket.seq >= conn.written && !conn.writing && !conn.outbox.is_empty() {
-        if late {
-            // Too late for a reply: it stays queued, abandoned.
-            give_up(conn, ticket.seq);
-            return Step::Done(Err(Failure::TimedOut));
-        }
-        let by = *flush_by.get_or_insert(now + FLUSH_GRACE);
-        if (!pace.others_awake() && batch_until.is_none()) || now >= by {
-            return Step::Write;
-        }
-        queued_until = Some(by);
-    }
-    if conn.next_read < conn.written && can_read(conn) && !(late && conn.live > 1) {
-        return Step::Read {
-            pause: queued_until,
-        };
-    }
-    // Late, and other threads still want replies on this connection: a
-    // read that timed out now would drop it for them too. Leave the
-    // reading to them.
-    if late {
-        give_up(conn, ticket.seq);
-        return Step::Done(Err(Failure::TimedOut));
-    }
-    Step::Sleep(queued_until.map_or(deadline, |by| by.min(deadline)))
-}
-
-/// What one write of the outbox did.
-struct Written {
-    writer: Option<Writer>,
-    /// The new connection's reading half and known scripts, if it
-    /// connected.
-    opened: Option<(Option<Reader>, u8)>,
-    sent: Result<(), Failure>,
-}
-
-/// Writes `out` with `writer`, or over a new connection if there is none
-/// (unless backing off reconnecting). No lock is held.
-fn write_or_connect(
-    connector: &Connector,
-    writer: Option<Writer>,
-    connect_after: Option<Instant>,
-    out: &[u8],
-    bounds: Bounds,
-) -> Written {
-    let mut written = Written {
-        writer,
-        opened: None,
-        sent: Ok(()),
-    };
-    if written.writer.is_none() {
-        let (deadline, timeout) = (bounds.deadline, bounds.connect_timeout);
-        match connector.connect_unless_backing_off(connect_after, deadline, timeout) {
-            Ok(new) => {
-                written.writer = Some(new.writer);
-                written.opened = Some((new.reader, new.scripts));
-            }
-            Err(failure) => written.sent = Err(failure),
-        }
-    }
-    if let (Some(w), Ok(())) = (&mut written.writer, &written.sent) {
-        written.sent = w.send(out, bounds.deadline);
-    }
-    written
-}
-
-/// Records a write of `count` requests (`out`, whose buffer is kept for
-/// the next batch): returns the writer to go on with, or none once the
-/// write failed and ended the epoch.
-fn record_write(
-    link: &mut Link,
-    written: Written,
-    out: Vec<u8>,
-    count: u64,
-    connecting: &mut bool,
-    reconnect_backoff: Duration,
-) -> Option<Writer> {
-    if written.opened.is_some() {
-        link.connect_after = None;
-    }
-    match (written.sent, written.writer) {
-        (Ok(()), Some(w)) => {
-            if let Some((reader, scripts)) = written.opened {
-                link.conn.unsplit = w.is_unsplit();
-                link.conn.reader = reader;
-                link.conn.scripts = scripts;
-            }
-            if std::mem::take(connecting) {
-                // The handshake is over: replies may be read now, while
-                // more is written.
-                link.conn.reading = false;
-                wake_one(link);
-            }
-            link.conn.written += count;
-            if link.conn.outbox.is_empty() {
-                // Keep the buffer's capacity for the next batch.
-                link.conn.outbox = out;
-                link.conn.outbox.clear();
-            }
-            Some(w)
-        }
-        (Err(Failure::ConnectTimedOut), _) => {
-            link.connect_after = Instant::now().checked_add(reconnect_backoff);
-            end_epoch(link, Failure::TimedOut);
-            None
-        }
-        (Err(failure), w) => {
-            // The cause is recorded first: ending the socket makes the
-            // reader fail too, for no reason of its own.
-            end_epoch(link, failure);
-            w.iter().for_each(Writer::shutdown);
-            None
-        }
-        (Ok(()), None) => None,
-    }
-}
-
-/// A reply read, or why none could be.
-type Received = Result<Value, Failure>;
-
-/// Reads one reply (with the reading half, or over an unsplit connection
-/// its writer), and every other one already buffered whole, parsed before
-/// the lock is taken: the other threads need it meanwhile. Returns the
-/// first (`None`: paused with nothing read), the others, and how long the
-/// read blocked, in microseconds.
-fn receive(
-    reader: &mut Option<Reader>,
-    writer: &mut Option<Writer>,
-    deadline: Instant,
-    pause: Option<Instant>,
-) -> (Option<Received>, Vec<Received>, u64) {
-    let began = Instant::now();
-    let received = match (&mut *reader, writer) {
-        (Some(r), _) => r
-            .recv_until(deadline, pause.unwrap_or(deadline))
-            .transpose(),
-        (None, Some(w)) => Some(w.recv(deadline)),
-        (None, None) => Some(Err(Failure::Error(NodeError::Io(
-            "the connection has no reading half".to_string(),
-        )))),
-    };
-    let waited = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
-    // (No allocation unless a read brought several.)
-    let mut more = Vec::new();
-    if !matches!(received, Some(Err(_))) {
-        while let Some(next) = reader.as_mut().and_then(Reader::recv_buffered) {
-            let failed = next.is_err();
-            more.push(next);
-            if failed {
-                break;
-            }
-        }
-    }
-    (received, more, waited)
-}
-
-/// Hands the next reply on the connection to its thread, waking it if it
-/// sleeps (it holds the `pace` from then on), or discards it if its
-/// thread stopped waiting.
-fn store(link: &mut Link, value: Value, pace: &Pace) {
+/// Hands the next reply on the connection to its thread, counting it for
+/// its sleeper and waking that once it has its replies (it holds the
+/// `pace` from then on: returns its thread, to unpark once the lock is let
+/// go), or discards it if its thread stopped waiting.
+fn store(link: &mut Link, value: Value, pace: &Pace) -> Option<Thread> {
     let seq = link.conn.next_read;
     link.conn.next_read += 1;
     if link.conn.abandoned.pop_front().unwrap_or(false) {
         forget_scripts_if_lost(&mut link.conn, &value);
-        return;
+        return None;
     }
     link.conn.live -= 1;
     link.conn.replies.push((seq, value));
-    let ticket = Ticket {
-        epoch: link.epoch,
-        seq,
-    };
-    if let Some(sleeper) = link
-        .sleepers
-        .iter_mut()
-        .find(|s| s.ticket == ticket && !s.stored)
-    {
-        sleeper.stored = true;
-        let waiter = &sleeper.waiter;
-        // The pace is held on its behalf under this node's lock, which the
-        // waiter takes to delist before it looks whether it holds it.
-        if waiter.stored.fetch_add(1, Ordering::AcqRel) + 1 >= waiter.need
-            && waiter.wake(AWAKE_REPLY, &mut link.wakes)
-        {
-            pace.hold();
-        }
+    let i = link.sleepers.iter().position(|(t, _)| t.seq == seq)?;
+    let (_, waiter) = link.sleepers.swap_remove(i);
+    if waiter.stored.fetch_add(1, Ordering::AcqRel) + 1 < waiter.need {
+        return None;
     }
+    // The pace is held on its behalf under this node's lock, which the
+    // waiter takes to delist before it looks whether it holds it.
+    let thread = waiter.wake(AWAKE_REPLY)?.clone();
+    pace.hold();
+    Some(thread)
 }
 
 /// Replies are due and nobody reads them: unless a thread is awake (it
 /// will read them when it polls, or, as the last to let go of the pace,
-/// call this again), wakes a sleeper to take the reading role over. So a
-/// reader lets go without waking anyone while others run, as an event
-/// loop's poll serves whoever is ready.
+/// call this again), wakes a sleeper (all of them wait for replies not read
+/// yet) to take the reading role over. So a reader lets go without waking
+/// anyone while others run, as an event loop's poll serves whoever is
+/// ready. Nor is one woken if one is woken for that already (on this node
+/// or another it waits on): it polls every node it waits on, and reads
+/// this one, or, should its round be decided first, hands this node off
+/// when it abandons its reply here. So one wake-up serves every node whose
+/// replies one round awaits, not one per node.
 fn hand_off(link: &mut Link, pace: &Pace) {
-    if link.conn.next_read < link.conn.written && can_read(&link.conn) && !pace.others_awake() {
-        wake_one(link);
-    }
-}
-
-/// Wakes one sleeper that waits for a reply not read yet: it takes the
-/// reading role over. Unless one that waits for a reply here is woken for
-/// that already (on this node or another it waits on): it polls every
-/// node it waits on, and reads this one, or, should its round be decided
-/// first, hands this node off when it abandons its reply here. So one
-/// wake-up serves every node whose replies one round awaits, not one per
-/// node.
-fn wake_one(link: &mut Link) {
-    if link.sleepers.iter().any(|s| {
-        s.ticket.epoch == link.epoch
-            && !s.stored
-            && s.waiter.woken.load(Ordering::Acquire) == AWAKE_OTHER
-    }) {
-        return;
-    }
-    let wakes = &mut link.wakes;
-    let _ = (link.sleepers.iter()).any(|s| !s.stored && s.waiter.wake(AWAKE_OTHER, wakes));
-}
-
-/// Adds `waiter` as the sleeper of `ticket`.
-fn enlist(link: &mut Link, ticket: Ticket, waiter: &Arc<Waiter>) {
-    let waiter = Arc::clone(waiter);
-    (link.sleepers).push(Sleeper {
-        ticket,
-        waiter,
-        stored: false,
-    });
-}
-
-/// Removes the sleeper of `ticket`.
-fn delist(link: &mut Link, ticket: Ticket) {
-    if let Some(i) = link.sleepers.iter().position(|s| s.ticket == ticket) {
-        link.sleepers.swap_remove(i);
+    let woken = |w: &Waiter| w.woken.load(Ordering::Acquire) == AWAKE_OTHER;
+    if can_read(&link.conn) && !pace.others_awake() && !link.sleepers.iter().any(|(_, w)| woken(w))
+    {
+        let woken = link.sleepers.iter().find_map(|(_, w)| w.wake(AWAKE_OTHER));
+        woken.iter().for_each(|t| t.unpark());
     }
 }
 
@@ -943,7 +674,8 @@ fn forget_scripts_if_lost(conn: &mut Connection, reply: &Value) {
     }
 }
 
-/// Drops the connection for everyone: every request on it fails.
+/// Drops the connection for everyone: every request on it fails, and every
+/// sleeper wakes to find out.
 fn end_epoch(link: &mut Link, failure: Failure) {
     link.conn.writer.iter().for_each(Writer::shutdown);
     link.conn.reader.iter().for_each(Reader::shutdown);
@@ -951,48 +683,33 @@ fn end_epoch(link: &mut Link, failure: Failure) {
     link.slow = failure == Failure::TimedOut;
     link.ended = Some((link.epoch, failure));
     link.epoch += 1;
-    for sleeper in &link.sleepers {
-        sleeper.waiter.wake(AWAKE_OTHER, &mut link.wakes);
+    for (_, waiter) in std::mem::take(&mut link.sleepers) {
+        waiter.wake(AWAKE_OTHER).iter().for_each(|t| t.unpark());
     }
 }
 
-/// Whether the node's replies tend to come within half the
-/// [`FLUSH_GRACE`]: a read of it blocks no longer than what batching may
-/// cost anyway.
-fn answers_quickly(link: &Link) -> bool {
-    const QUICK_US: u64 = FLUSH_GRACE.as_micros() as u64 / 2;
-    !link.slow && link.wait_us < QUICK_US
-}
-
-/// Whether a thread may take the reading role now.
+/// Whether a thread may take the reading role now: replies are due and
+/// nobody reads them (nor, on an unsplit connection, writes).
 fn can_read(conn: &Connection) -> bool {
-    !conn.reading && (!conn.unsplit || !conn.writing)
+    conn.next_read < conn.written && !conn.reading && (!conn.unsplit || !conn.writing)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A thread woken under a node's lock is unparked once the lock is let
-    /// go, by the thread that woke it: not later (a sleeper would wait for
-    /// its recheck), and not while the lock is held.
+    /// A waiter is woken once, by the first thread that wakes it, which
+    /// gets its thread to unpark and says why it woke it.
     #[test]
-    fn a_thread_woken_under_the_lock_is_unparked_when_the_lock_is_let_go() {
-        let shared = Shared::default();
+    fn a_waiter_is_woken_once_and_says_why() {
         let waiter = Waiter::new(1);
-        let mut link = shared.lock();
-        assert!(waiter.wake(AWAKE_REPLY, &mut link.wakes));
-        assert!(!waiter.wake(AWAKE_OTHER, &mut link.wakes), "woken once");
-        assert_eq!(link.wakes.len(), 1, "its unpark waits for the lock");
-        drop(link);
-        assert!(shared.lock().wakes.is_empty(), "unparked on the way out");
-        assert!(waiter.holds_pace(), "woken with its reply");
-        // The unpark left this thread's token: a park returns at once.
-        let parked = Instant::now();
-        thread::park_timeout(Duration::from_secs(30));
+        assert!(!waiter.woken());
+        let thread = waiter.wake(AWAKE_REPLY).expect("not woken before");
+        assert_eq!(thread.id(), thread::current().id());
+        assert!(waiter.wake(AWAKE_OTHER).is_none(), "woken once");
         assert!(
-            parked.elapsed() < Duration::from_secs(20),
-            "the woken thread was never unparked"
+            waiter.woken() && waiter.holds_pace(),
+            "woken with its reply"
         );
     }
 }
