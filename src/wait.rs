@@ -20,16 +20,16 @@
 //! - A message on a resource's channel wakes one of its waiters (the first
 //!   registered): one lock to take, no stampede. The confirmation of a
 //!   subscription wakes all the channel's waiters: a release before it went
-//!   unheard. A thread woken by the network waits a random share of
-//!   [`WAKE_SPREAD`] first, so that the waiters of several clients do not
-//!   all hit the nodes in the same instant.
+//!   unheard.
 //! - The line is opened by the first waiter that needs it, to the next node
 //!   once one fails us (a failed connect, a refused subscription, no answer
-//!   to a subscription or a `PING` within `io_timeout`). Once every node
-//!   failed in a row, waiters only sleep their pause for a backoff that
-//!   doubles each time, from [`BACKOFF`] up to [`MAX_BACKOFF`], until a
-//!   subscription is confirmed. The client's next operation closes it once
-//!   no thread has waited for [`LINGER`].
+//!   within `io_timeout` to what was sent, or to a `PING` on a line quiet
+//!   that long). Once every node failed in a row, waiters only sleep their
+//!   pause for a backoff that doubles each time, from [`BACKOFF`] up to
+//!   [`MAX_BACKOFF`], until a subscription is confirmed. A channel nobody
+//!   waited on for [`LINGER`] is unsubscribed as a waiter comes; the
+//!   client's next operation closes the line once no thread has waited for
+//!   that long.
 //! - No background thread: the waiting threads take turns at reading the
 //!   line, in slices of at most `io_timeout`.
 //!
@@ -42,7 +42,6 @@ use std::time::{Duration, Instant};
 
 use crate::error::Failure;
 use crate::node::{Event, Listener, Node, Sender};
-use crate::script::RELEASED_CHANNEL_PREFIX;
 
 /// How long a channel stays subscribed, and the line open, after the last
 /// thread that waited on it left: back-to-back waits (the usual case under
@@ -55,11 +54,6 @@ const BACKOFF: Duration = Duration::from_secs(1);
 /// The longest backoff: the line is tried again at least this often (a
 /// user may be given channel permissions later).
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
-
-/// A thread woken by a node's message waits a random share of this before
-/// its attempt: the waiters of several clients woken by one release spread
-/// out instead of splitting the nodes' votes among them.
-const WAKE_SPREAD: Duration = Duration::from_micros(500);
 
 /// The waiting threads of one client, and its line.
 pub(crate) struct Waiters {
@@ -105,18 +99,11 @@ impl Drop for Watch<'_> {
 
 struct State {
     hints: Hints,
-    line: Option<Line>,
-    /// How many lines were opened: each line's number.
+    /// The line: its number (a listener of an earlier line is dropped), its
+    /// sender, and its listener unless a thread reads with it.
+    line: Option<(u64, Sender, Option<Listener>)>,
+    /// How many lines were opened.
     lines: u64,
-}
-
-/// The subscription connection.
-struct Line {
-    /// Counts the lines opened: a listener of an earlier line is dropped.
-    number: u64,
-    sender: Sender,
-    /// Taken by the thread in the reading role.
-    listener: Option<Listener>,
 }
 
 /// What to send on the line.
@@ -133,8 +120,9 @@ struct Hints {
     nodes: usize,
     waiters: Vec<Entry>,
     next_id: u64,
-    /// By resource name.
-    channels: HashMap<String, Channel>,
+    /// The resources waited on, by name: when a waiter last came or left.
+    /// While the line is up, it listens (or asked to) for each.
+    channels: HashMap<String, Instant>,
     line: LineState,
     /// The node to listen on next.
     node: usize,
@@ -153,10 +141,11 @@ enum LineState {
     #[default]
     Down,
     Connecting,
-    /// Open: when it was last heard, and when the `PING` sent is overdue.
+    /// Open: when it was last heard, and when the answer it owes (to the
+    /// commands sent since) is overdue.
     Up {
         heard: Instant,
-        ping_due: Option<Instant>,
+        due: Option<Instant>,
     },
 }
 
@@ -165,28 +154,6 @@ struct Entry {
     id: u64,
     resources: Vec<String>,
     woken: Option<Wake>,
-}
-
-#[derive(Debug)]
-struct Channel {
-    sub: Sub,
-    waiters: usize,
-    /// When its last waiter left.
-    left: Instant,
-}
-
-/// A channel's subscription on the line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Sub {
-    /// Not asked for on this line (or there is no line).
-    Unsent,
-    /// `SUBSCRIBE` sent; the node must confirm by `due`.
-    Sent {
-        due: Instant,
-    },
-    Confirmed,
-    /// `UNSUBSCRIBE` sent.
-    Leaving,
 }
 
 impl Waiters {
@@ -250,46 +217,34 @@ impl Waiters {
         stop: &dyn Fn() -> bool,
     ) -> Wake {
         let mut st = self.lock();
-        if st.hints.unsupported {
-            while !stop() && Instant::now() < until {
-                st = self.sleep(st, until.saturating_duration_since(Instant::now()));
-            }
-            return Wake::TimedOut;
-        }
         self.active.store(true, Ordering::Release);
         let now = Instant::now();
         let id = *(watch.id).get_or_insert_with(|| self.register(&mut st, resources, now));
-        let wake = loop {
+        loop {
             if let Some(wake) = st.hints.woken(id) {
-                break wake;
+                return wake;
             }
             let now = Instant::now();
             if now >= until || stop() {
-                break Wake::TimedOut;
+                return Wake::TimedOut;
             }
             if st.hints.may_connect(now) {
                 st = self.connect(st, nodes, until);
                 continue;
             }
             let line = st.line.as_mut();
-            if let Some((number, listener)) =
-                line.and_then(|l| Some((l.number, l.listener.take()?)))
-            {
+            if let Some((number, listener)) = line.and_then(|(n, _, l)| Some((*n, l.take()?))) {
                 st = self.read(st, number, listener, until);
                 continue;
             }
             // Another thread reads or connects, or no node serves: sleep
             // until news or the end of the pause.
-            let left = st.hints.sleep_until(now, until);
-            st = self.sleep(st, left.saturating_duration_since(now));
-        };
-        drop(st);
-        drop(watch);
-        if wake == Wake::Heard {
-            let left = until.saturating_duration_since(Instant::now());
-            std::thread::sleep(random_below(WAKE_SPREAD).min(left));
+            let left = st
+                .hints
+                .sleep_until(now, until)
+                .saturating_duration_since(now);
+            st = self.sleep(st, left);
         }
-        wake
     }
 
     /// Sleeps until news (see [`changed`](Self::changed)) or for `left`.
@@ -320,18 +275,15 @@ impl Waiters {
         let heard = listener.next(read_until);
         let mut st = self.lock();
         let now = Instant::now();
-        let Some(line) = st.line.as_mut().filter(|l| l.number == number) else {
+        match st.line.as_mut() {
+            Some((n, _, slot)) if *n == number => *slot = Some(listener),
             // The line failed meanwhile: this listener is of the old one.
-            return st;
-        };
-        line.listener = Some(listener);
+            _ => return st,
+        }
         let news = match heard {
             Ok(event) => st.hints.on_event(event, now),
             Err(Failure::TimedOut) if !st.hints.overdue(now) => false,
-            Err(_) => {
-                self.fail_line(&mut st, now);
-                true
-            }
+            Err(_) => self.fail_line(&mut st, now),
         };
         if news {
             self.changed.notify_all();
@@ -358,17 +310,13 @@ impl Waiters {
         match opened {
             Ok(Some((sender, listener))) => {
                 st.lines += 1;
-                st.line = Some(Line {
-                    number: st.lines,
-                    sender,
-                    listener: Some(listener),
-                });
+                st.line = Some((st.lines, sender, Some(listener)));
                 let out = st.hints.line_opened(now, self.io_timeout);
-                self.send(&mut st, out, now);
+                self.send(&mut st, &out, now);
             }
             Ok(None) => st.hints.unsupported = true,
             Err(Failure::TimedOut | Failure::ConnectTimedOut) if cut_by_pause => {}
-            Err(_) => st.hints.next_node(now),
+            Err(_) => st.hints.line_failed(now),
         }
         self.changed.notify_all();
         st
@@ -378,25 +326,25 @@ impl Waiters {
     /// it. Returns its id.
     fn register(&self, st: &mut State, resources: &[String], now: Instant) -> u64 {
         let (id, out) = st.hints.register(resources, now, self.io_timeout);
-        self.send(st, out, now);
+        self.send(st, &out, now);
         id
     }
 
     /// Sends `out` on the line, if there is one.
-    fn send(&self, st: &mut State, out: Out, now: Instant) {
-        let Some(line) = &mut st.line else {
-            return;
-        };
-        let deadline = now + self.io_timeout;
-        let sent = (line.sender).send(&out.subscribe, &out.unsubscribe, out.ping, deadline);
-        if sent.is_err() {
-            self.fail_line(st, now);
+    fn send(&self, st: &mut State, out: &Out, now: Instant) {
+        if let Some((_, sender, _)) = &mut st.line {
+            let deadline = now + self.io_timeout;
+            if (sender.send(&out.subscribe, &out.unsubscribe, out.ping, deadline)).is_err() {
+                self.fail_line(st, now);
+            }
         }
     }
 
-    fn fail_line(&self, st: &mut State, now: Instant) {
+    /// Drops the line. Returns true: the waiters should look.
+    fn fail_line(&self, st: &mut State, now: Instant) -> bool {
         st.line = None;
         st.hints.line_failed(now);
+        true
     }
 
     /// Closes the line if no thread has waited for [`LINGER`]: for the
@@ -427,34 +375,31 @@ impl Hints {
         }
     }
 
-    /// Whether the line is up and listens (or asked to) on every one of
-    /// `resources`' channels.
+    /// Whether the line is up and listens (or asked to) for every one of
+    /// `resources`.
     fn listens_for(&self, resources: &[String]) -> bool {
         matches!(self.line, LineState::Up { .. })
-            && resources.iter().all(|r| {
-                self.channels
-                    .get(r)
-                    .is_some_and(|c| matches!(c.sub, Sub::Sent { .. } | Sub::Confirmed))
-            })
+            && resources.iter().all(|r| self.channels.contains_key(r))
     }
 
-    /// Adds a waiter for `resources`. Returns its id, and what to send:
-    /// the subscriptions missing, the channels nobody waited on for
-    /// [`LINGER`] (so that the set stays as small as the resources waited
-    /// on lately), and a `PING` if the line has been quiet for `io`.
+    /// Whether a waiter waits for `resource`.
+    fn waited(&self, resource: &str) -> bool {
+        (self.waiters.iter()).any(|w| w.resources.iter().any(|r| r == resource))
+    }
+
+    /// Adds a waiter for `resources`. Returns its id, and what to send on a
+    /// line that is up: the subscriptions missing, the channels nobody
+    /// waited on for [`LINGER`] (so that the set stays as small as the
+    /// resources waited on lately), and a `PING` if the line owes nothing
+    /// and has been quiet for `io`.
     fn register(&mut self, resources: &[String], now: Instant, io: Duration) -> (u64, Out) {
         let id = self.next_id;
         self.next_id += 1;
         self.idle_since = None;
+        let mut out = Out::default();
         for resource in resources {
-            let channel = self.channels.entry(resource.clone()).or_insert(Channel {
-                sub: Sub::Unsent,
-                waiters: 0,
-                left: now,
-            });
-            channel.waiters += 1;
-            if channel.sub == Sub::Leaving {
-                channel.sub = Sub::Unsent;
+            if self.channels.insert(resource.clone(), now).is_none() {
+                out.subscribe.push(resource.clone());
             }
         }
         self.waiters.push(Entry {
@@ -462,40 +407,37 @@ impl Hints {
             resources: resources.to_vec(),
             woken: None,
         });
-        let mut out = Out::default();
-        let LineState::Up { heard, ping_due } = &mut self.line else {
-            return (id, out);
+        let LineState::Up { heard, due } = self.line else {
+            return (id, Out::default());
         };
-        if ping_due.is_none() && now.saturating_duration_since(*heard) >= io {
-            *ping_due = Some(now + io);
-            out.ping = true;
-        }
-        for (resource, channel) in &mut self.channels {
-            let idle = now.saturating_duration_since(channel.left) >= LINGER;
-            if channel.sub == Sub::Unsent {
-                channel.sub = Sub::Sent { due: now + io };
-                out.subscribe.push(resource.clone());
-            } else if channel.waiters == 0 && channel.sub == Sub::Confirmed && idle {
-                channel.sub = Sub::Leaving;
-                out.unsubscribe.push(resource.clone());
-            }
+        out.unsubscribe = self.forget_unwaited(now, LINGER);
+        out.ping = due.is_none() && now.saturating_duration_since(heard) >= io;
+        if out.ping || !out.subscribe.is_empty() {
+            let due = due.or(Some(now + io));
+            self.line = LineState::Up { heard, due };
         }
         (id, out)
+    }
+
+    /// Forgets the channels that nobody waits on and nobody waited on for
+    /// `linger`. Returns them.
+    fn forget_unwaited(&mut self, now: Instant, linger: Duration) -> Vec<String> {
+        let stale: Vec<String> = (self.channels.iter())
+            .filter(|&(r, &last)| now.saturating_duration_since(last) >= linger && !self.waited(r))
+            .map(|(r, _)| r.clone())
+            .collect();
+        for resource in &stale {
+            self.channels.remove(resource);
+        }
+        stale
     }
 
     fn unregister(&mut self, id: u64, now: Instant) {
         let Some(at) = self.waiters.iter().position(|w| w.id == id) else {
             return;
         };
-        let waiter = self.waiters.remove(at);
-        for resource in &waiter.resources {
-            if let Some(channel) = self.channels.get_mut(resource) {
-                channel.waiters -= 1;
-                channel.left = now;
-            }
-        }
-        if self.line == LineState::Down {
-            self.channels.retain(|_, c| c.waiters > 0);
+        for resource in self.waiters.remove(at).resources {
+            self.channels.insert(resource, now);
         }
         if self.waiters.is_empty() {
             self.idle_since = Some(now);
@@ -506,14 +448,13 @@ impl Hints {
         self.waiters.iter().find(|w| w.id == id)?.woken
     }
 
-    /// Wakes the first waiter for `resource` that is not awake. Returns
-    /// whether it woke one.
-    fn wake_one(&mut self, resource: &str, why: Wake) -> bool {
-        let waiter = self
-            .waiters
-            .iter_mut()
-            .find(|w| w.woken.is_none() && w.resources.iter().any(|r| r == resource));
-        waiter.map(|w| w.woken = Some(why)).is_some()
+    /// Wakes the first waiter for `resource` that is not awake, or with
+    /// `all` every one. Returns whether it woke any.
+    fn wake(&mut self, resource: &str, why: Wake, all: bool) -> bool {
+        let asleep = (self.waiters.iter_mut())
+            .filter(|w| w.woken.is_none() && w.resources.iter().any(|r| r == resource));
+        let woken = asleep.take(if all { usize::MAX } else { 1 });
+        woken.map(|w| w.woken = Some(why)).count() > 0
     }
 
     /// This client released `resources`: wakes one waiter of each. Returns
@@ -521,75 +462,45 @@ impl Hints {
     fn released_here(&mut self, resources: &[String]) -> bool {
         let woke = resources
             .iter()
-            .filter(|r| self.wake_one(r, Wake::ReleasedHere));
+            .filter(|r| self.wake(r, Wake::ReleasedHere, false));
         woke.count() > 0
     }
 
     /// What the line said. Returns whether other threads should look.
     fn on_event(&mut self, event: Event, now: Instant) -> bool {
-        if let LineState::Up { heard, .. } = &mut self.line {
-            *heard = now;
+        if let LineState::Up { heard, due } = &mut self.line {
+            (*heard, *due) = (now, None);
         }
         match event {
-            Event::Message { channel, .. } => {
-                resource_of(&channel).is_some_and(|r| self.wake_one(&r, Wake::Heard))
+            Event::Released(resource) => self.wake(&resource, Wake::Heard, false),
+            Event::Subscribed(resource) => {
+                (self.failed_in_row, self.backoff) = (0, BACKOFF);
+                self.wake(&resource, Wake::Heard, true)
             }
-            Event::Subscribed(channel) => {
-                let Some(resource) = resource_of(&channel) else {
-                    return false;
-                };
-                match self.channels.get_mut(&resource) {
-                    Some(c) if matches!(c.sub, Sub::Sent { .. }) => c.sub = Sub::Confirmed,
-                    _ => return false,
-                }
-                self.failed_in_row = 0;
-                self.backoff = BACKOFF;
-                let waiters = self.waiters.iter_mut();
-                let asleep =
-                    waiters.filter(|w| w.woken.is_none() && w.resources.contains(&resource));
-                asleep.map(|w| w.woken = Some(Wake::Heard)).count() > 0
-            }
-            Event::Unsubscribed(channel) => {
-                let leaving =
-                    |r: &String| self.channels.get(r).is_some_and(|c| c.sub == Sub::Leaving);
-                if let Some(resource) = resource_of(&channel).filter(leaving) {
-                    self.channels.remove(&resource);
-                }
-                false
-            }
-            Event::Pong => {
-                if let LineState::Up { ping_due, .. } = &mut self.line {
-                    *ping_due = None;
-                }
-                false
-            }
+            Event::Answer => false,
+        }
+    }
+
+    /// When the answer the line owes is due.
+    fn due(&self) -> Option<Instant> {
+        match self.line {
+            LineState::Up { due, .. } => due,
+            _ => None,
         }
     }
 
     /// When the reader must be back: at the end of its pause, after at most
-    /// `io` (so that subscriptions sent meanwhile are checked in time), or
-    /// when the line owes an answer.
+    /// `io` (so that what is sent meanwhile is checked in time), or when
+    /// the line owes an answer.
     fn read_deadline(&self, now: Instant, until: Instant, io: Duration) -> Instant {
-        self.answers_due().fold(until.min(now + io), Instant::min)
+        self.due()
+            .into_iter()
+            .fold(until.min(now + io), Instant::min)
     }
 
     /// The line owes an answer it should have given by now.
     fn overdue(&self, now: Instant) -> bool {
-        self.answers_due().any(|due| now >= due)
-    }
-
-    /// When the answers the line owes are due: to the `PING` sent, and to
-    /// each subscription not confirmed yet.
-    fn answers_due(&self) -> impl Iterator<Item = Instant> + '_ {
-        let ping = match self.line {
-            LineState::Up { ping_due, .. } => ping_due,
-            _ => None,
-        };
-        let subs = self.channels.values().filter_map(|c| match c.sub {
-            Sub::Sent { due } => Some(due),
-            _ => None,
-        });
-        ping.into_iter().chain(subs)
+        self.due().is_some_and(|due| now >= due)
     }
 
     /// Whether a waiter may open a line now.
@@ -610,35 +521,24 @@ impl Hints {
         }
     }
 
-    /// A line is open: every channel waited on is to be subscribed.
+    /// A line is open: every resource waited on is to be subscribed.
     fn line_opened(&mut self, now: Instant, io: Duration) -> Out {
-        self.line = LineState::Up {
-            heard: now,
-            ping_due: None,
-        };
-        self.connect_after = None;
-        let mut out = Out::default();
-        for (resource, channel) in &mut self.channels {
-            channel.sub = Sub::Sent { due: now + io };
-            out.subscribe.push(resource.clone());
+        self.forget_unwaited(now, Duration::ZERO);
+        let subscribe: Vec<String> = self.channels.keys().cloned().collect();
+        let due = (!subscribe.is_empty()).then_some(now + io);
+        (self.line, self.connect_after) = (LineState::Up { heard: now, due }, None);
+        Out {
+            subscribe,
+            ..Out::default()
         }
-        out
     }
 
-    /// The line failed: the next node, whose subscriptions will wake the
-    /// waiters (what came in between is unknown).
+    /// The line (or its connect) failed us: the next node, whose
+    /// subscriptions will wake the waiters (what came in between is
+    /// unknown), after a backoff once all failed in a row, twice as long as
+    /// the last one.
     fn line_failed(&mut self, now: Instant) {
         self.line = LineState::Down;
-        self.channels.retain(|_, c| c.waiters > 0);
-        for channel in self.channels.values_mut() {
-            channel.sub = Sub::Unsent;
-        }
-        self.next_node(now);
-    }
-
-    /// The node failed us: the next one, after a backoff once all failed
-    /// in a row, twice as long as the last one.
-    fn next_node(&mut self, now: Instant) {
         self.node = (self.node + 1) % self.nodes;
         self.failed_in_row += 1;
         if self.failed_in_row >= self.nodes {
@@ -664,13 +564,6 @@ impl Hints {
     }
 }
 
-/// The resource a channel of ours names.
-fn resource_of(channel: &[u8]) -> Option<String> {
-    let name = std::str::from_utf8(channel).ok()?;
-    name.strip_prefix(RELEASED_CHANNEL_PREFIX)
-        .map(str::to_string)
-}
-
 /// A random duration in `[0, bound)`.
 pub(crate) fn random_below(bound: Duration) -> Duration {
     let nanos = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX).max(1);
@@ -687,15 +580,12 @@ mod tests {
         list.iter().map(|s| s.to_string()).collect()
     }
 
-    fn channel(resource: &str) -> Vec<u8> {
-        format!("{RELEASED_CHANNEL_PREFIX}{resource}").into_bytes()
+    fn subscribed(resource: &str) -> Event {
+        Event::Subscribed(resource.to_string())
     }
 
     fn message(resource: &str) -> Event {
-        Event::Message {
-            channel: channel(resource),
-            payload: b"token".to_vec(),
-        }
+        Event::Released(resource.to_string())
     }
 
     /// Hints with a line up and `resource` confirmed on it.
@@ -703,7 +593,7 @@ mod tests {
         let mut hints = Hints::new(3);
         let (id, _) = hints.register(&names(&[resource]), now, IO);
         hints.line_opened(now, IO);
-        hints.on_event(Event::Subscribed(channel(resource)), now);
+        hints.on_event(subscribed(resource), now);
         hints.unregister(id, now);
         hints
     }
@@ -734,14 +624,10 @@ mod tests {
         let mut out = hints.line_opened(now, IO);
         out.subscribe.sort();
         assert_eq!(out.subscribe, names(&["a", "b"]));
-        assert!(hints.on_event(Event::Subscribed(channel("a")), now));
+        assert!(hints.on_event(subscribed("a"), now));
         assert_eq!(hints.woken(a1), Some(Wake::Heard));
         assert_eq!(hints.woken(a2), Some(Wake::Heard));
         assert_eq!(hints.woken(b), None);
-        assert!(
-            !hints.on_event(Event::Subscribed(channel("a")), now),
-            "confirmed once"
-        );
     }
 
     #[test]
@@ -780,10 +666,7 @@ mod tests {
         assert!(hints.may_connect(later));
         hints.line = LineState::Connecting;
         assert_eq!(hints.sleep_until(later, until), until);
-        hints.line = LineState::Up {
-            heard: later,
-            ping_due: None,
-        };
+        hints.line_opened(later, IO);
         assert_eq!(hints.sleep_until(later, until), until);
     }
 
@@ -806,7 +689,7 @@ mod tests {
         let secs: Vec<u64> = backoffs.iter().map(Duration::as_secs).collect();
         assert_eq!(secs, [1, 2, 4, 8, 16, 32, 60, 60]);
         hints.line_opened(now, IO);
-        hints.on_event(Event::Subscribed(channel("a")), now);
+        hints.on_event(subscribed("a"), now);
         assert_eq!(hints.woken(id), Some(Wake::Heard));
         assert_eq!(hints.backoff, BACKOFF, "a confirmed subscription resets it");
     }
@@ -825,8 +708,18 @@ mod tests {
         assert!(!hints.overdue(quiet));
         assert_eq!(hints.read_deadline(quiet, quiet + IO * 10, IO), quiet + IO);
         assert!(hints.overdue(quiet + IO));
-        hints.on_event(Event::Pong, quiet);
+        hints.on_event(Event::Answer, quiet);
         assert!(!hints.overdue(quiet + IO));
+    }
+
+    #[test]
+    fn a_subscription_unanswered_in_time_fails_the_line() {
+        let now = Instant::now();
+        let mut hints = listening("a", now);
+        let (_, out) = hints.register(&names(&["b"]), now, IO);
+        assert_eq!(out.subscribe, names(&["b"]));
+        assert!(!hints.overdue(now + IO / 2));
+        assert!(hints.overdue(now + IO));
     }
 
     #[test]
@@ -838,7 +731,6 @@ mod tests {
         assert!(out.unsubscribe.is_empty(), "a lingers");
         let (_, out) = hints.register(&names(&["b"]), now + LINGER, IO);
         assert_eq!(out.unsubscribe, names(&["a"]));
-        hints.on_event(Event::Unsubscribed(channel("a")), now + LINGER);
         assert!(!hints.channels.contains_key("a"));
     }
 
