@@ -73,10 +73,9 @@ pub(crate) struct Waiters {
 /// Why a wait ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Wake {
-    /// A node's message: a release heard of, or the subscription came up.
+    /// News: a release heard of (from a node, or through this client), or
+    /// the subscription came up.
     Heard,
-    /// This client released a resource.
-    ReleasedHere,
     /// The pause ended.
     TimedOut,
 }
@@ -99,11 +98,11 @@ impl Drop for Watch<'_> {
 
 struct State {
     hints: Hints,
-    /// The line: its number (a listener of an earlier line is dropped), its
-    /// sender, and its listener unless a thread reads with it.
-    line: Option<(u64, Sender, Option<Listener>)>,
-    /// How many lines were opened.
-    lines: u64,
+    /// The line: its sender, and its listener unless a thread reads with
+    /// it. Only that thread drops the line while it reads (whoever else
+    /// finds it broken says so in `hints`): the listener it brings back is
+    /// of this line.
+    line: Option<(Sender, Option<Listener>)>,
 }
 
 /// What to send on the line.
@@ -124,14 +123,16 @@ struct Hints {
     /// While the line is up, it listens (or asked to) for each.
     channels: HashMap<String, Instant>,
     line: LineState,
+    /// When the line was last heard, and when the answer it owes (to what
+    /// was sent since) is overdue.
+    heard: Option<Instant>,
+    due: Option<Instant>,
     /// The node to listen on next.
     node: usize,
     failed_in_row: usize,
     /// The next backoff once every node failed in a row.
     backoff: Duration,
     connect_after: Option<Instant>,
-    /// When the last waiter left.
-    idle_since: Option<Instant>,
     /// The nodes' connections cannot be split (TLS): waiters only sleep.
     unsupported: bool,
 }
@@ -141,19 +142,14 @@ enum LineState {
     #[default]
     Down,
     Connecting,
-    /// Open: when it was last heard, and when the answer it owes (to the
-    /// commands sent since) is overdue.
-    Up {
-        heard: Instant,
-        due: Option<Instant>,
-    },
+    Up,
 }
 
 #[derive(Debug)]
 struct Entry {
     id: u64,
     resources: Vec<String>,
-    woken: Option<Wake>,
+    woken: bool,
 }
 
 impl Waiters {
@@ -164,7 +160,6 @@ impl Waiters {
             state: Mutex::new(State {
                 hints: Hints::new(nodes),
                 line: None,
-                lines: 0,
             }),
             changed: Condvar::new(),
             active: AtomicBool::new(false),
@@ -221,8 +216,8 @@ impl Waiters {
         let now = Instant::now();
         let id = *(watch.id).get_or_insert_with(|| self.register(&mut st, resources, now));
         loop {
-            if let Some(wake) = st.hints.woken(id) {
-                return wake;
+            if st.hints.woken(id) {
+                return Wake::Heard;
             }
             let now = Instant::now();
             if now >= until || stop() {
@@ -232,9 +227,8 @@ impl Waiters {
                 st = self.connect(st, nodes, until);
                 continue;
             }
-            let line = st.line.as_mut();
-            if let Some((number, listener)) = line.and_then(|(n, _, l)| Some((*n, l.take()?))) {
-                st = self.read(st, number, listener, until);
+            if let Some(listener) = st.line.as_mut().and_then(|(_, l)| l.take()) {
+                st = self.read(st, listener, until);
                 continue;
             }
             // Another thread reads or connects, or no node serves: sleep
@@ -259,12 +253,11 @@ impl Waiters {
         self.changed.notify_all();
     }
 
-    /// Reads the line with `listener` (of line `number`) outside the lock,
-    /// until `until` at most, and records what it heard.
+    /// Reads the line with its `listener` outside the lock, until `until`
+    /// at most, and records what it heard.
     fn read<'a>(
         &'a self,
         st: MutexGuard<'a, State>,
-        number: u64,
         mut listener: Listener,
         until: Instant,
     ) -> MutexGuard<'a, State> {
@@ -275,16 +268,19 @@ impl Waiters {
         let heard = listener.next(read_until);
         let mut st = self.lock();
         let now = Instant::now();
-        match st.line.as_mut() {
-            Some((n, _, slot)) if *n == number => *slot = Some(listener),
-            // The line failed meanwhile: this listener is of the old one.
-            _ => return st,
-        }
         let news = match heard {
             Ok(event) => st.hints.on_event(event, now),
             Err(Failure::TimedOut) if !st.hints.overdue(now) => false,
-            Err(_) => self.fail_line(&mut st, now),
+            Err(_) => {
+                st.hints.line_failed(now);
+                true
+            }
         };
+        let up = st.hints.line == LineState::Up;
+        match &mut st.line {
+            Some((_, slot)) if up => *slot = Some(listener),
+            line => *line = None,
+        }
         if news {
             self.changed.notify_all();
         }
@@ -309,8 +305,7 @@ impl Waiters {
         st.hints.line = LineState::Down;
         match opened {
             Ok(Some((sender, listener))) => {
-                st.lines += 1;
-                st.line = Some((st.lines, sender, Some(listener)));
+                st.line = Some((sender, Some(listener)));
                 let out = st.hints.line_opened(now, self.io_timeout);
                 self.send(&mut st, &out, now);
             }
@@ -330,21 +325,15 @@ impl Waiters {
         id
     }
 
-    /// Sends `out` on the line, if there is one.
+    /// Sends `out` on the line, if there is one. A failed write leaves the
+    /// line overdue: its next read fails it.
     fn send(&self, st: &mut State, out: &Out, now: Instant) {
-        if let Some((_, sender, _)) = &mut st.line {
+        if let Some((sender, _)) = &mut st.line {
             let deadline = now + self.io_timeout;
             if (sender.send(&out.subscribe, &out.unsubscribe, out.ping, deadline)).is_err() {
-                self.fail_line(st, now);
+                st.hints.due = Some(now);
             }
         }
-    }
-
-    /// Drops the line. Returns true: the waiters should look.
-    fn fail_line(&self, st: &mut State, now: Instant) -> bool {
-        st.line = None;
-        st.hints.line_failed(now);
-        true
     }
 
     /// Closes the line if no thread has waited for [`LINGER`]: for the
@@ -378,8 +367,7 @@ impl Hints {
     /// Whether the line is up and listens (or asked to) for every one of
     /// `resources`.
     fn listens_for(&self, resources: &[String]) -> bool {
-        matches!(self.line, LineState::Up { .. })
-            && resources.iter().all(|r| self.channels.contains_key(r))
+        self.line == LineState::Up && resources.iter().all(|r| self.channels.contains_key(r))
     }
 
     /// Whether a waiter waits for `resource`.
@@ -395,7 +383,6 @@ impl Hints {
     fn register(&mut self, resources: &[String], now: Instant, io: Duration) -> (u64, Out) {
         let id = self.next_id;
         self.next_id += 1;
-        self.idle_since = None;
         let mut out = Out::default();
         for resource in resources {
             if self.channels.insert(resource.clone(), now).is_none() {
@@ -405,16 +392,18 @@ impl Hints {
         self.waiters.push(Entry {
             id,
             resources: resources.to_vec(),
-            woken: None,
+            woken: false,
         });
-        let LineState::Up { heard, due } = self.line else {
+        if self.line != LineState::Up {
             return (id, Out::default());
-        };
+        }
         out.unsubscribe = self.forget_unwaited(now, LINGER);
-        out.ping = due.is_none() && now.saturating_duration_since(heard) >= io;
+        let quiet = self
+            .heard
+            .is_none_or(|t| now.saturating_duration_since(t) >= io);
+        out.ping = self.due.is_none() && quiet;
         if out.ping || !out.subscribe.is_empty() {
-            let due = due.or(Some(now + io));
-            self.line = LineState::Up { heard, due };
+            self.due = self.due.or(Some(now + io));
         }
         (id, out)
     }
@@ -439,53 +428,38 @@ impl Hints {
         for resource in self.waiters.remove(at).resources {
             self.channels.insert(resource, now);
         }
-        if self.waiters.is_empty() {
-            self.idle_since = Some(now);
-        }
     }
 
-    fn woken(&self, id: u64) -> Option<Wake> {
-        self.waiters.iter().find(|w| w.id == id)?.woken
+    fn woken(&self, id: u64) -> bool {
+        self.waiters.iter().any(|w| w.id == id && w.woken)
     }
 
     /// Wakes the first waiter for `resource` that is not awake, or with
     /// `all` every one. Returns whether it woke any.
-    fn wake(&mut self, resource: &str, why: Wake, all: bool) -> bool {
+    fn wake(&mut self, resource: &str, all: bool) -> bool {
         let asleep = (self.waiters.iter_mut())
-            .filter(|w| w.woken.is_none() && w.resources.iter().any(|r| r == resource));
+            .filter(|w| !w.woken && w.resources.iter().any(|r| r == resource));
         let woken = asleep.take(if all { usize::MAX } else { 1 });
-        woken.map(|w| w.woken = Some(why)).count() > 0
+        woken.map(|w| w.woken = true).count() > 0
     }
 
     /// This client released `resources`: wakes one waiter of each. Returns
     /// whether it woke any.
     fn released_here(&mut self, resources: &[String]) -> bool {
-        let woke = resources
-            .iter()
-            .filter(|r| self.wake(r, Wake::ReleasedHere, false));
+        let woke = resources.iter().filter(|r| self.wake(r, false));
         woke.count() > 0
     }
 
     /// What the line said. Returns whether other threads should look.
     fn on_event(&mut self, event: Event, now: Instant) -> bool {
-        if let LineState::Up { heard, due } = &mut self.line {
-            (*heard, *due) = (now, None);
-        }
+        (self.heard, self.due) = (Some(now), None);
         match event {
-            Event::Released(resource) => self.wake(&resource, Wake::Heard, false),
+            Event::Released(resource) => self.wake(&resource, false),
             Event::Subscribed(resource) => {
                 (self.failed_in_row, self.backoff) = (0, BACKOFF);
-                self.wake(&resource, Wake::Heard, true)
+                self.wake(&resource, true)
             }
             Event::Answer => false,
-        }
-    }
-
-    /// When the answer the line owes is due.
-    fn due(&self) -> Option<Instant> {
-        match self.line {
-            LineState::Up { due, .. } => due,
-            _ => None,
         }
     }
 
@@ -493,14 +467,12 @@ impl Hints {
     /// `io` (so that what is sent meanwhile is checked in time), or when
     /// the line owes an answer.
     fn read_deadline(&self, now: Instant, until: Instant, io: Duration) -> Instant {
-        self.due()
-            .into_iter()
-            .fold(until.min(now + io), Instant::min)
+        self.due.into_iter().fold(until.min(now + io), Instant::min)
     }
 
     /// The line owes an answer it should have given by now.
     fn overdue(&self, now: Instant) -> bool {
-        self.due().is_some_and(|due| now >= due)
+        self.due.is_some_and(|due| now >= due)
     }
 
     /// Whether a waiter may open a line now.
@@ -525,8 +497,8 @@ impl Hints {
     fn line_opened(&mut self, now: Instant, io: Duration) -> Out {
         self.forget_unwaited(now, Duration::ZERO);
         let subscribe: Vec<String> = self.channels.keys().cloned().collect();
-        let due = (!subscribe.is_empty()).then_some(now + io);
-        (self.line, self.connect_after) = (LineState::Up { heard: now, due }, None);
+        self.due = (!subscribe.is_empty()).then_some(now + io);
+        (self.line, self.heard, self.connect_after) = (LineState::Up, Some(now), None);
         Out {
             subscribe,
             ..Out::default()
@@ -551,23 +523,16 @@ impl Hints {
     /// Forgets the line and its channels if no thread has waited for
     /// [`LINGER`]. Returns whether it did.
     fn close_if_idle(&mut self, now: Instant) -> bool {
-        let idle = self
-            .idle_since
-            .is_some_and(|since| now.saturating_duration_since(since) >= LINGER);
-        let close = idle && self.waiters.is_empty() && self.line != LineState::Connecting;
+        let idle = |&last: &Instant| now.saturating_duration_since(last) >= LINGER;
+        let close = self.waiters.is_empty()
+            && self.line != LineState::Connecting
+            && self.channels.values().all(idle);
         if close {
             self.line = LineState::Down;
             self.channels.clear();
-            self.idle_since = None;
         }
         close
     }
-}
-
-/// A random duration in `[0, bound)`.
-pub(crate) fn random_below(bound: Duration) -> Duration {
-    let nanos = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX).max(1);
-    Duration::from_nanos(getrandom::u64().unwrap_or(0) % nanos)
 }
 
 #[cfg(test)]
@@ -606,11 +571,11 @@ mod tests {
         let (second, _) = hints.register(&names(&["a"]), now, IO);
         let (other, _) = hints.register(&names(&["b"]), now, IO);
         assert!(hints.on_event(message("a"), now));
-        assert_eq!(hints.woken(first), Some(Wake::Heard));
-        assert_eq!(hints.woken(second), None, "one lock to take, one waiter");
-        assert_eq!(hints.woken(other), None);
+        assert!(hints.woken(first));
+        assert!(!hints.woken(second), "one lock to take, one waiter");
+        assert!(!hints.woken(other));
         assert!(hints.on_event(message("a"), now));
-        assert_eq!(hints.woken(second), Some(Wake::Heard));
+        assert!(hints.woken(second));
         assert!(!hints.on_event(message("zzz"), now), "nobody waits for it");
     }
 
@@ -625,9 +590,9 @@ mod tests {
         out.subscribe.sort();
         assert_eq!(out.subscribe, names(&["a", "b"]));
         assert!(hints.on_event(subscribed("a"), now));
-        assert_eq!(hints.woken(a1), Some(Wake::Heard));
-        assert_eq!(hints.woken(a2), Some(Wake::Heard));
-        assert_eq!(hints.woken(b), None);
+        assert!(hints.woken(a1));
+        assert!(hints.woken(a2));
+        assert!(!hints.woken(b));
     }
 
     #[test]
@@ -637,8 +602,8 @@ mod tests {
         let (a1, _) = hints.register(&names(&["a"]), now, IO);
         let (a2, _) = hints.register(&names(&["a"]), now, IO);
         assert!(hints.released_here(&names(&["a"])));
-        assert_eq!(hints.woken(a1), Some(Wake::ReleasedHere));
-        assert_eq!(hints.woken(a2), None);
+        assert!(hints.woken(a1));
+        assert!(!hints.woken(a2));
         assert!(!hints.released_here(&names(&["b"])));
     }
 
@@ -690,7 +655,7 @@ mod tests {
         assert_eq!(secs, [1, 2, 4, 8, 16, 32, 60, 60]);
         hints.line_opened(now, IO);
         hints.on_event(subscribed("a"), now);
-        assert_eq!(hints.woken(id), Some(Wake::Heard));
+        assert!(hints.woken(id));
         assert_eq!(hints.backoff, BACKOFF, "a confirmed subscription resets it");
     }
 

@@ -95,18 +95,12 @@ impl Listener {
 
 /// A pushed value as an event.
 fn event(value: Value) -> Event {
-    let (Value::Array(parts) | Value::Push { data: parts, .. }) = value else {
+    let Ok((kind, channel, _)) = redis::from_redis_value::<(String, String, Value)>(value) else {
         return Event::Answer;
     };
-    let text = |i: usize| match parts.get(i) {
-        Some(Value::BulkString(bytes)) => std::str::from_utf8(bytes).ok(),
-        Some(Value::SimpleString(s)) => Some(s.as_str()),
-        _ => None,
-    };
-    let resource = text(1).and_then(|c| c.strip_prefix(RELEASED_CHANNEL_PREFIX));
-    match (text(0), resource.map(str::to_string)) {
-        (Some("message"), Some(resource)) => Event::Released(resource),
-        (Some("subscribe"), Some(resource)) => Event::Subscribed(resource),
+    match (kind.as_str(), channel.strip_prefix(RELEASED_CHANNEL_PREFIX)) {
+        ("message", Some(resource)) => Event::Released(resource.to_string()),
+        ("subscribe", Some(resource)) => Event::Subscribed(resource.to_string()),
         _ => Event::Answer,
     }
 }
