@@ -193,8 +193,11 @@ impl Waiters {
 
     /// This client released `resources`: wakes one of its waiters of each.
     pub(crate) fn released(&self, resources: &[String]) {
-        if self.active.load(Ordering::Acquire) && self.lock().hints.released_here(resources) {
-            self.changed.notify_all();
+        if self.active.load(Ordering::Acquire) {
+            let mut st = self.lock();
+            if resources.iter().filter(|r| st.hints.wake(r, false)).count() > 0 {
+                self.changed.notify_all();
+            }
         }
     }
 
@@ -213,8 +216,8 @@ impl Waiters {
     ) -> Wake {
         let mut st = self.lock();
         self.active.store(true, Ordering::Release);
-        let now = Instant::now();
-        let id = *(watch.id).get_or_insert_with(|| self.register(&mut st, resources, now));
+        let id =
+            *(watch.id).get_or_insert_with(|| self.register(&mut st, resources, Instant::now()));
         loop {
             if st.hints.woken(id) {
                 return Wake::Heard;
@@ -237,14 +240,9 @@ impl Waiters {
                 .hints
                 .sleep_until(now, until)
                 .saturating_duration_since(now);
-            st = self.sleep(st, left);
+            let slept = self.changed.wait_timeout(st, left);
+            st = slept.map_or_else(|e| e.into_inner().0, |r| r.0);
         }
-    }
-
-    /// Sleeps until news (see [`changed`](Self::changed)) or for `left`.
-    fn sleep<'a>(&self, st: MutexGuard<'a, State>, left: Duration) -> MutexGuard<'a, State> {
-        let slept = self.changed.wait_timeout(st, left);
-        slept.map_or_else(|e| e.into_inner().0, |r| r.0)
     }
 
     /// Wakes every waiting thread to look at its `stop` again.
@@ -325,10 +323,10 @@ impl Waiters {
         id
     }
 
-    /// Sends `out` on the line, if there is one. A failed write leaves the
-    /// line overdue: its next read fails it.
+    /// Sends `out`, if anything, on the line, if there is one. A failed
+    /// write leaves the line overdue: its next read fails it.
     fn send(&self, st: &mut State, out: &Out, now: Instant) {
-        if let Some((sender, _)) = &mut st.line {
+        if let Some((sender, _)) = st.line.as_mut().filter(|_| *out != Out::default()) {
             let deadline = now + self.io_timeout;
             if (sender.send(&out.subscribe, &out.unsubscribe, out.ping, deadline)).is_err() {
                 st.hints.due = Some(now);
@@ -370,34 +368,33 @@ impl Hints {
         self.line == LineState::Up && resources.iter().all(|r| self.channels.contains_key(r))
     }
 
-    /// Whether a waiter waits for `resource`.
-    fn waited(&self, resource: &str) -> bool {
-        (self.waiters.iter()).any(|w| w.resources.iter().any(|r| r == resource))
-    }
-
-    /// Adds a waiter for `resources`. Returns its id, and what to send on a
-    /// line that is up: the subscriptions missing, the channels nobody
-    /// waited on for [`LINGER`] (so that the set stays as small as the
-    /// resources waited on lately), and a `PING` if the line owes nothing
-    /// and has been quiet for `io`.
+    /// Adds a waiter for `resources`. Returns its id, and what to send.
     fn register(&mut self, resources: &[String], now: Instant, io: Duration) -> (u64, Out) {
         let id = self.next_id;
         self.next_id += 1;
-        let mut out = Out::default();
-        for resource in resources {
-            if self.channels.insert(resource.clone(), now).is_none() {
-                out.subscribe.push(resource.clone());
-            }
-        }
         self.waiters.push(Entry {
             id,
             resources: resources.to_vec(),
             woken: false,
         });
+        (id, self.listen(resources, now, io))
+    }
+
+    /// What to send on a line that is up to listen for `resources`: the
+    /// subscriptions missing, the channels nobody waited on for [`LINGER`]
+    /// (so that the set stays as small as the resources waited on lately),
+    /// and a `PING` if the line owes nothing and has been quiet for `io`.
+    fn listen(&mut self, resources: &[String], now: Instant, io: Duration) -> Out {
+        let mut out = Out::default();
         if self.line != LineState::Up {
-            return (id, Out::default());
+            return out;
         }
-        out.unsubscribe = self.forget_unwaited(now, LINGER);
+        for resource in resources {
+            if self.channels.insert(resource.clone(), now).is_none() {
+                out.subscribe.push(resource.clone());
+            }
+        }
+        out.unsubscribe = self.forget_unwaited(now);
         let quiet = self
             .heard
             .is_none_or(|t| now.saturating_duration_since(t) >= io);
@@ -405,20 +402,17 @@ impl Hints {
         if out.ping || !out.subscribe.is_empty() {
             self.due = self.due.or(Some(now + io));
         }
-        (id, out)
+        out
     }
 
     /// Forgets the channels that nobody waits on and nobody waited on for
-    /// `linger`. Returns them.
-    fn forget_unwaited(&mut self, now: Instant, linger: Duration) -> Vec<String> {
-        let stale: Vec<String> = (self.channels.iter())
-            .filter(|&(r, &last)| now.saturating_duration_since(last) >= linger && !self.waited(r))
-            .map(|(r, _)| r.clone())
-            .collect();
-        for resource in &stale {
-            self.channels.remove(resource);
-        }
-        stale
+    /// [`LINGER`]. Returns them.
+    fn forget_unwaited(&mut self, now: Instant) -> Vec<String> {
+        let waiters = &self.waiters;
+        let waited = |r: &String| waiters.iter().any(|w| w.resources.contains(r));
+        let stale = (self.channels)
+            .extract_if(|r, last| now.saturating_duration_since(*last) >= LINGER && !waited(r));
+        stale.map(|(r, _)| r).collect()
     }
 
     fn unregister(&mut self, id: u64, now: Instant) {
@@ -441,13 +435,6 @@ impl Hints {
             .filter(|w| !w.woken && w.resources.iter().any(|r| r == resource));
         let woken = asleep.take(if all { usize::MAX } else { 1 });
         woken.map(|w| w.woken = true).count() > 0
-    }
-
-    /// This client released `resources`: wakes one waiter of each. Returns
-    /// whether it woke any.
-    fn released_here(&mut self, resources: &[String]) -> bool {
-        let woke = resources.iter().filter(|r| self.wake(r, false));
-        woke.count() > 0
     }
 
     /// What the line said. Returns whether other threads should look.
@@ -495,14 +482,11 @@ impl Hints {
 
     /// A line is open: every resource waited on is to be subscribed.
     fn line_opened(&mut self, now: Instant, io: Duration) -> Out {
-        self.forget_unwaited(now, Duration::ZERO);
-        let subscribe: Vec<String> = self.channels.keys().cloned().collect();
-        self.due = (!subscribe.is_empty()).then_some(now + io);
-        (self.line, self.heard, self.connect_after) = (LineState::Up, Some(now), None);
-        Out {
-            subscribe,
-            ..Out::default()
-        }
+        self.channels.clear();
+        (self.line, self.heard, self.due) = (LineState::Up, Some(now), None);
+        self.connect_after = None;
+        let waited = self.waiters.iter().flat_map(|w| w.resources.clone());
+        self.listen(&waited.collect::<Vec<_>>(), now, io)
     }
 
     /// The line (or its connect) failed us: the next node, whose
@@ -601,10 +585,11 @@ mod tests {
         let mut hints = Hints::new(3);
         let (a1, _) = hints.register(&names(&["a"]), now, IO);
         let (a2, _) = hints.register(&names(&["a"]), now, IO);
-        assert!(hints.released_here(&names(&["a"])));
+        assert_eq!(hints.line, LineState::Down);
+        assert!(hints.wake("a", false));
         assert!(hints.woken(a1));
         assert!(!hints.woken(a2));
-        assert!(!hints.released_here(&names(&["b"])));
+        assert!(!hints.wake("b", false));
     }
 
     #[test]

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use super::connect::Connector;
-use super::transport::{Reader, Writer};
-use crate::error::{Failure, NodeError};
+use super::transport::{redis_failure, Reader, Writer};
+use crate::error::Failure;
 use crate::script::{pack, RELEASED_CHANNEL_PREFIX};
 
 /// Writes subscription commands. Their answers come through the
@@ -55,7 +55,7 @@ impl Sender {
     /// `SUBSCRIBE` to the release channel of each of `subscribe`,
     /// `UNSUBSCRIBE` from that of each of `unsubscribe`, and, with `ping`,
     /// a `PING`: its answer shows the connection still carries traffic (a
-    /// partition keeps a connection open but silent). One write, if any.
+    /// partition keeps a connection open but silent). One write.
     pub(crate) fn send(
         &mut self,
         subscribe: &[String],
@@ -73,10 +73,7 @@ impl Sender {
         if ping {
             pack(&mut bytes, &[b"PING"]);
         }
-        match bytes.is_empty() {
-            true => Ok(()),
-            false => self.0.send(&bytes, deadline),
-        }
+        self.0.send(&bytes, deadline)
     }
 }
 
@@ -84,12 +81,8 @@ impl Listener {
     /// The next thing the server pushes, waiting until `deadline` at most;
     /// an error reply (a subscription refused) fails.
     pub(crate) fn next(&mut self, deadline: Instant) -> Result<Event, Failure> {
-        match self.0.recv(deadline)? {
-            Value::ServerError(e) => Err(Failure::Error(NodeError::Protocol(format!(
-                "the subscription was refused: {e:?}"
-            )))),
-            value => Ok(event(value)),
-        }
+        let value = self.0.recv(deadline)?.extract_error();
+        value.map(event).map_err(redis_failure)
     }
 }
 
