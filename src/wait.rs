@@ -105,13 +105,9 @@ struct State {
     line: Option<(Sender, Option<Listener>)>,
 }
 
-/// What to send on the line.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct Out {
-    subscribe: Vec<String>,
-    unsubscribe: Vec<String>,
-    ping: bool,
-}
+/// What to send on the line: commands (`SUBSCRIBE`, `UNSUBSCRIBE`, `PING`),
+/// each with a resource (none for a `PING`).
+type Out = Vec<(&'static str, String)>;
 
 /// The waiters, their channels and the line's state: plain data.
 #[derive(Debug, Default)]
@@ -326,9 +322,8 @@ impl Waiters {
     /// Sends `out`, if anything, on the line, if there is one. A failed
     /// write leaves the line overdue: its next read fails it.
     fn send(&self, st: &mut State, out: &Out, now: Instant) {
-        if let Some((sender, _)) = st.line.as_mut().filter(|_| *out != Out::default()) {
-            let deadline = now + self.io_timeout;
-            if (sender.send(&out.subscribe, &out.unsubscribe, out.ping, deadline)).is_err() {
+        if let Some((sender, _)) = st.line.as_mut().filter(|_| !out.is_empty()) {
+            if sender.send(out, now + self.io_timeout).is_err() {
                 st.hints.due = Some(now);
             }
         }
@@ -384,22 +379,26 @@ impl Hints {
     /// subscriptions missing, the channels nobody waited on for [`LINGER`]
     /// (so that the set stays as small as the resources waited on lately),
     /// and a `PING` if the line owes nothing and has been quiet for `io`.
+    /// The line owes an answer to each.
     fn listen(&mut self, resources: &[String], now: Instant, io: Duration) -> Out {
-        let mut out = Out::default();
+        let mut out = Out::new();
         if self.line != LineState::Up {
             return out;
         }
         for resource in resources {
             if self.channels.insert(resource.clone(), now).is_none() {
-                out.subscribe.push(resource.clone());
+                out.push(("SUBSCRIBE", resource.clone()));
             }
         }
-        out.unsubscribe = self.forget_unwaited(now);
+        let stale = self.forget_unwaited(now).into_iter();
+        out.extend(stale.map(|resource| ("UNSUBSCRIBE", resource)));
         let quiet = self
             .heard
             .is_none_or(|t| now.saturating_duration_since(t) >= io);
-        out.ping = self.due.is_none() && quiet;
-        if out.ping || !out.subscribe.is_empty() {
+        if self.due.is_none() && quiet {
+            out.push(("PING", String::new()));
+        }
+        if !out.is_empty() {
             self.due = self.due.or(Some(now + io));
         }
         out
@@ -419,8 +418,11 @@ impl Hints {
         let Some(at) = self.waiters.iter().position(|w| w.id == id) else {
             return;
         };
+        // The channels the line listens on linger from now on.
         for resource in self.waiters.remove(at).resources {
-            self.channels.insert(resource, now);
+            if let Some(last) = self.channels.get_mut(&resource) {
+                *last = now;
+            }
         }
     }
 
@@ -571,8 +573,8 @@ mod tests {
         let (a2, _) = hints.register(&names(&["a", "b"]), now, IO);
         let (b, _) = hints.register(&names(&["b"]), now, IO);
         let mut out = hints.line_opened(now, IO);
-        out.subscribe.sort();
-        assert_eq!(out.subscribe, names(&["a", "b"]));
+        out.sort();
+        assert_eq!(out, [("SUBSCRIBE", "a".into()), ("SUBSCRIBE", "b".into())]);
         assert!(hints.on_event(subscribed("a"), now));
         assert!(hints.woken(a1));
         assert!(hints.woken(a2));
@@ -648,13 +650,14 @@ mod tests {
     fn a_quiet_line_is_pinged_and_fails_when_the_answer_is_overdue() {
         let now = Instant::now();
         let mut hints = listening("a", now);
+        let ping = ("PING", String::new());
         let (_, out) = hints.register(&names(&["a"]), now, IO);
-        assert!(!out.ping, "heard just now");
+        assert!(out.is_empty(), "heard just now");
         let quiet = now + IO;
         let (_, out) = hints.register(&names(&["a"]), quiet, IO);
-        assert!(out.ping);
+        assert_eq!(out, [ping]);
         let (_, out) = hints.register(&names(&["a"]), quiet, IO);
-        assert!(!out.ping, "one PING at a time");
+        assert!(out.is_empty(), "one PING at a time");
         assert!(!hints.overdue(quiet));
         assert_eq!(hints.read_deadline(quiet, quiet + IO * 10, IO), quiet + IO);
         assert!(hints.overdue(quiet + IO));
@@ -667,7 +670,7 @@ mod tests {
         let now = Instant::now();
         let mut hints = listening("a", now);
         let (_, out) = hints.register(&names(&["b"]), now, IO);
-        assert_eq!(out.subscribe, names(&["b"]));
+        assert_eq!(out, [("SUBSCRIBE", "b".into())]);
         assert!(!hints.overdue(now + IO / 2));
         assert!(hints.overdue(now + IO));
     }
@@ -677,10 +680,9 @@ mod tests {
         let now = Instant::now();
         let mut hints = listening("a", now);
         let (_, out) = hints.register(&names(&["b"]), now, IO);
-        assert_eq!(out.subscribe, names(&["b"]));
-        assert!(out.unsubscribe.is_empty(), "a lingers");
+        assert_eq!(out, [("SUBSCRIBE", "b".into())], "a lingers");
         let (_, out) = hints.register(&names(&["b"]), now + LINGER, IO);
-        assert_eq!(out.unsubscribe, names(&["a"]));
+        assert_eq!(out, [("UNSUBSCRIBE", "a".into())]);
         assert!(!hints.channels.contains_key("a"));
     }
 

@@ -52,26 +52,19 @@ pub(super) fn open(
 }
 
 impl Sender {
-    /// `SUBSCRIBE` to the release channel of each of `subscribe`,
-    /// `UNSUBSCRIBE` from that of each of `unsubscribe`, and, with `ping`,
-    /// a `PING`: its answer shows the connection still carries traffic (a
-    /// partition keeps a connection open but silent). One write.
+    /// Sends `commands` (`SUBSCRIBE`, `UNSUBSCRIBE`, `PING`) in one write,
+    /// each with the release channel of its resource (a `PING` gets it
+    /// back: its answer shows the connection still carries traffic, as a
+    /// partition keeps a connection open but silent).
     pub(crate) fn send(
         &mut self,
-        subscribe: &[String],
-        unsubscribe: &[String],
-        ping: bool,
+        commands: &[(&str, String)],
         deadline: Instant,
     ) -> Result<(), Failure> {
         let mut bytes = Vec::new();
-        for (command, resources) in [("SUBSCRIBE", subscribe), ("UNSUBSCRIBE", unsubscribe)] {
-            for resource in resources {
-                let channel = format!("{RELEASED_CHANNEL_PREFIX}{resource}");
-                pack(&mut bytes, &[command.as_bytes(), channel.as_bytes()]);
-            }
-        }
-        if ping {
-            pack(&mut bytes, &[b"PING"]);
+        for (command, resource) in commands {
+            let channel = format!("{RELEASED_CHANNEL_PREFIX}{resource}");
+            pack(&mut bytes, &[command.as_bytes(), channel.as_bytes()]);
         }
         self.0.send(&bytes, deadline)
     }
