@@ -115,8 +115,8 @@ struct Hints {
     nodes: usize,
     waiters: Vec<Entry>,
     next_id: u64,
-    /// The resources waited on, by name: when a waiter last came or left.
-    /// While the line is up, it listens (or asked to) for each.
+    /// The resources the line listens (or asked to) for, by name: when a
+    /// waiter last came or left.
     channels: HashMap<String, Instant>,
     line: LineState,
     /// When the line was last heard, and when the answer it owes (to what
@@ -129,7 +129,8 @@ struct Hints {
     /// The next backoff once every node failed in a row.
     backoff: Duration,
     connect_after: Option<Instant>,
-    /// The nodes' connections cannot be split (TLS): waiters only sleep.
+    /// The nodes' connections cannot be split (TLS): no line, waiters hear
+    /// only of this client's releases.
     unsupported: bool,
 }
 
