@@ -233,10 +233,7 @@ impl Waiters {
             }
             // Another thread reads or connects, or no node serves: sleep
             // until news or the end of the pause.
-            let left = st
-                .hints
-                .sleep_until(now, until)
-                .saturating_duration_since(now);
+            let left = st.hints.sleep_for(now, until);
             let slept = self.changed.wait_timeout(st, left);
             st = slept.map_or_else(|e| e.into_inner().0, |r| r.0);
         }
@@ -472,15 +469,16 @@ impl Hints {
             && self.connect_after.is_none_or(|t| now >= t)
     }
 
-    /// Until when a waiter that neither reads nor connects sleeps, unless
-    /// something changes: the end of its pause, or the end of the backoff
-    /// if that comes first and is still ahead (a backoff over is no reason
-    /// to wake: whoever connects or reads says when it is done).
-    fn sleep_until(&self, now: Instant, until: Instant) -> Instant {
-        match self.connect_after {
+    /// How long a waiter that neither reads nor connects sleeps, unless
+    /// something changes: until the end of its pause, or of the backoff if
+    /// that comes first and is still ahead (a backoff over is no reason to
+    /// wake: whoever connects or reads says when it is done).
+    fn sleep_for(&self, now: Instant, until: Instant) -> Duration {
+        let end = match self.connect_after {
             Some(after) if after > now && self.line == LineState::Down => after.min(until),
             _ => until,
-        }
+        };
+        end.saturating_duration_since(now)
     }
 
     /// A line is open: every resource waited on is to be subscribed.
@@ -611,16 +609,16 @@ mod tests {
         let mut hints = Hints::new(1);
         hints.line_failed(now);
         let after = hints.connect_after.expect("every node failed: a backoff");
-        assert_eq!(hints.sleep_until(now, until), after);
+        assert_eq!(hints.sleep_for(now, until), after - now);
         assert!(!hints.may_connect(now));
         // The backoff is over, and another thread connects (or reads): the
         // waiters that do neither sleep until their pause ends (or news).
         let later = after + Duration::from_millis(1);
         assert!(hints.may_connect(later));
         hints.line = LineState::Connecting;
-        assert_eq!(hints.sleep_until(later, until), until);
+        assert_eq!(hints.sleep_for(later, until), until - later);
         hints.line_opened(later, IO);
-        assert_eq!(hints.sleep_until(later, until), until);
+        assert_eq!(hints.sleep_for(later, until), until - later);
     }
 
     #[test]
