@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::request::setters;
-use crate::wait::Wake;
+use crate::wait::{random_below, Wake};
 
 /// The backoff of a [`RetryPolicy`]: the pause after a given attempt.
 type Backoff = Arc<dyn Fn(u32) -> Duration + Send + Sync>;
@@ -179,12 +179,6 @@ impl Pause {
         }
         !(last && Instant::now() >= until)
     }
-}
-
-/// A random duration in `[0, bound)`.
-pub(crate) fn random_below(bound: Duration) -> Duration {
-    let nanos = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX).max(1);
-    Duration::from_nanos(getrandom::u64().unwrap_or(0) % nanos)
 }
 
 /// `t + d`, or a year after `t` where that is past the clock's range (a

@@ -55,6 +55,12 @@ const BACKOFF: Duration = Duration::from_secs(1);
 /// user may be given channel permissions later).
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
+/// A thread woken by a node's message waits a random share of this before
+/// its attempt: the waiters of several clients woken by one release (or
+/// one that this client's release woke and one that its echo woke) spread
+/// out instead of splitting the nodes' votes among them.
+const WAKE_SPREAD: Duration = Duration::from_micros(500);
+
 /// The waiting threads of one client, and its line.
 pub(crate) struct Waiters {
     state: Mutex<State>,
@@ -73,9 +79,10 @@ pub(crate) struct Waiters {
 /// Why a wait ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Wake {
-    /// News: a release heard of (from a node, or through this client), or
-    /// the subscription came up.
+    /// A node's message: a release heard of, or the subscription came up.
     Heard,
+    /// This client released a resource.
+    ReleasedHere,
     /// The pause ended.
     TimedOut,
 }
@@ -146,7 +153,7 @@ enum LineState {
 struct Entry {
     id: u64,
     resources: Vec<String>,
-    woken: bool,
+    woken: Option<Wake>,
 }
 
 impl Waiters {
@@ -190,11 +197,8 @@ impl Waiters {
 
     /// This client released `resources`: wakes one of its waiters of each.
     pub(crate) fn released(&self, resources: &[String]) {
-        if self.active.load(Ordering::Acquire) {
-            let mut st = self.lock();
-            if resources.iter().filter(|r| st.hints.wake(r, false)).count() > 0 {
-                self.changed.notify_all();
-            }
+        if self.active.load(Ordering::Acquire) && self.lock().hints.released_here(resources) {
+            self.changed.notify_all();
         }
     }
 
@@ -216,8 +220,13 @@ impl Waiters {
         let id =
             *(watch.id).get_or_insert_with(|| self.register(&mut st, resources, Instant::now()));
         loop {
-            if st.hints.woken(id) {
-                return Wake::Heard;
+            if let Some(wake) = st.hints.woken(id) {
+                drop(st);
+                if wake == Wake::Heard {
+                    let left = until.saturating_duration_since(Instant::now());
+                    std::thread::sleep(random_below(WAKE_SPREAD).min(left));
+                }
+                return wake;
             }
             let now = Instant::now();
             if now >= until || stop() {
@@ -368,7 +377,7 @@ impl Hints {
         self.waiters.push(Entry {
             id,
             resources: resources.to_vec(),
-            woken: false,
+            woken: None,
         });
         (id, self.listen(resources, now, io))
     }
@@ -424,27 +433,34 @@ impl Hints {
         }
     }
 
-    fn woken(&self, id: u64) -> bool {
-        self.waiters.iter().any(|w| w.id == id && w.woken)
+    fn woken(&self, id: u64) -> Option<Wake> {
+        self.waiters.iter().find(|w| w.id == id)?.woken
     }
 
     /// Wakes the first waiter for `resource` that is not awake, or with
     /// `all` every one. Returns whether it woke any.
-    fn wake(&mut self, resource: &str, all: bool) -> bool {
+    fn wake(&mut self, resource: &str, why: Wake, all: bool) -> bool {
         let asleep = (self.waiters.iter_mut())
-            .filter(|w| !w.woken && w.resources.iter().any(|r| r == resource));
+            .filter(|w| w.woken.is_none() && w.resources.iter().any(|r| r == resource));
         let woken = asleep.take(if all { usize::MAX } else { 1 });
-        woken.map(|w| w.woken = true).count() > 0
+        woken.map(|w| w.woken = Some(why)).count() > 0
+    }
+
+    /// This client released `resources`: wakes one waiter of each. Returns
+    /// whether it woke any.
+    fn released_here(&mut self, resources: &[String]) -> bool {
+        let woke = (resources.iter()).filter(|r| self.wake(r, Wake::ReleasedHere, false));
+        woke.count() > 0
     }
 
     /// What the line said. Returns whether other threads should look.
     fn on_event(&mut self, event: Event, now: Instant) -> bool {
         (self.heard, self.due) = (Some(now), None);
         match event {
-            Event::Released(resource) => self.wake(&resource, false),
+            Event::Released(resource) => self.wake(&resource, Wake::Heard, false),
             Event::Subscribed(resource) => {
                 (self.failed_in_row, self.backoff) = (0, BACKOFF);
-                self.wake(&resource, true)
+                self.wake(&resource, Wake::Heard, true)
             }
             Event::Answer => false,
         }
@@ -520,6 +536,12 @@ impl Hints {
     }
 }
 
+/// A random duration in `[0, bound)`.
+pub(crate) fn random_below(bound: Duration) -> Duration {
+    let nanos = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX).max(1);
+    Duration::from_nanos(getrandom::u64().unwrap_or(0) % nanos)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -556,11 +578,11 @@ mod tests {
         let (second, _) = hints.register(&names(&["a"]), now, IO);
         let (other, _) = hints.register(&names(&["b"]), now, IO);
         assert!(hints.on_event(message("a"), now));
-        assert!(hints.woken(first));
-        assert!(!hints.woken(second), "one lock to take, one waiter");
-        assert!(!hints.woken(other));
+        assert_eq!(hints.woken(first), Some(Wake::Heard));
+        assert_eq!(hints.woken(second), None, "one lock to take, one waiter");
+        assert_eq!(hints.woken(other), None);
         assert!(hints.on_event(message("a"), now));
-        assert!(hints.woken(second));
+        assert_eq!(hints.woken(second), Some(Wake::Heard));
         assert!(!hints.on_event(message("zzz"), now), "nobody waits for it");
     }
 
@@ -575,9 +597,9 @@ mod tests {
         out.sort();
         assert_eq!(out, [("SUBSCRIBE", "a".into()), ("SUBSCRIBE", "b".into())]);
         assert!(hints.on_event(subscribed("a"), now));
-        assert!(hints.woken(a1));
-        assert!(hints.woken(a2));
-        assert!(!hints.woken(b));
+        assert_eq!(hints.woken(a1), Some(Wake::Heard));
+        assert_eq!(hints.woken(a2), Some(Wake::Heard));
+        assert_eq!(hints.woken(b), None);
     }
 
     #[test]
@@ -587,10 +609,10 @@ mod tests {
         let (a1, _) = hints.register(&names(&["a"]), now, IO);
         let (a2, _) = hints.register(&names(&["a"]), now, IO);
         assert_eq!(hints.line, LineState::Down);
-        assert!(hints.wake("a", false));
-        assert!(hints.woken(a1));
-        assert!(!hints.woken(a2));
-        assert!(!hints.wake("b", false));
+        assert!(hints.released_here(&names(&["a"])));
+        assert_eq!(hints.woken(a1), Some(Wake::ReleasedHere));
+        assert_eq!(hints.woken(a2), None);
+        assert!(!hints.released_here(&names(&["b"])));
     }
 
     #[test]
@@ -641,7 +663,7 @@ mod tests {
         assert_eq!(secs, [1, 2, 4, 8, 16, 32, 60, 60]);
         hints.line_opened(now, IO);
         hints.on_event(subscribed("a"), now);
-        assert!(hints.woken(id));
+        assert_eq!(hints.woken(id), Some(Wake::Heard));
         assert_eq!(hints.backoff, BACKOFF, "a confirmed subscription resets it");
     }
 
