@@ -11,7 +11,8 @@ use redis::Value;
 use config::{Config, RedlockBuilder, MAX_TTL};
 
 use crate::error::{
-    ArgumentError, ConfigError, Failure, LockError, NodeError, NodeOutcome, NodeReport, Report,
+    server_error_text, ArgumentError, ConfigError, Failure, LockError, NodeError, NodeOutcome,
+    NodeReport, Report,
 };
 use crate::kind::{acquire_vote, release_vote, script_vote, Kind};
 use crate::lock::{Lock, Token};
@@ -59,7 +60,6 @@ pub struct Redlock {
 
 struct Inner {
     nodes: Vec<Node>,
-    quorum: usize,
     config: Config,
     /// The threads waiting for a release, and the line they listen on.
     waiters: Arc<Waiters>,
@@ -89,7 +89,7 @@ impl fmt::Debug for Redlock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         (f.debug_struct("Redlock"))
             .field("nodes", &self.nodes())
-            .field("quorum", &self.inner.quorum)
+            .field("quorum", &self.quorum())
             .field("settings", &self.inner.config)
             .finish()
     }
@@ -133,13 +133,11 @@ impl RedlockBuilder {
         let nodes: Vec<Node> = (endpoints.into_iter().enumerate())
             .map(|(i, endpoint)| Node::new(endpoint, i, Arc::clone(&servers), grace, backoff))
             .collect();
-        let quorum = Kind::Plain.quorum(nodes.len());
         let waiters = Waiters::new(nodes.len(), config.io_timeout, config.connect_timeout);
         Ok(Redlock {
             inner: Arc::new(Inner {
                 waiters: Arc::new(waiters),
                 nodes,
-                quorum,
                 config,
                 watch: Arc::default(),
             }),
@@ -148,7 +146,6 @@ impl RedlockBuilder {
 }
 
 /// Which nodes a round asks, and how long it reads their replies.
-#[derive(Debug, Clone, Copy)]
 pub(crate) enum Ask<'a> {
     /// Every node, until a quorum granted, or can no longer grant.
     UntilDecided,
@@ -280,7 +277,7 @@ impl Redlock {
     /// # Ok::<(), redlock_sync::LockError>(())
     /// ```
     pub fn quorum(&self) -> usize {
-        self.inner.quorum
+        Kind::Plain.quorum(self.inner.nodes.len())
     }
 
     /// The nodes' addresses (`host:port`, `tls host:port`, or the socket
@@ -903,10 +900,7 @@ fn outcome(
         Err(Failure::TimedOut | Failure::ConnectTimedOut) => NodeOutcome::TimedOut,
         Err(Failure::NotAwaited) => NodeOutcome::NotAwaited,
         Err(Failure::Error(e)) => NodeOutcome::Failed(e),
-        Ok(Value::ServerError(e)) => {
-            let detail = format!("{} {}", e.code(), e.details().unwrap_or(""));
-            NodeOutcome::Failed(NodeError::Server(detail))
-        }
+        Ok(Value::ServerError(e)) => NodeOutcome::Failed(NodeError::Server(server_error_text(&e))),
         Ok(value) => match vote(&value) {
             Ok((true, _)) => NodeOutcome::Granted,
             Ok((false, _)) => NodeOutcome::Refused,

@@ -194,15 +194,6 @@ impl From<ParseTokenError> for LockError {
 }
 
 impl LockError {
-    /// The random source's error, as a standard I/O error: the OS error
-    /// code where there is one, else its message.
-    pub(crate) fn random(e: getrandom::Error) -> LockError {
-        LockError::Random(match e.raw_os_error() {
-            Some(code) => std::io::Error::from_raw_os_error(code),
-            None => std::io::Error::other(e.to_string()),
-        })
-    }
-
     /// The report of the last round, for the variants that talked to nodes.
     ///
     /// ```
@@ -673,6 +664,14 @@ impl fmt::Display for Report {
 /// ```
 pub struct ParseTokenError {
     pub(crate) problem: String,
+}
+
+/// An error reply as the server wrote it: its code, then its details.
+pub(crate) fn server_error_text(e: &redis::ServerError) -> String {
+    match e.details() {
+        Some(details) => format!("{} {details}", e.code()),
+        None => e.code().to_string(),
+    }
 }
 
 /// Why one exchange with a node did not produce a reply: what a node tells

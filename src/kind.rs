@@ -7,7 +7,7 @@ use redis::Value;
 
 use crate::client::fencing::FENCE_KEY_PREFIX;
 use crate::error::ArgumentError;
-use crate::lock::{check_resources, Token};
+use crate::lock::Token;
 use crate::script::{self, Command};
 
 /// What kind of lock a call takes ([`LockOptions::kind`](crate::LockOptions::kind)),
@@ -144,9 +144,20 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// Checks the resources of a lock of this kind.
+    /// Checks the resources of a lock of this kind: not none, no empty
+    /// name, no name twice, and one only for a fenced lock.
     pub(crate) fn check(self, resources: &[String]) -> Result<(), ArgumentError> {
-        check_resources(resources)?;
+        if resources.is_empty() {
+            return Err(ArgumentError::NoResources);
+        }
+        for (i, resource) in resources.iter().enumerate() {
+            if resource.is_empty() {
+                return Err(ArgumentError::EmptyResource);
+            }
+            if resources[..i].contains(resource) {
+                return Err(ArgumentError::DuplicateResource(resource.clone()));
+            }
+        }
         if self == Kind::Fenced && resources.len() > 1 {
             return Err(ArgumentError::FencedMany);
         }
@@ -159,10 +170,8 @@ impl Kind {
     /// of the name).
     pub(crate) fn check_acquirable(self, resources: &[String]) -> Result<(), ArgumentError> {
         self.check(resources)?;
-        match resources.iter().find(|r| r.starts_with(FENCE_KEY_PREFIX)) {
-            Some(reserved) => Err(ArgumentError::ReservedResource(reserved.clone())),
-            None => Ok(()),
-        }
+        let reserved = resources.iter().find(|r| r.starts_with(FENCE_KEY_PREFIX));
+        reserved.map_or(Ok(()), |r| Err(ArgumentError::ReservedResource(r.clone())))
     }
 
     /// How many of `nodes` nodes must agree: a majority.

@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use crate::error::{ArgumentError, LockError, ParseTokenError, Report};
+use crate::error::{LockError, ParseTokenError, Report};
 use crate::kind::Kind;
 use crate::request::IntoResources;
 
@@ -49,7 +49,7 @@ impl Token {
     /// ```
     pub fn random() -> Result<Token, LockError> {
         let mut bytes = [0u8; TOKEN_BYTES];
-        getrandom::fill(&mut bytes).map_err(LockError::random)?;
+        getrandom::fill(&mut bytes).map_err(|e| LockError::Random(e.into()))?;
         Ok(Token(bytes))
     }
 
@@ -75,9 +75,8 @@ impl Token {
 
 impl fmt::Display for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let hex = self.hex();
         // The digits are ASCII, so this never fails.
-        f.write_str(std::str::from_utf8(&hex).map_err(|_| fmt::Error)?)
+        f.write_str(std::str::from_utf8(&self.hex()).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -183,6 +182,11 @@ impl Lock {
     /// [`ArgumentError::NoResources`], [`ArgumentError::EmptyResource`],
     /// [`ArgumentError::DuplicateResource`] or
     /// [`ArgumentError::FencedMany`] for a bad list of resources.
+    ///
+    /// [`ArgumentError::NoResources`]: crate::ArgumentError::NoResources
+    /// [`ArgumentError::EmptyResource`]: crate::ArgumentError::EmptyResource
+    /// [`ArgumentError::DuplicateResource`]: crate::ArgumentError::DuplicateResource
+    /// [`ArgumentError::FencedMany`]: crate::ArgumentError::FencedMany
     pub fn from_token(
         resources: impl IntoResources,
         token: Token,
@@ -329,22 +333,6 @@ impl Lock {
     pub fn fencing_token(&self) -> Option<u64> {
         self.fencing_token
     }
-}
-
-/// Checks a list of resources: not empty, no empty name, no name twice.
-pub(crate) fn check_resources(resources: &[String]) -> Result<(), ArgumentError> {
-    if resources.is_empty() {
-        return Err(ArgumentError::NoResources);
-    }
-    for (i, resource) in resources.iter().enumerate() {
-        if resource.is_empty() {
-            return Err(ArgumentError::EmptyResource);
-        }
-        if resources[..i].contains(resource) {
-            return Err(ArgumentError::DuplicateResource(resource.clone()));
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

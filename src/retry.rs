@@ -10,7 +10,15 @@ use crate::request::setters;
 use crate::wait::{random_below, Wake};
 
 /// The backoff of a [`RetryPolicy`]: the pause after a given attempt.
-type Backoff = Arc<dyn Fn(u32) -> Duration + Send + Sync>;
+#[derive(Clone)]
+struct Backoff(Arc<dyn Fn(u32) -> Duration + Send + Sync>);
+
+/// A closure shows as `custom`.
+impl fmt::Debug for Backoff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("custom")
+    }
+}
 
 /// How many times a round that did not succeed is tried again, and how long
 /// to pause before each retry.
@@ -34,7 +42,7 @@ type Backoff = Arc<dyn Fn(u32) -> Duration + Send + Sync>;
 /// let locks = Redlock::builder(["redis://127.0.0.1:7001"]).retry_policy(policy).build()?;
 /// # Ok::<(), redlock_sync::LockError>(())
 /// ```
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 #[must_use]
 pub struct RetryPolicy {
     pub(crate) retries: u32,
@@ -54,17 +62,6 @@ impl Default for RetryPolicy {
     }
 }
 
-impl fmt::Debug for RetryPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RetryPolicy")
-            .field("retries", &self.retries)
-            .field("delay", &self.delay)
-            .field("jitter", &self.jitter)
-            .field("backoff", &self.backoff.as_ref().map(|_| "custom"))
-            .finish()
-    }
-}
-
 impl RetryPolicy {
     setters! {
         /// Sets how many retries follow the first attempt. Defaults to 3.
@@ -80,7 +77,7 @@ impl RetryPolicy {
 
         /// Replaces the delay and jitter by `backoff`, which gives the pause
         /// after attempt number `n` (the first attempt is 1). Defaults to none.
-        backoff(backoff: impl Fn(u32) -> Duration + Send + Sync + 'static) => backoff = Some(Arc::new(backoff));
+        backoff(backoff: impl Fn(u32) -> Duration + Send + Sync + 'static) => backoff = Some(Backoff(Arc::new(backoff)));
     }
 
     /// The pause after attempt number `attempt` (from 1): the backoff's, or
@@ -94,7 +91,7 @@ impl RetryPolicy {
     /// ```
     pub fn pause(&self, attempt: u32) -> Duration {
         match &self.backoff {
-            Some(backoff) => backoff(attempt),
+            Some(backoff) => (backoff.0)(attempt),
             None => self.delay.saturating_add(random_below(self.jitter)),
         }
     }

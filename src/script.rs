@@ -162,23 +162,16 @@ pub(crate) struct Command {
 impl Command {
     /// `SET resource token NX PX ttl_ms`.
     pub(crate) fn acquire(resource: &str, token: &Token, ttl_ms: u64) -> Command {
-        let mut fast = Vec::with_capacity(80 + resource.len());
-        pack(
-            &mut fast,
-            &[
-                b"SET",
-                resource.as_bytes(),
-                &token.hex(),
-                b"NX",
-                b"PX",
-                ttl_ms.to_string().as_bytes(),
-            ],
-        );
-        Command {
-            script: None,
-            fast,
-            full: OnceLock::new(),
-        }
+        let (hex, ttl) = (token.hex(), ttl_ms.to_string());
+        let parts: [&[u8]; 6] = [
+            b"SET",
+            resource.as_bytes(),
+            &hex,
+            b"NX",
+            b"PX",
+            ttl.as_bytes(),
+        ];
+        Command::packed(None, &parts)
     }
 
     /// A script over `keys` with arguments `args`, as `EVALSHA`.
@@ -187,11 +180,16 @@ impl Command {
         let mut parts: Vec<&[u8]> = vec![b"EVALSHA", script.sha.as_bytes(), numkeys.as_bytes()];
         parts.extend(keys.iter().map(|k| k.as_bytes()));
         parts.extend_from_slice(args);
+        Command::packed(Some(script), &parts)
+    }
+
+    /// The command of `parts`, packed once.
+    fn packed(script: Option<&'static Script>, parts: &[&[u8]]) -> Command {
         let size: usize = parts.iter().map(|p| p.len() + 16).sum();
         let mut fast = Vec::with_capacity(size);
-        pack(&mut fast, &parts);
+        pack(&mut fast, parts);
         Command {
-            script: Some(script),
+            script,
             fast,
             full: OnceLock::new(),
         }
@@ -208,8 +206,8 @@ impl Command {
     }
 }
 
-/// Every script.
-const SCRIPTS: [&Script; 5] = [
+/// Every script, loaded by every new connection's handshake.
+pub(crate) const SCRIPTS: [&Script; 5] = [
     &RELEASE,
     &EXTEND,
     &ACQUIRE_MANY,
@@ -222,28 +220,15 @@ const SCRIPTS: [&Script; 5] = [
 pub(crate) const ALL_SCRIPTS: u8 =
     RELEASE.bit | EXTEND.bit | ACQUIRE_MANY.bit | FENCE_ACQUIRE.bit | FENCE_CONFIRM.bit;
 
-/// `SCRIPT LOAD` for every script, packed, for a new connection's
-/// handshake. Loaded scripts, unlike those that come in by `EVAL`, are not
-/// evicted from the server's cache (Redis 7.4 evicts `EVAL` scripts).
-pub(crate) fn load_all(out: &mut Vec<u8>) -> usize {
-    for script in SCRIPTS {
-        pack(out, &[b"SCRIPT", b"LOAD", script.body.as_bytes()]);
-    }
-    SCRIPTS.len()
-}
-
 /// Turns a packed `EVALSHA sha numkeys ...` into `EVAL body numkeys ...`.
 fn eval_form(script: &Script, fast: &[u8]) -> Vec<u8> {
     // `*N\r\n`, then `$7\r\nEVALSHA\r\n$40\r\n<40 hex>\r\n`, then the rest.
     const EVALSHA_SHA: usize = b"$7\r\nEVALSHA\r\n$40\r\n".len() + 40 + 2;
     let head = fast.iter().position(|&b| b == b'\n').map_or(0, |i| i + 1);
     let rest = fast.get(head + EVALSHA_SHA..).unwrap_or_default();
-    let mut full = Vec::with_capacity(fast.len() + script.body.len());
-    full.extend_from_slice(&fast[..head]);
-    full.extend_from_slice(b"$4\r\nEVAL\r\n");
-    pack_bulk(&mut full, script.body.as_bytes());
-    full.extend_from_slice(rest);
-    full
+    let mut body = Vec::with_capacity(script.body.len() + 16);
+    pack_bulk(&mut body, script.body.as_bytes());
+    [&fast[..head], b"$4\r\nEVAL\r\n", &body[..], rest].concat()
 }
 
 /// Appends `args` as one RESP array of bulk strings.

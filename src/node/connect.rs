@@ -12,11 +12,11 @@ use redis::Value;
 
 use super::endpoint::{Endpoint, Route};
 use super::owed::Owed;
-use super::resolve::{Resolver, Unresolved};
+use super::resolve::Resolver;
 use super::restart_guard;
 use super::servers::Servers;
-use super::transport::{redis_connect_failure, Reader, Stream, Unsplit, Writer};
-use crate::error::{Failure, NodeError};
+use super::transport::{connect_failure, Reader, Stream, Unsplit, Writer};
+use crate::error::{server_error_text, Failure, NodeError};
 use crate::script;
 
 /// What a node needs to open a connection, and whose vote it is.
@@ -60,13 +60,12 @@ impl Connector {
         deadline: Instant,
         connect_timeout: Duration,
     ) -> Result<Opened, Failure> {
-        if let Some(after) = connect_after {
-            let wait = after.saturating_duration_since(Instant::now());
-            if !wait.is_zero() {
-                return Err(Failure::Error(NodeError::Connect(format!(
-                    "a connect timed out; not trying again for {wait:?}"
-                ))));
-            }
+        let now = Instant::now();
+        let wait = connect_after.unwrap_or(now).saturating_duration_since(now);
+        if !wait.is_zero() {
+            return Err(Failure::Error(NodeError::Connect(format!(
+                "a connect timed out; not trying again for {wait:?}"
+            ))));
         }
         // No time left to try: a timeout of the round, not of this node.
         time_left(deadline)?;
@@ -87,10 +86,10 @@ impl Connector {
         // The handshake is part of the connect, within the same bound.
         let deadline = Instant::now() + limit;
         let (mut writer, mut reader) = match &self.endpoint.route {
-            Route::Ip(addr) => split(Stream::tcp(addr, limit)?)?,
-            Route::Name(resolver) => split(self.connect_resolved(resolver, limit)?)?,
+            Route::Ip(addr) => Stream::tcp(addr, limit)?.split()?,
+            Route::Name(resolver) => self.connect_resolved(resolver, limit)?.split()?,
             #[cfg(unix)]
-            Route::Unix(path) => split(Stream::unix(path)?)?,
+            Route::Unix(path) => Stream::unix(path)?.split()?,
             Route::Unsplit => (
                 Writer::Unsplit(Unsplit::new(self.connect_unsplit(limit)?)),
                 None,
@@ -106,7 +105,7 @@ impl Connector {
             deadline,
         )?;
         let mut scripts = script::ALL_SCRIPTS;
-        for i in 0..self.endpoint.checked_replies + self.endpoint.script_replies {
+        for i in 0..self.endpoint.checked_replies + script::SCRIPTS.len() {
             if let Value::ServerError(e) = recv(&mut writer)? {
                 // A full server turns the connection away before it reads
                 // anything: that error is not an answer to our AUTH.
@@ -174,19 +173,14 @@ impl Connector {
                     .to_string(),
             ))
         })?
-        .map_err(redis_connect_failure)
+        .map_err(connect_failure)
     }
 
     /// Resolves the node's host name, then connects to its addresses in
     /// turn, all within `limit`.
     fn connect_resolved(&self, resolver: &Resolver, limit: Duration) -> Result<Stream, Failure> {
         let start = Instant::now();
-        let addrs = resolver
-            .resolve(limit)
-            .map_err(|unresolved| match unresolved {
-                Unresolved::TimedOut => Failure::TimedOut,
-                Unresolved::Failed(e) => Failure::Error(e),
-            })?;
+        let addrs = resolver.resolve(limit)?;
         let mut last = Failure::TimedOut;
         for (i, addr) in addrs.iter().enumerate() {
             let left = limit.saturating_sub(start.elapsed());
@@ -213,20 +207,6 @@ fn is_auth_error(e: &redis::ServerError) -> bool {
 fn is_server_full(e: &redis::ServerError) -> bool {
     e.details()
         .is_some_and(|details| details.starts_with("max number of clients reached"))
-}
-
-/// An error reply as the server wrote it: its code, then its details.
-fn server_error_text(e: &redis::ServerError) -> String {
-    match e.details() {
-        Some(details) => format!("{} {details}", e.code()),
-        None => e.code().to_string(),
-    }
-}
-
-/// A new connection's halves.
-fn split(stream: Stream) -> Result<(Writer, Option<Reader>), Failure> {
-    let (writer, reader) = stream.split()?;
-    Ok((writer, Some(reader)))
 }
 
 /// How long to try the next of `remaining` addresses, with `left` for all:

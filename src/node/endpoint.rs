@@ -3,7 +3,6 @@
 //! server apart, the route to the server, and the handshake bytes.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
 use std::sync::Arc;
 
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
@@ -11,7 +10,7 @@ use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionI
 use super::resolve::Resolver;
 use super::restart_guard;
 use crate::error::ConfigError;
-use crate::script::{self, pack};
+use crate::script;
 
 /// A parsed node URL.
 pub(crate) struct Endpoint {
@@ -29,11 +28,9 @@ pub(crate) struct Endpoint {
     /// the URL asks for them, then `SCRIPT LOAD` for our scripts.
     pub(super) handshake: Vec<u8>,
     /// How many replies the `AUTH` and `SELECT` give (an error there fails
-    /// the connection).
+    /// the connection); a `SCRIPT LOAD` reply for every script follows (an
+    /// error there only means the scripts go as `EVAL`).
     pub(super) checked_replies: usize,
-    /// How many `SCRIPT LOAD` replies follow (an error there only means the
-    /// scripts go as `EVAL`).
-    pub(super) script_replies: usize,
     /// The handshake begins with `AUTH`.
     pub(super) sends_auth: bool,
     /// What to check in the URL when the node refuses to authenticate us.
@@ -51,12 +48,12 @@ impl Endpoint {
             url: redact(url),
             reason,
         };
-        let scheme = url.split("://").next().unwrap_or("");
+        let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
         let known = matches!(
             scheme,
             "redis" | "rediss" | "valkey" | "valkeys" | "redis+unix" | "valkey+unix" | "unix"
         );
-        if !known || !url.contains("://") {
+        if !known {
             return Err(bad(
                 "expected redis://host:port[/db], redis+unix:///path, or rediss://host:port \
                  (or the same with valkey in place of redis)"
@@ -78,66 +75,61 @@ impl Endpoint {
                 redis.db()
             )));
         }
-        if let ConnectionAddr::Tcp(_, 0) | ConnectionAddr::TcpTls { port: 0, .. } = info.addr() {
-            return Err(bad(
-                "the port `0` is not a number from 1 to 65535".to_string()
-            ));
-        }
-        let (route, name, identity) = match info.addr() {
-            ConnectionAddr::Tcp(host, port) => {
-                let route = match host.parse::<IpAddr>() {
-                    Ok(ip) => Route::Ip(SocketAddr::new(ip, *port)),
-                    Err(_) => Route::Name(Resolver::new(host, *port)),
-                };
-                let n = format!("{host}:{port}");
-                (route, n.clone(), format!("tcp {}", n.to_ascii_lowercase()))
+        let route = match info.addr() {
+            ConnectionAddr::Tcp(_, 0) | ConnectionAddr::TcpTls { port: 0, .. } => {
+                return Err(bad("the port `0` is not a number from 1 to 65535".into()));
             }
-            ConnectionAddr::TcpTls { host, port, .. } => {
-                let n = format!("{host}:{port}");
-                let identity = format!("tcp {}", n.to_ascii_lowercase());
-                (Route::Unsplit, format!("tls {n}"), identity)
-            }
-            ConnectionAddr::Unix(path) => {
-                let n = path.display().to_string();
-                (unix_route(path), n.clone(), format!("unix {n}"))
-            }
+            ConnectionAddr::Tcp(host, port) => match host.parse::<IpAddr>() {
+                Ok(ip) => Route::Ip(SocketAddr::new(ip, *port)),
+                Err(_) => Route::Name(Resolver::new(host, *port)),
+            },
+            ConnectionAddr::TcpTls { .. } => Route::Unsplit,
+            // Our own socket where the OS has them, else the redis crate's.
+            #[cfg(unix)]
+            ConnectionAddr::Unix(path) => Route::Unix(path.clone()),
+            #[cfg(not(unix))]
+            ConnectionAddr::Unix(_) => Route::Unsplit,
             other => return Err(bad(format!("unsupported address {other:?}"))),
         };
-        let mut handshake = Vec::new();
-        let mut checked_replies = 0;
+        // `host:port` or the socket path; a TLS node is the same server as
+        // a plain one at its address.
+        let addr = info.addr().to_string();
+        let unix = matches!(info.addr(), ConnectionAddr::Unix(_));
+        let name = match info.addr() {
+            ConnectionAddr::TcpTls { .. } => format!("tls {addr}"),
+            _ => addr.clone(),
+        };
+        let identity = match unix {
+            true => format!("unix {addr}"),
+            false => format!("tcp {}", addr.to_ascii_lowercase()),
+        };
+        let mut handshake = redis::pipe();
         if let Some(password) = redis.password() {
-            let mut args: Vec<&[u8]> = vec![b"AUTH"];
-            if let Some(user) = redis.username() {
-                args.push(user.as_bytes());
-            }
-            args.push(password.as_bytes());
-            pack(&mut handshake, &args);
-            checked_replies += 1;
+            handshake.cmd("AUTH").arg(redis.username()).arg(password);
         }
         if redis.db() != 0 {
-            pack(
-                &mut handshake,
-                &[b"SELECT", redis.db().to_string().as_bytes()],
-            );
-            checked_replies += 1;
+            handshake.cmd("SELECT").arg(redis.db());
         }
-        let script_replies = script::load_all(&mut handshake);
+        let checked_replies = handshake.len();
+        // Loaded scripts, unlike those that come in by `EVAL`, are not
+        // evicted from the server's cache (Redis 7.4 evicts `EVAL` scripts).
+        for script in script::SCRIPTS {
+            handshake.cmd("SCRIPT").arg("LOAD").arg(script.body);
+        }
         // Last: the server's run_id (and uptime, for the restart guard).
-        handshake.extend_from_slice(&restart_guard::info_server());
+        handshake.cmd("INFO").arg("server");
         let bare = info
             .clone()
             .set_redis_settings(RedisConnectionInfo::default().set_skip_set_lib_name())
             .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
         let client = redis::Client::open(bare).map_err(|e| bad(e.to_string()))?;
-        let unix = matches!(info.addr(), ConnectionAddr::Unix(_));
         Ok(Endpoint {
             name: name.into(),
             identity,
             client,
             route,
-            handshake,
+            handshake: handshake.get_packed_pipeline(),
             checked_replies,
-            script_replies,
             sends_auth: redis.password().is_some(),
             auth_hint: auth_hint(redis.username().is_some(), redis.password().is_some(), unix),
             restarts: restart_guard::Seen::default(),
@@ -215,10 +207,7 @@ fn diagnose(url: &str) -> Option<String> {
                 .to_string(),
         );
     } else {
-        match host_port.split_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (host_port, None),
-        }
+        (host_port.split_once(':')).map_or((host_port, None), |(host, port)| (host, Some(port)))
     };
     if host.is_empty() {
         return Some("the host is missing: expected redis://host:port".to_string());
@@ -275,20 +264,9 @@ pub(super) enum Route {
     Unsplit,
 }
 
-/// How to reach a Unix socket: our own socket where the OS has them.
-#[cfg(unix)]
-fn unix_route(path: &Path) -> Route {
-    Route::Unix(path.to_path_buf())
-}
-
-/// How to reach a Unix socket: through the `redis` crate elsewhere.
-#[cfg(not(unix))]
-fn unix_route(_: &Path) -> Route {
-    Route::Unsplit
-}
-
 /// The URL with any password replaced by `***`, for error messages: the
-/// one before the `@`, and a Unix socket URL's `pass=`.
+/// one before the `@`, and every query value but `db`'s and `user`'s (a
+/// Unix socket URL's `pass=`).
 pub(crate) fn redact(url: &str) -> String {
     // Without a "://" (a mistyped scheme, say) the text may still hold a
     // password before an '@': read it all as the address.
@@ -315,40 +293,16 @@ pub(crate) fn redact(url: &str) -> String {
     let Some((head, query)) = shown.split_once('?') else {
         return shown;
     };
-    let query: Vec<&str> = query
+    let query: Vec<String> = query
         .split('&')
         .map(|pair| match pair.split_once('=') {
-            // The redis crate decodes the name: `pa%73s` is `pass` too.
-            Some((name, _)) if percent_decoded(name) == b"pass" => "pass=***",
-            _ => pair,
+            // Only `db` and `user` show: the redis crate decodes names, so
+            // `pa%73s` is `pass` too.
+            Some((name, _)) if name != "db" && name != "user" => format!("{name}=***"),
+            _ => pair.to_string(),
         })
         .collect();
     format!("{head}?{}", query.join("&"))
-}
-
-/// `text` with its `%XX` escapes decoded.
-fn percent_decoded(text: &str) -> Vec<u8> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let escaped = bytes
-            .get(i + 1..i + 3)
-            .and_then(|hex| std::str::from_utf8(hex).ok())
-            .filter(|_| bytes[i] == b'%')
-            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
-        match escaped {
-            Some(byte) => {
-                out.push(byte);
-                i += 3;
-            }
-            None => {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -13,22 +13,13 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::error::NodeError;
+use crate::error::{Failure, NodeError};
 
 /// What a lookup gives: the addresses, or why there are none.
 type Answer = io::Result<Vec<SocketAddr>>;
 
 /// Looks a host and port up (blocking).
 type Lookup = fn(&str, u16) -> Answer;
-
-/// Why a host name gave no address to connect to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Unresolved {
-    /// The lookup is still running after the time the connect had.
-    TimedOut,
-    /// The lookup failed, found no address, or could not start.
-    Failed(NodeError),
-}
 
 /// Resolves one node's host name, one lookup at a time.
 pub(crate) struct Resolver {
@@ -55,7 +46,7 @@ impl Resolver {
     }
 
     /// The host's addresses, waiting at most `limit` for them.
-    pub(crate) fn resolve(&self, limit: Duration) -> Result<Vec<SocketAddr>, Unresolved> {
+    pub(crate) fn resolve(&self, limit: Duration) -> Result<Vec<SocketAddr>, Failure> {
         let running = self
             .running
             .lock()
@@ -69,12 +60,12 @@ impl Resolver {
             Ok(answer) => answer,
             Err(RecvTimeoutError::Timeout) => {
                 *self.running.lock().unwrap_or_else(|e| e.into_inner()) = Some(answers);
-                return Err(Unresolved::TimedOut);
+                return Err(Failure::TimedOut);
             }
             Err(RecvTimeoutError::Disconnected) => Err(io::Error::other("the lookup thread ended")),
         };
         let failed = |reason: String| {
-            Unresolved::Failed(NodeError::Connect(format!(
+            Failure::Error(NodeError::Connect(format!(
                 "could not resolve {}: {reason}",
                 self.host
             )))
@@ -87,7 +78,7 @@ impl Resolver {
     }
 
     /// Starts a lookup on a helper thread.
-    fn start(&self) -> Result<Receiver<Answer>, Unresolved> {
+    fn start(&self) -> Result<Receiver<Answer>, Failure> {
         let (send, answers) = mpsc::channel();
         let (host, port, lookup) = (self.host.clone(), self.port, self.lookup);
         std::thread::Builder::new()
@@ -97,7 +88,7 @@ impl Resolver {
                 let _ = send.send(lookup(&host, port));
             })
             .map_err(|e| {
-                Unresolved::Failed(NodeError::Connect(format!(
+                Failure::Error(NodeError::Connect(format!(
                     "could not start a thread to resolve {}: {e}",
                     self.host
                 )))
@@ -141,7 +132,7 @@ mod tests {
         let start = Instant::now();
         assert_eq!(
             resolver.resolve(Duration::from_millis(20)),
-            Err(Unresolved::TimedOut)
+            Err(Failure::TimedOut)
         );
         assert!(
             start.elapsed() < Duration::from_millis(250),
@@ -173,7 +164,7 @@ mod tests {
             let err = Resolver::with_lookup("nowhere.example", 1, lookup)
                 .resolve(Duration::from_secs(1))
                 .unwrap_err();
-            let Unresolved::Failed(NodeError::Connect(message)) = err else {
+            let Failure::Error(NodeError::Connect(message)) = err else {
                 panic!("expected a connect error, got {err:?}");
             };
             assert!(message.contains("nowhere.example"), "{message}");

@@ -19,16 +19,8 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::servers::info_field;
+use super::servers::info_fields;
 use crate::error::NodeError;
-use crate::script::pack;
-
-/// `INFO server`, packed, to send with the handshake.
-pub(crate) fn info_server() -> Vec<u8> {
-    let mut out = Vec::new();
-    pack(&mut out, &[b"INFO", b"server"]);
-    out
-}
 
 /// What the guard saw of one node's restarts: the server process (its
 /// `run_id`) the node last reached, and until when a restart seen keeps the
@@ -55,21 +47,22 @@ pub(crate) struct Seen(Mutex<(Option<String>, Option<Instant>)>);
 /// A reply without a readable uptime is refused too: with the guard on, a
 /// node that cannot show how long it has been up does not vote.
 pub(crate) fn check(info: &Value, grace: Duration, seen: &Seen) -> Result<(), NodeError> {
-    let uptime = uptime(info).ok_or_else(|| {
-        NodeError::Protocol(
+    let info = info_fields(info);
+    let Some(uptime) = info.get("uptime_in_seconds").map(Duration::from_secs) else {
+        return Err(NodeError::Protocol(
             "INFO server has no readable uptime_in_seconds; the restart guard cannot tell how long the node has been up"
                 .to_string(),
-        )
-    })?;
+        ));
+    };
     let now = Instant::now();
     let young = uptime.saturating_sub(Duration::from_secs(1)) < grace;
     let mut seen = seen.0.lock().unwrap_or_else(PoisonError::into_inner);
-    let run_id = info_field(info, "run_id");
-    if run_id != seen.0.as_deref() {
+    let run_id = info.get("run_id");
+    if run_id != seen.0 {
         if young || seen.0.is_some() {
             seen.1 = Some(now + grace);
         }
-        seen.0 = run_id.map(str::to_string);
+        seen.0 = run_id;
     }
     let left = seen
         .1
@@ -79,13 +72,6 @@ pub(crate) fn check(info: &Value, grace: Duration, seen: &Seen) -> Result<(), No
         return Err(NodeError::Restarted { uptime, grace });
     }
     Ok(())
-}
-
-/// `uptime_in_seconds` from an `INFO` reply.
-fn uptime(info: &Value) -> Option<Duration> {
-    info_field(info, "uptime_in_seconds")
-        .and_then(|secs| secs.parse::<u64>().ok())
-        .map(Duration::from_secs)
 }
 
 #[cfg(test)]
@@ -169,10 +155,5 @@ mod tests {
         std::thread::sleep(grace);
         assert_eq!(check(&at("a", 60), grace, &seen), Ok(()));
         assert_eq!(check(&at("c", 60), grace, &other), Ok(()));
-    }
-
-    #[test]
-    fn info_server_is_one_resp_command() {
-        assert_eq!(info_server(), b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n");
     }
 }

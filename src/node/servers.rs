@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use redis::Value;
+use redis::{InfoDict, Value};
 
 use super::pace::Pace;
 use crate::error::NodeError;
@@ -35,29 +35,20 @@ impl Servers {
         index: usize,
         name: &Arc<str>,
     ) -> Result<(), NodeError> {
-        let Some(run_id) = info_field(info, "run_id") else {
+        let Some(run_id) = info_fields(info).get("run_id") else {
             return Ok(());
         };
         let mut claimed = self.claimed.lock().unwrap_or_else(|e| e.into_inner());
         let (other, other_name) =
-            (claimed.entry(run_id.to_string())).or_insert_with(|| (index, Arc::clone(name)));
+            (claimed.entry(run_id)).or_insert_with(|| (index, Arc::clone(name)));
         let other = (*other != index).then(|| other_name.to_string());
         other.map_or(Ok(()), |other| Err(NodeError::SameServer { other }))
     }
 }
 
-/// The value of `name` in an `INFO` reply (`name:value` lines).
-pub(crate) fn info_field<'a>(info: &'a Value, name: &str) -> Option<&'a str> {
-    let text = match info {
-        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?,
-        Value::SimpleString(text) | Value::VerbatimString { text, .. } => text,
-        _ => return None,
-    };
-    text.lines().find_map(|line| {
-        line.strip_prefix(name)
-            .and_then(|rest| rest.strip_prefix(':'))
-            .map(str::trim)
-    })
+/// An `INFO` reply's fields (none if the reply is not text).
+pub(crate) fn info_fields(info: &Value) -> InfoDict {
+    redis::from_redis_value_ref(info).unwrap_or_else(|_| InfoDict::new(""))
 }
 
 #[cfg(test)]
@@ -95,11 +86,13 @@ mod tests {
     }
 
     #[test]
-    fn info_field_reads_whole_names_only() {
-        let reply = info("abc");
-        assert_eq!(info_field(&reply, "run_id"), Some("abc"));
-        assert_eq!(info_field(&reply, "uptime_in_seconds"), Some("5"));
-        assert_eq!(info_field(&reply, "run"), None);
-        assert_eq!(info_field(&Value::Int(1), "run_id"), None);
+    fn info_fields_reads_whole_names_only() {
+        let reply = info_fields(&info("abc"));
+        assert_eq!(reply.get("run_id"), Some("abc".to_string()));
+        assert_eq!(reply.get("uptime_in_seconds"), Some(5u64));
+        assert_eq!(reply.get::<String>("run"), None);
+        assert!(info_fields(&Value::Int(1))
+            .get::<String>("run_id")
+            .is_none());
     }
 }
