@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use super::connect::Connector;
-use super::transport::{redis_failure, Reader, Writer};
+use super::transport::{failure, Reader, Writer};
 use crate::error::Failure;
 use crate::script::{pack, RELEASED_CHANNEL_PREFIX};
 
@@ -75,7 +75,7 @@ impl Listener {
     /// an error reply (a subscription refused) fails.
     pub(crate) fn next(&mut self, deadline: Instant) -> Result<Event, Failure> {
         let value = self.0.recv(deadline)?.extract_error();
-        value.map(event).map_err(redis_failure)
+        value.map(event).map_err(failure)
     }
 }
 
