@@ -98,9 +98,10 @@ pub(crate) use setters;
 /// - A clean-up after a failed attempt publishes nothing, so waiters hear
 ///   only holders' releases.
 /// - Over TLS, and for an ACL user without channel permissions (the
-///   default for new users on Redis 7), waiters only sleep their pauses;
-///   the client then tries the subscription again less and less often
-///   (from every second up to every minute).
+///   default for new users on Redis 7), waiters hear of no other client's
+///   release and sleep their pauses (a release through the same client
+///   still wakes them); for such a user the client tries the subscription
+///   again less and less often (from every second up to every minute).
 /// - Channels are per server, not per database: clients on other
 ///   databases of the same servers may wake a waiter for nothing (it costs
 ///   an attempt).

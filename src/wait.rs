@@ -20,16 +20,16 @@
 //! - A message on a resource's channel wakes one of its waiters (the first
 //!   registered): one lock to take, no stampede. The confirmation of a
 //!   subscription wakes all the channel's waiters: a release before it went
-//!   unheard. A thread woken by the network waits a random share of
-//!   [`WAKE_SPREAD`] first, so that the waiters of several clients do not
-//!   all hit the nodes in the same instant.
+//!   unheard.
 //! - The line is opened by the first waiter that needs it, to the next node
 //!   once one fails us (a failed connect, a refused subscription, no answer
-//!   to a subscription or a `PING` within `io_timeout`). Once every node
-//!   failed in a row, waiters only sleep their pause for a backoff that
-//!   doubles each time, from [`BACKOFF`] up to [`MAX_BACKOFF`], until a
-//!   subscription is confirmed. The client's next operation closes it once
-//!   no thread has waited for [`LINGER`].
+//!   within `io_timeout` to what was sent, or to a `PING` on a line quiet
+//!   that long). Once every node failed in a row, waiters only sleep their
+//!   pause for a backoff that doubles each time, from [`BACKOFF`] up to
+//!   [`MAX_BACKOFF`], until a subscription is confirmed. A channel nobody
+//!   waited on for [`LINGER`] is unsubscribed as a waiter comes; the
+//!   client's next operation closes the line once no thread has waited for
+//!   that long.
 //! - No background thread: the waiting threads take turns at reading the
 //!   line, in slices of at most `io_timeout`.
 //!
@@ -42,7 +42,6 @@ use std::time::{Duration, Instant};
 
 use crate::error::Failure;
 use crate::node::{Event, Listener, Node, Sender};
-use crate::script::RELEASED_CHANNEL_PREFIX;
 
 /// How long a channel stays subscribed, and the line open, after the last
 /// thread that waited on it left: back-to-back waits (the usual case under
@@ -57,7 +56,8 @@ const BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
 /// A thread woken by a node's message waits a random share of this before
-/// its attempt: the waiters of several clients woken by one release spread
+/// its attempt: the waiters of several clients woken by one release (or
+/// one that this client's release woke and one that its echo woke) spread
 /// out instead of splitting the nodes' votes among them.
 const WAKE_SPREAD: Duration = Duration::from_micros(500);
 
@@ -105,27 +105,16 @@ impl Drop for Watch<'_> {
 
 struct State {
     hints: Hints,
-    line: Option<Line>,
-    /// How many lines were opened: each line's number.
-    lines: u64,
+    /// The line: its sender, and its listener unless a thread reads with
+    /// it. Only that thread drops the line while it reads (whoever else
+    /// finds it broken says so in `hints`): the listener it brings back is
+    /// of this line.
+    line: Option<(Sender, Option<Listener>)>,
 }
 
-/// The subscription connection.
-struct Line {
-    /// Counts the lines opened: a listener of an earlier line is dropped.
-    number: u64,
-    sender: Sender,
-    /// Taken by the thread in the reading role.
-    listener: Option<Listener>,
-}
-
-/// What to send on the line.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct Out {
-    subscribe: Vec<String>,
-    unsubscribe: Vec<String>,
-    ping: bool,
-}
+/// What to send on the line: commands (`SUBSCRIBE`, `UNSUBSCRIBE`, `PING`),
+/// each with a resource (none for a `PING`).
+type Out = Vec<(&'static str, String)>;
 
 /// The waiters, their channels and the line's state: plain data.
 #[derive(Debug, Default)]
@@ -133,18 +122,22 @@ struct Hints {
     nodes: usize,
     waiters: Vec<Entry>,
     next_id: u64,
-    /// By resource name.
-    channels: HashMap<String, Channel>,
+    /// The resources the line listens (or asked to) for, by name: when a
+    /// waiter last came or left.
+    channels: HashMap<String, Instant>,
     line: LineState,
+    /// When the line was last heard, and when the answer it owes (to what
+    /// was sent since) is overdue.
+    heard: Option<Instant>,
+    due: Option<Instant>,
     /// The node to listen on next.
     node: usize,
     failed_in_row: usize,
     /// The next backoff once every node failed in a row.
     backoff: Duration,
     connect_after: Option<Instant>,
-    /// When the last waiter left.
-    idle_since: Option<Instant>,
-    /// The nodes' connections cannot be split (TLS): waiters only sleep.
+    /// The nodes' connections cannot be split (TLS): no line, waiters hear
+    /// only of this client's releases.
     unsupported: bool,
 }
 
@@ -153,11 +146,7 @@ enum LineState {
     #[default]
     Down,
     Connecting,
-    /// Open: when it was last heard, and when the `PING` sent is overdue.
-    Up {
-        heard: Instant,
-        ping_due: Option<Instant>,
-    },
+    Up,
 }
 
 #[derive(Debug)]
@@ -165,28 +154,6 @@ struct Entry {
     id: u64,
     resources: Vec<String>,
     woken: Option<Wake>,
-}
-
-#[derive(Debug)]
-struct Channel {
-    sub: Sub,
-    waiters: usize,
-    /// When its last waiter left.
-    left: Instant,
-}
-
-/// A channel's subscription on the line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Sub {
-    /// Not asked for on this line (or there is no line).
-    Unsent,
-    /// `SUBSCRIBE` sent; the node must confirm by `due`.
-    Sent {
-        due: Instant,
-    },
-    Confirmed,
-    /// `UNSUBSCRIBE` sent.
-    Leaving,
 }
 
 impl Waiters {
@@ -197,7 +164,6 @@ impl Waiters {
             state: Mutex::new(State {
                 hints: Hints::new(nodes),
                 line: None,
-                lines: 0,
             }),
             changed: Condvar::new(),
             active: AtomicBool::new(false),
@@ -250,52 +216,36 @@ impl Waiters {
         stop: &dyn Fn() -> bool,
     ) -> Wake {
         let mut st = self.lock();
-        if st.hints.unsupported {
-            while !stop() && Instant::now() < until {
-                st = self.sleep(st, until.saturating_duration_since(Instant::now()));
-            }
-            return Wake::TimedOut;
-        }
         self.active.store(true, Ordering::Release);
-        let now = Instant::now();
-        let id = *(watch.id).get_or_insert_with(|| self.register(&mut st, resources, now));
-        let wake = loop {
+        let id =
+            *(watch.id).get_or_insert_with(|| self.register(&mut st, resources, Instant::now()));
+        loop {
             if let Some(wake) = st.hints.woken(id) {
-                break wake;
+                drop(st);
+                if wake == Wake::Heard {
+                    let left = until.saturating_duration_since(Instant::now());
+                    std::thread::sleep(random_below(WAKE_SPREAD).min(left));
+                }
+                return wake;
             }
             let now = Instant::now();
             if now >= until || stop() {
-                break Wake::TimedOut;
+                return Wake::TimedOut;
             }
             if st.hints.may_connect(now) {
                 st = self.connect(st, nodes, until);
                 continue;
             }
-            let line = st.line.as_mut();
-            if let Some((number, listener)) =
-                line.and_then(|l| Some((l.number, l.listener.take()?)))
-            {
-                st = self.read(st, number, listener, until);
+            if let Some(listener) = st.line.as_mut().and_then(|(_, l)| l.take()) {
+                st = self.read(st, listener, until);
                 continue;
             }
             // Another thread reads or connects, or no node serves: sleep
             // until news or the end of the pause.
-            let left = st.hints.sleep_until(now, until);
-            st = self.sleep(st, left.saturating_duration_since(now));
-        };
-        drop(st);
-        drop(watch);
-        if wake == Wake::Heard {
-            let left = until.saturating_duration_since(Instant::now());
-            std::thread::sleep(random_below(WAKE_SPREAD).min(left));
+            let left = st.hints.sleep_for(now, until);
+            let slept = self.changed.wait_timeout(st, left);
+            st = slept.map_or_else(|e| e.into_inner().0, |r| r.0);
         }
-        wake
-    }
-
-    /// Sleeps until news (see [`changed`](Self::changed)) or for `left`.
-    fn sleep<'a>(&self, st: MutexGuard<'a, State>, left: Duration) -> MutexGuard<'a, State> {
-        let slept = self.changed.wait_timeout(st, left);
-        slept.map_or_else(|e| e.into_inner().0, |r| r.0)
     }
 
     /// Wakes every waiting thread to look at its `stop` again.
@@ -304,12 +254,11 @@ impl Waiters {
         self.changed.notify_all();
     }
 
-    /// Reads the line with `listener` (of line `number`) outside the lock,
-    /// until `until` at most, and records what it heard.
+    /// Reads the line with its `listener` outside the lock, until `until`
+    /// at most, and records what it heard.
     fn read<'a>(
         &'a self,
         st: MutexGuard<'a, State>,
-        number: u64,
         mut listener: Listener,
         until: Instant,
     ) -> MutexGuard<'a, State> {
@@ -320,19 +269,19 @@ impl Waiters {
         let heard = listener.next(read_until);
         let mut st = self.lock();
         let now = Instant::now();
-        let Some(line) = st.line.as_mut().filter(|l| l.number == number) else {
-            // The line failed meanwhile: this listener is of the old one.
-            return st;
-        };
-        line.listener = Some(listener);
         let news = match heard {
             Ok(event) => st.hints.on_event(event, now),
             Err(Failure::TimedOut) if !st.hints.overdue(now) => false,
             Err(_) => {
-                self.fail_line(&mut st, now);
+                st.hints.line_failed(now);
                 true
             }
         };
+        let up = st.hints.line == LineState::Up;
+        match &mut st.line {
+            Some((_, slot)) if up => *slot = Some(listener),
+            line => *line = None,
+        }
         if news {
             self.changed.notify_all();
         }
@@ -357,18 +306,13 @@ impl Waiters {
         st.hints.line = LineState::Down;
         match opened {
             Ok(Some((sender, listener))) => {
-                st.lines += 1;
-                st.line = Some(Line {
-                    number: st.lines,
-                    sender,
-                    listener: Some(listener),
-                });
+                st.line = Some((sender, Some(listener)));
                 let out = st.hints.line_opened(now, self.io_timeout);
-                self.send(&mut st, out, now);
+                self.send(&mut st, &out, now);
             }
             Ok(None) => st.hints.unsupported = true,
             Err(Failure::TimedOut | Failure::ConnectTimedOut) if cut_by_pause => {}
-            Err(_) => st.hints.next_node(now),
+            Err(_) => st.hints.line_failed(now),
         }
         self.changed.notify_all();
         st
@@ -378,25 +322,18 @@ impl Waiters {
     /// it. Returns its id.
     fn register(&self, st: &mut State, resources: &[String], now: Instant) -> u64 {
         let (id, out) = st.hints.register(resources, now, self.io_timeout);
-        self.send(st, out, now);
+        self.send(st, &out, now);
         id
     }
 
-    /// Sends `out` on the line, if there is one.
-    fn send(&self, st: &mut State, out: Out, now: Instant) {
-        let Some(line) = &mut st.line else {
-            return;
-        };
-        let deadline = now + self.io_timeout;
-        let sent = (line.sender).send(&out.subscribe, &out.unsubscribe, out.ping, deadline);
-        if sent.is_err() {
-            self.fail_line(st, now);
+    /// Sends `out`, if anything, on the line, if there is one. A failed
+    /// write leaves the line overdue: its next read fails it.
+    fn send(&self, st: &mut State, out: &Out, now: Instant) {
+        if let Some((sender, _)) = st.line.as_mut().filter(|_| !out.is_empty()) {
+            if sender.send(out, now + self.io_timeout).is_err() {
+                st.hints.due = Some(now);
+            }
         }
-    }
-
-    fn fail_line(&self, st: &mut State, now: Instant) {
-        st.line = None;
-        st.hints.line_failed(now);
     }
 
     /// Closes the line if no thread has waited for [`LINGER`]: for the
@@ -427,78 +364,72 @@ impl Hints {
         }
     }
 
-    /// Whether the line is up and listens (or asked to) on every one of
-    /// `resources`' channels.
+    /// Whether the line is up and listens (or asked to) for every one of
+    /// `resources`.
     fn listens_for(&self, resources: &[String]) -> bool {
-        matches!(self.line, LineState::Up { .. })
-            && resources.iter().all(|r| {
-                self.channels
-                    .get(r)
-                    .is_some_and(|c| matches!(c.sub, Sub::Sent { .. } | Sub::Confirmed))
-            })
+        self.line == LineState::Up && resources.iter().all(|r| self.channels.contains_key(r))
     }
 
-    /// Adds a waiter for `resources`. Returns its id, and what to send:
-    /// the subscriptions missing, the channels nobody waited on for
-    /// [`LINGER`] (so that the set stays as small as the resources waited
-    /// on lately), and a `PING` if the line has been quiet for `io`.
+    /// Adds a waiter for `resources`. Returns its id, and what to send.
     fn register(&mut self, resources: &[String], now: Instant, io: Duration) -> (u64, Out) {
         let id = self.next_id;
         self.next_id += 1;
-        self.idle_since = None;
-        for resource in resources {
-            let channel = self.channels.entry(resource.clone()).or_insert(Channel {
-                sub: Sub::Unsent,
-                waiters: 0,
-                left: now,
-            });
-            channel.waiters += 1;
-            if channel.sub == Sub::Leaving {
-                channel.sub = Sub::Unsent;
-            }
-        }
         self.waiters.push(Entry {
             id,
             resources: resources.to_vec(),
             woken: None,
         });
-        let mut out = Out::default();
-        let LineState::Up { heard, ping_due } = &mut self.line else {
-            return (id, out);
-        };
-        if ping_due.is_none() && now.saturating_duration_since(*heard) >= io {
-            *ping_due = Some(now + io);
-            out.ping = true;
+        (id, self.listen(resources, now, io))
+    }
+
+    /// What to send on a line that is up to listen for `resources`: the
+    /// subscriptions missing, the channels nobody waited on for [`LINGER`]
+    /// (so that the set stays as small as the resources waited on lately),
+    /// and a `PING` if the line owes nothing and has been quiet for `io`.
+    /// The line owes an answer to each.
+    fn listen(&mut self, resources: &[String], now: Instant, io: Duration) -> Out {
+        let mut out = Out::new();
+        if self.line != LineState::Up {
+            return out;
         }
-        for (resource, channel) in &mut self.channels {
-            let idle = now.saturating_duration_since(channel.left) >= LINGER;
-            if channel.sub == Sub::Unsent {
-                channel.sub = Sub::Sent { due: now + io };
-                out.subscribe.push(resource.clone());
-            } else if channel.waiters == 0 && channel.sub == Sub::Confirmed && idle {
-                channel.sub = Sub::Leaving;
-                out.unsubscribe.push(resource.clone());
+        for resource in resources {
+            if self.channels.insert(resource.clone(), now).is_none() {
+                out.push(("SUBSCRIBE", resource.clone()));
             }
         }
-        (id, out)
+        let stale = self.forget_unwaited(now).into_iter();
+        out.extend(stale.map(|resource| ("UNSUBSCRIBE", resource)));
+        let quiet = self
+            .heard
+            .is_none_or(|t| now.saturating_duration_since(t) >= io);
+        if self.due.is_none() && quiet {
+            out.push(("PING", String::new()));
+        }
+        if !out.is_empty() {
+            self.due = self.due.or(Some(now + io));
+        }
+        out
+    }
+
+    /// Forgets the channels that nobody waits on and nobody waited on for
+    /// [`LINGER`]. Returns them.
+    fn forget_unwaited(&mut self, now: Instant) -> Vec<String> {
+        let waiters = &self.waiters;
+        let waited = |r: &String| waiters.iter().any(|w| w.resources.contains(r));
+        let stale = (self.channels)
+            .extract_if(|r, last| now.saturating_duration_since(*last) >= LINGER && !waited(r));
+        stale.map(|(r, _)| r).collect()
     }
 
     fn unregister(&mut self, id: u64, now: Instant) {
         let Some(at) = self.waiters.iter().position(|w| w.id == id) else {
             return;
         };
-        let waiter = self.waiters.remove(at);
-        for resource in &waiter.resources {
-            if let Some(channel) = self.channels.get_mut(resource) {
-                channel.waiters -= 1;
-                channel.left = now;
+        // The channels the line listens on linger from now on.
+        for resource in self.waiters.remove(at).resources {
+            if let Some(last) = self.channels.get_mut(&resource) {
+                *last = now;
             }
-        }
-        if self.line == LineState::Down {
-            self.channels.retain(|_, c| c.waiters > 0);
-        }
-        if self.waiters.is_empty() {
-            self.idle_since = Some(now);
         }
     }
 
@@ -506,90 +437,45 @@ impl Hints {
         self.waiters.iter().find(|w| w.id == id)?.woken
     }
 
-    /// Wakes the first waiter for `resource` that is not awake. Returns
-    /// whether it woke one.
-    fn wake_one(&mut self, resource: &str, why: Wake) -> bool {
-        let waiter = self
-            .waiters
-            .iter_mut()
-            .find(|w| w.woken.is_none() && w.resources.iter().any(|r| r == resource));
-        waiter.map(|w| w.woken = Some(why)).is_some()
+    /// Wakes the first waiter for `resource` that is not awake, or with
+    /// `all` every one. Returns whether it woke any.
+    fn wake(&mut self, resource: &str, why: Wake, all: bool) -> bool {
+        let asleep = (self.waiters.iter_mut())
+            .filter(|w| w.woken.is_none() && w.resources.iter().any(|r| r == resource));
+        let woken = asleep.take(if all { usize::MAX } else { 1 });
+        woken.map(|w| w.woken = Some(why)).count() > 0
     }
 
     /// This client released `resources`: wakes one waiter of each. Returns
     /// whether it woke any.
     fn released_here(&mut self, resources: &[String]) -> bool {
-        let woke = resources
-            .iter()
-            .filter(|r| self.wake_one(r, Wake::ReleasedHere));
+        let woke = (resources.iter()).filter(|r| self.wake(r, Wake::ReleasedHere, false));
         woke.count() > 0
     }
 
     /// What the line said. Returns whether other threads should look.
     fn on_event(&mut self, event: Event, now: Instant) -> bool {
-        if let LineState::Up { heard, .. } = &mut self.line {
-            *heard = now;
-        }
+        (self.heard, self.due) = (Some(now), None);
         match event {
-            Event::Message { channel, .. } => {
-                resource_of(&channel).is_some_and(|r| self.wake_one(&r, Wake::Heard))
+            Event::Released(resource) => self.wake(&resource, Wake::Heard, false),
+            Event::Subscribed(resource) => {
+                (self.failed_in_row, self.backoff) = (0, BACKOFF);
+                self.wake(&resource, Wake::Heard, true)
             }
-            Event::Subscribed(channel) => {
-                let Some(resource) = resource_of(&channel) else {
-                    return false;
-                };
-                match self.channels.get_mut(&resource) {
-                    Some(c) if matches!(c.sub, Sub::Sent { .. }) => c.sub = Sub::Confirmed,
-                    _ => return false,
-                }
-                self.failed_in_row = 0;
-                self.backoff = BACKOFF;
-                let waiters = self.waiters.iter_mut();
-                let asleep =
-                    waiters.filter(|w| w.woken.is_none() && w.resources.contains(&resource));
-                asleep.map(|w| w.woken = Some(Wake::Heard)).count() > 0
-            }
-            Event::Unsubscribed(channel) => {
-                let leaving =
-                    |r: &String| self.channels.get(r).is_some_and(|c| c.sub == Sub::Leaving);
-                if let Some(resource) = resource_of(&channel).filter(leaving) {
-                    self.channels.remove(&resource);
-                }
-                false
-            }
-            Event::Pong => {
-                if let LineState::Up { ping_due, .. } = &mut self.line {
-                    *ping_due = None;
-                }
-                false
-            }
+            Event::Answer => false,
         }
     }
 
     /// When the reader must be back: at the end of its pause, after at most
-    /// `io` (so that subscriptions sent meanwhile are checked in time), or
-    /// when the line owes an answer.
+    /// `io` (so that what is sent meanwhile is checked in time), or when
+    /// the line owes an answer.
     fn read_deadline(&self, now: Instant, until: Instant, io: Duration) -> Instant {
-        self.answers_due().fold(until.min(now + io), Instant::min)
+        self.due.into_iter().fold(until.min(now + io), Instant::min)
     }
 
     /// The line owes an answer it should have given by now.
     fn overdue(&self, now: Instant) -> bool {
-        self.answers_due().any(|due| now >= due)
-    }
-
-    /// When the answers the line owes are due: to the `PING` sent, and to
-    /// each subscription not confirmed yet.
-    fn answers_due(&self) -> impl Iterator<Item = Instant> + '_ {
-        let ping = match self.line {
-            LineState::Up { ping_due, .. } => ping_due,
-            _ => None,
-        };
-        let subs = self.channels.values().filter_map(|c| match c.sub {
-            Sub::Sent { due } => Some(due),
-            _ => None,
-        });
-        ping.into_iter().chain(subs)
+        self.due.is_some_and(|due| now >= due)
     }
 
     /// Whether a waiter may open a line now.
@@ -599,46 +485,33 @@ impl Hints {
             && self.connect_after.is_none_or(|t| now >= t)
     }
 
-    /// Until when a waiter that neither reads nor connects sleeps, unless
-    /// something changes: the end of its pause, or the end of the backoff
-    /// if that comes first and is still ahead (a backoff over is no reason
-    /// to wake: whoever connects or reads says when it is done).
-    fn sleep_until(&self, now: Instant, until: Instant) -> Instant {
-        match self.connect_after {
+    /// How long a waiter that neither reads nor connects sleeps, unless
+    /// something changes: until the end of its pause, or of the backoff if
+    /// that comes first and is still ahead (a backoff over is no reason to
+    /// wake: whoever connects or reads says when it is done).
+    fn sleep_for(&self, now: Instant, until: Instant) -> Duration {
+        let end = match self.connect_after {
             Some(after) if after > now && self.line == LineState::Down => after.min(until),
             _ => until,
-        }
-    }
-
-    /// A line is open: every channel waited on is to be subscribed.
-    fn line_opened(&mut self, now: Instant, io: Duration) -> Out {
-        self.line = LineState::Up {
-            heard: now,
-            ping_due: None,
         };
-        self.connect_after = None;
-        let mut out = Out::default();
-        for (resource, channel) in &mut self.channels {
-            channel.sub = Sub::Sent { due: now + io };
-            out.subscribe.push(resource.clone());
-        }
-        out
+        end.saturating_duration_since(now)
     }
 
-    /// The line failed: the next node, whose subscriptions will wake the
-    /// waiters (what came in between is unknown).
+    /// A line is open: every resource waited on is to be subscribed.
+    fn line_opened(&mut self, now: Instant, io: Duration) -> Out {
+        self.channels.clear();
+        (self.line, self.heard, self.due) = (LineState::Up, Some(now), None);
+        self.connect_after = None;
+        let waited = self.waiters.iter().flat_map(|w| w.resources.clone());
+        self.listen(&waited.collect::<Vec<_>>(), now, io)
+    }
+
+    /// The line (or its connect) failed us: the next node, whose
+    /// subscriptions will wake the waiters (what came in between is
+    /// unknown), after a backoff once all failed in a row, twice as long as
+    /// the last one.
     fn line_failed(&mut self, now: Instant) {
         self.line = LineState::Down;
-        self.channels.retain(|_, c| c.waiters > 0);
-        for channel in self.channels.values_mut() {
-            channel.sub = Sub::Unsent;
-        }
-        self.next_node(now);
-    }
-
-    /// The node failed us: the next one, after a backoff once all failed
-    /// in a row, twice as long as the last one.
-    fn next_node(&mut self, now: Instant) {
         self.node = (self.node + 1) % self.nodes;
         self.failed_in_row += 1;
         if self.failed_in_row >= self.nodes {
@@ -651,24 +524,16 @@ impl Hints {
     /// Forgets the line and its channels if no thread has waited for
     /// [`LINGER`]. Returns whether it did.
     fn close_if_idle(&mut self, now: Instant) -> bool {
-        let idle = self
-            .idle_since
-            .is_some_and(|since| now.saturating_duration_since(since) >= LINGER);
-        let close = idle && self.waiters.is_empty() && self.line != LineState::Connecting;
+        let idle = |&last: &Instant| now.saturating_duration_since(last) >= LINGER;
+        let close = self.waiters.is_empty()
+            && self.line != LineState::Connecting
+            && self.channels.values().all(idle);
         if close {
             self.line = LineState::Down;
             self.channels.clear();
-            self.idle_since = None;
         }
         close
     }
-}
-
-/// The resource a channel of ours names.
-fn resource_of(channel: &[u8]) -> Option<String> {
-    let name = std::str::from_utf8(channel).ok()?;
-    name.strip_prefix(RELEASED_CHANNEL_PREFIX)
-        .map(str::to_string)
 }
 
 /// A random duration in `[0, bound)`.
@@ -687,15 +552,12 @@ mod tests {
         list.iter().map(|s| s.to_string()).collect()
     }
 
-    fn channel(resource: &str) -> Vec<u8> {
-        format!("{RELEASED_CHANNEL_PREFIX}{resource}").into_bytes()
+    fn subscribed(resource: &str) -> Event {
+        Event::Subscribed(resource.to_string())
     }
 
     fn message(resource: &str) -> Event {
-        Event::Message {
-            channel: channel(resource),
-            payload: b"token".to_vec(),
-        }
+        Event::Released(resource.to_string())
     }
 
     /// Hints with a line up and `resource` confirmed on it.
@@ -703,7 +565,7 @@ mod tests {
         let mut hints = Hints::new(3);
         let (id, _) = hints.register(&names(&[resource]), now, IO);
         hints.line_opened(now, IO);
-        hints.on_event(Event::Subscribed(channel(resource)), now);
+        hints.on_event(subscribed(resource), now);
         hints.unregister(id, now);
         hints
     }
@@ -732,16 +594,12 @@ mod tests {
         let (a2, _) = hints.register(&names(&["a", "b"]), now, IO);
         let (b, _) = hints.register(&names(&["b"]), now, IO);
         let mut out = hints.line_opened(now, IO);
-        out.subscribe.sort();
-        assert_eq!(out.subscribe, names(&["a", "b"]));
-        assert!(hints.on_event(Event::Subscribed(channel("a")), now));
+        out.sort();
+        assert_eq!(out, [("SUBSCRIBE", "a".into()), ("SUBSCRIBE", "b".into())]);
+        assert!(hints.on_event(subscribed("a"), now));
         assert_eq!(hints.woken(a1), Some(Wake::Heard));
         assert_eq!(hints.woken(a2), Some(Wake::Heard));
         assert_eq!(hints.woken(b), None);
-        assert!(
-            !hints.on_event(Event::Subscribed(channel("a")), now),
-            "confirmed once"
-        );
     }
 
     #[test]
@@ -750,6 +608,7 @@ mod tests {
         let mut hints = Hints::new(3);
         let (a1, _) = hints.register(&names(&["a"]), now, IO);
         let (a2, _) = hints.register(&names(&["a"]), now, IO);
+        assert_eq!(hints.line, LineState::Down);
         assert!(hints.released_here(&names(&["a"])));
         assert_eq!(hints.woken(a1), Some(Wake::ReleasedHere));
         assert_eq!(hints.woken(a2), None);
@@ -772,19 +631,16 @@ mod tests {
         let mut hints = Hints::new(1);
         hints.line_failed(now);
         let after = hints.connect_after.expect("every node failed: a backoff");
-        assert_eq!(hints.sleep_until(now, until), after);
+        assert_eq!(hints.sleep_for(now, until), after - now);
         assert!(!hints.may_connect(now));
         // The backoff is over, and another thread connects (or reads): the
         // waiters that do neither sleep until their pause ends (or news).
         let later = after + Duration::from_millis(1);
         assert!(hints.may_connect(later));
         hints.line = LineState::Connecting;
-        assert_eq!(hints.sleep_until(later, until), until);
-        hints.line = LineState::Up {
-            heard: later,
-            ping_due: None,
-        };
-        assert_eq!(hints.sleep_until(later, until), until);
+        assert_eq!(hints.sleep_for(later, until), until - later);
+        hints.line_opened(later, IO);
+        assert_eq!(hints.sleep_for(later, until), until - later);
     }
 
     #[test]
@@ -806,7 +662,7 @@ mod tests {
         let secs: Vec<u64> = backoffs.iter().map(Duration::as_secs).collect();
         assert_eq!(secs, [1, 2, 4, 8, 16, 32, 60, 60]);
         hints.line_opened(now, IO);
-        hints.on_event(Event::Subscribed(channel("a")), now);
+        hints.on_event(subscribed("a"), now);
         assert_eq!(hints.woken(id), Some(Wake::Heard));
         assert_eq!(hints.backoff, BACKOFF, "a confirmed subscription resets it");
     }
@@ -815,18 +671,29 @@ mod tests {
     fn a_quiet_line_is_pinged_and_fails_when_the_answer_is_overdue() {
         let now = Instant::now();
         let mut hints = listening("a", now);
+        let ping = ("PING", String::new());
         let (_, out) = hints.register(&names(&["a"]), now, IO);
-        assert!(!out.ping, "heard just now");
+        assert!(out.is_empty(), "heard just now");
         let quiet = now + IO;
         let (_, out) = hints.register(&names(&["a"]), quiet, IO);
-        assert!(out.ping);
+        assert_eq!(out, [ping]);
         let (_, out) = hints.register(&names(&["a"]), quiet, IO);
-        assert!(!out.ping, "one PING at a time");
+        assert!(out.is_empty(), "one PING at a time");
         assert!(!hints.overdue(quiet));
         assert_eq!(hints.read_deadline(quiet, quiet + IO * 10, IO), quiet + IO);
         assert!(hints.overdue(quiet + IO));
-        hints.on_event(Event::Pong, quiet);
+        hints.on_event(Event::Answer, quiet);
         assert!(!hints.overdue(quiet + IO));
+    }
+
+    #[test]
+    fn a_subscription_unanswered_in_time_fails_the_line() {
+        let now = Instant::now();
+        let mut hints = listening("a", now);
+        let (_, out) = hints.register(&names(&["b"]), now, IO);
+        assert_eq!(out, [("SUBSCRIBE", "b".into())]);
+        assert!(!hints.overdue(now + IO / 2));
+        assert!(hints.overdue(now + IO));
     }
 
     #[test]
@@ -834,11 +701,9 @@ mod tests {
         let now = Instant::now();
         let mut hints = listening("a", now);
         let (_, out) = hints.register(&names(&["b"]), now, IO);
-        assert_eq!(out.subscribe, names(&["b"]));
-        assert!(out.unsubscribe.is_empty(), "a lingers");
+        assert_eq!(out, [("SUBSCRIBE", "b".into())], "a lingers");
         let (_, out) = hints.register(&names(&["b"]), now + LINGER, IO);
-        assert_eq!(out.unsubscribe, names(&["a"]));
-        hints.on_event(Event::Unsubscribed(channel("a")), now + LINGER);
+        assert_eq!(out, [("UNSUBSCRIBE", "a".into())]);
         assert!(!hints.channels.contains_key("a"));
     }
 

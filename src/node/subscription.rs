@@ -7,15 +7,15 @@
 //! pings, and a [`Listener`] that reads what the server pushes. One thread
 //! may block on the listener while another subscribes through the sender.
 //! A read that times out loses nothing: what came in part stays buffered
-//! for the next read.
+//! for the next read. Both speak of resources, not channels.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use redis::Value;
 
 use super::connect::Connector;
-use super::transport::{Reader, Writer};
-use crate::error::{Failure, NodeError};
+use super::transport::{failure, Reader, Writer};
+use crate::error::Failure;
 use crate::script::{pack, RELEASED_CHANNEL_PREFIX};
 
 /// Writes subscription commands. Their answers come through the
@@ -28,14 +28,12 @@ pub(crate) struct Listener(Reader);
 /// One thing the server pushed.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Event {
-    /// A `PUBLISH` on a channel we subscribed to.
-    Message { channel: Vec<u8>, payload: Vec<u8> },
-    /// A `SUBSCRIBE` took effect.
-    Subscribed(Vec<u8>),
-    /// An `UNSUBSCRIBE` took effect.
-    Unsubscribed(Vec<u8>),
-    /// The answer to a `PING`.
-    Pong,
+    /// A release of this resource was published.
+    Released(String),
+    /// The connection listens for this resource's releases from now on.
+    Subscribed(String),
+    /// Any other answer: to an `UNSUBSCRIBE`, to a `PING`.
+    Answer,
 }
 
 /// Opens a subscription connection through `connector`, within
@@ -45,7 +43,7 @@ pub(crate) enum Event {
 pub(super) fn open(
     connector: &Connector,
     deadline: Instant,
-    connect_timeout: std::time::Duration,
+    connect_timeout: Duration,
 ) -> Result<Option<(Sender, Listener)>, Failure> {
     let opened = connector.connect(deadline, connect_timeout)?;
     Ok(opened
@@ -54,82 +52,42 @@ pub(super) fn open(
 }
 
 impl Sender {
-    /// `SUBSCRIBE` to the release channels of `subscribe`, `UNSUBSCRIBE`
-    /// from those of `unsubscribe` (nothing for none), and, with `ping`, a
-    /// `PING`: its answer shows the connection still carries traffic (a
-    /// partition keeps a connection open but silent). One write, if any.
+    /// Sends `commands` (`SUBSCRIBE`, `UNSUBSCRIBE`, `PING`) in one write,
+    /// each with the release channel of its resource (a `PING` gets it
+    /// back: its answer shows the connection still carries traffic, as a
+    /// partition keeps a connection open but silent).
     pub(crate) fn send(
         &mut self,
-        subscribe: &[String],
-        unsubscribe: &[String],
-        ping: bool,
+        commands: &[(&str, String)],
         deadline: Instant,
     ) -> Result<(), Failure> {
         let mut bytes = Vec::new();
-        for (name, resources) in [
-            (&b"SUBSCRIBE"[..], subscribe),
-            (b"UNSUBSCRIBE", unsubscribe),
-        ] {
-            let names: Vec<String> = (resources.iter())
-                .map(|r| format!("{RELEASED_CHANNEL_PREFIX}{r}"))
-                .collect();
-            let mut args: Vec<&[u8]> = vec![name];
-            args.extend(names.iter().map(|c| c.as_bytes()));
-            if !names.is_empty() {
-                pack(&mut bytes, &args);
-            }
+        for (command, resource) in commands {
+            let channel = format!("{RELEASED_CHANNEL_PREFIX}{resource}");
+            pack(&mut bytes, &[command.as_bytes(), channel.as_bytes()]);
         }
-        if ping {
-            pack(&mut bytes, &[b"PING"]);
-        }
-        match bytes.is_empty() {
-            true => Ok(()),
-            false => self.0.send(&bytes, deadline),
-        }
+        self.0.send(&bytes, deadline)
     }
 }
 
 impl Listener {
-    /// The next thing the server pushes, waiting until `deadline` at most.
+    /// The next thing the server pushes, waiting until `deadline` at most;
+    /// an error reply (a subscription refused) fails.
     pub(crate) fn next(&mut self, deadline: Instant) -> Result<Event, Failure> {
-        let value = self.0.recv(deadline)?;
-        event(value).map_err(|why| Failure::Error(NodeError::Protocol(why)))
+        let value = self.0.recv(deadline)?.extract_error();
+        value.map(event).map_err(failure)
     }
 }
 
-/// A pushed value as an event, or why it is not one.
-fn event(value: Value) -> Result<Event, String> {
-    let parts = match value {
-        Value::Array(parts) | Value::Push { data: parts, .. } => parts,
-        Value::SimpleString(s) if s.eq_ignore_ascii_case("PONG") => return Ok(Event::Pong),
-        Value::ServerError(e) => {
-            return Err(format!(
-                "the subscription was refused: {} {}",
-                e.code(),
-                e.details().unwrap_or("")
-            ))
-        }
-        other => return Err(format!("unexpected on a subscription: {other:?}")),
+/// A pushed value as an event.
+fn event(value: Value) -> Event {
+    let Ok((kind, channel, _)) = redis::from_redis_value::<(String, String, Value)>(value) else {
+        return Event::Answer;
     };
-    let mut parts = parts.into_iter().map(|part| match part {
-        Value::BulkString(bytes) => Some(bytes),
-        Value::SimpleString(s) => Some(s.into_bytes()),
-        _ => None,
-    });
-    let kind = parts.next().flatten().unwrap_or_default();
-    let mut second = || parts.next().flatten().unwrap_or_default();
-    match kind.to_ascii_lowercase().as_slice() {
-        b"message" => Ok(Event::Message {
-            channel: second(),
-            payload: second(),
-        }),
-        b"subscribe" => Ok(Event::Subscribed(second())),
-        b"unsubscribe" => Ok(Event::Unsubscribed(second())),
-        b"pong" => Ok(Event::Pong),
-        other => Err(format!(
-            "unexpected on a subscription: {:?}",
-            String::from_utf8_lossy(other)
-        )),
+    match (kind.as_str(), channel.strip_prefix(RELEASED_CHANNEL_PREFIX)) {
+        ("message", Some(resource)) => Event::Released(resource.to_string()),
+        ("subscribe", Some(resource)) => Event::Subscribed(resource.to_string()),
+        _ => Event::Answer,
     }
 }
 
@@ -142,24 +100,20 @@ mod tests {
     }
 
     #[test]
-    fn pushed_values_read_as_events() {
-        let message = Value::Array(vec![bulk("message"), bulk("ch"), bulk("tok")]);
-        assert_eq!(
-            event(message),
-            Ok(Event::Message {
-                channel: b"ch".to_vec(),
-                payload: b"tok".to_vec()
-            })
-        );
-        let subscribed = Value::Array(vec![bulk("subscribe"), bulk("ch"), Value::Int(1)]);
-        assert_eq!(event(subscribed), Ok(Event::Subscribed(b"ch".to_vec())));
-        let gone = Value::Array(vec![bulk("unsubscribe"), bulk("ch"), Value::Int(0)]);
-        assert_eq!(event(gone), Ok(Event::Unsubscribed(b"ch".to_vec())));
+    fn pushed_values_read_as_events_on_resources() {
+        let channel = format!("{RELEASED_CHANNEL_PREFIX}r");
+        let message = Value::Array(vec![bulk("message"), bulk(&channel), bulk("tok")]);
+        assert_eq!(event(message), Event::Released("r".to_string()));
+        let subscribed = Value::Array(vec![bulk("subscribe"), bulk(&channel), Value::Int(1)]);
+        assert_eq!(event(subscribed), Event::Subscribed("r".to_string()));
+        let gone = Value::Array(vec![bulk("unsubscribe"), bulk(&channel), Value::Int(0)]);
+        assert_eq!(event(gone), Event::Answer);
         assert_eq!(
             event(Value::Array(vec![bulk("pong"), bulk("")])),
-            Ok(Event::Pong)
+            Event::Answer
         );
-        assert!(event(Value::Int(3)).is_err());
-        assert!(event(Value::Array(vec![bulk("pmessage")])).is_err());
+        assert_eq!(event(Value::SimpleString("PONG".into())), Event::Answer);
+        let other = Value::Array(vec![bulk("message"), bulk("other"), bulk("tok")]);
+        assert_eq!(event(other), Event::Answer, "not a channel of ours");
     }
 }
