@@ -272,37 +272,47 @@ pub(crate) fn redact(url: &str) -> String {
     // password before an '@': read it all as the address.
     let scheme_end = url.find("://").map_or(0, |i| i + 3);
     let rest = &url[scheme_end..];
-    // The last '@' anywhere, not only in the authority: a password may hold
-    // a raw '/', '?' or '#', and the error for that malformed URL must
-    // still hide it.
-    let shown = match rest.rfind('@') {
-        // Without a ':' the one name there may be a password whose colon
-        // was left out (`redis://secret@host`): hide it too.
-        Some(at) => match rest[..at].split_once(':') {
-            Some((user, _)) => format!("{}{user}:***{}", &url[..scheme_end], &rest[at..]),
-            None => format!("{}***{}", &url[..scheme_end], &rest[at..]),
-        },
+    // What to hide, as ranges of `url`.
+    let mut hide = Vec::new();
+    match rest.rfind('@') {
+        // The last '@' anywhere, not only in the authority: a password may
+        // hold a raw '/', '?' or '#', and the error for that malformed URL
+        // must still hide it. Without a ':' the one name there may be a
+        // password whose colon was left out (`redis://secret@host`).
+        Some(at) => {
+            hide.push(scheme_end + rest[..at].find(':').map_or(0, |c| c + 1)..scheme_end + at)
+        }
         // An address that starts with ':' is a password whose '@' was
         // left out: hide the whole address.
         None if rest.starts_with(':') => {
-            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-            format!("{}:***{}", &url[..scheme_end], &rest[end..])
+            hide.push(
+                scheme_end + 1..scheme_end + rest.find(['/', '?', '#']).unwrap_or(rest.len()),
+            );
         }
-        None => url.to_string(),
-    };
-    let Some((head, query)) = shown.split_once('?') else {
-        return shown;
-    };
-    let query: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            // Only `db` and `user` show: the redis crate decodes names, so
-            // `pa%73s` is `pass` too.
-            Some((name, _)) if name != "db" && name != "user" => format!("{name}=***"),
-            _ => pair.to_string(),
-        })
-        .collect();
-    format!("{head}?{}", query.join("&"))
+        None => {}
+    }
+    // The query as written, also where that '@' was in it (`?user=a@b&pass=`):
+    // only `db` and `user` show (the redis crate decodes names, so `pa%73s`
+    // is `pass` too).
+    if let Some(mut at) = url.find('?').map(|q| q + 1) {
+        for pair in url[at..].split('&') {
+            let name = pair.split_once('=').map(|(name, _)| name);
+            if let Some(name) = name.filter(|&name| name != "db" && name != "user") {
+                hide.push(at + name.len() + 1..at + pair.len());
+            }
+            at += pair.len() + 1;
+        }
+    }
+    hide.sort_by_key(|r| r.start);
+    let (mut shown, mut from) = (String::new(), 0);
+    for r in hide {
+        if r.start >= from {
+            shown += &url[from..r.start];
+            shown += "***";
+        }
+        from = from.max(r.end);
+    }
+    shown + &url[from..]
 }
 
 #[cfg(test)]
@@ -325,6 +335,21 @@ mod tests {
             redact("redis+unix:///tmp/x.sock?db=1&pass=s3cret&user=u"),
             "redis+unix:///tmp/x.sock?db=1&pass=***&user=u"
         );
+    }
+
+    #[test]
+    fn redact_hides_query_passwords_after_an_at_sign_in_the_query() {
+        for url in [
+            "redis+unix:///tmp/x.sock?user=alice@corp&pass=s3cret",
+            "redis+unix:///tmp/x.sock?pass=s3@cret",
+            "redis://h:1/0?user=a@b&pass=s3cret",
+        ] {
+            let shown = redact(url);
+            assert!(
+                !shown.contains("s3cret") && !shown.contains("cret"),
+                "{url} shows as {shown}"
+            );
+        }
     }
 
     #[test]

@@ -556,6 +556,110 @@ mod tests {
         assert_eq!(reply, Value::SimpleString("PONG".to_string()));
     }
 
+    #[cfg(unix)]
+    #[test]
+    fn replies_split_over_reads_are_never_taken_for_common_ones_nor_lost_at_a_deadline() {
+        let soon = || Instant::now() + Duration::from_millis(50);
+        let bytes = b"*3\r\n:1\r\n$-1\r\n+OK\r\n:1\r\n$5\r\n:1\r\n\n\r\n:0\r\n";
+        // One byte at a time, with a pause after each: whole replies, in order.
+        let (mut reader, mut server) = pair();
+        let mut got = Vec::new();
+        for b in bytes {
+            server.write_all(&[*b]).unwrap();
+            match reader.recv_until(Instant::now() + Duration::from_secs(5), Instant::now()) {
+                Ok(Some(v)) => got.push(v),
+                Ok(None) => {}
+                Err(e) => panic!("{e:?}"),
+            }
+            while let Some(v) = reader.recv_buffered() {
+                got.push(v.unwrap());
+            }
+        }
+        assert_eq!(
+            got,
+            vec![
+                Value::Array(vec![Value::Int(1), Value::Nil, Value::Okay]),
+                Value::Int(1),
+                Value::BulkString(b":1\r\n\n".to_vec()),
+                Value::Int(0),
+            ]
+        );
+        // A deadline passing mid-reply: the rest is still read whole later.
+        let (mut reader, mut server) = pair();
+        server.write_all(b"*2\r\n:1").unwrap();
+        assert_eq!(reader.recv(soon()), Err(Failure::TimedOut));
+        server.write_all(b"\r\n:1\r\n:0\r\n").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        assert_eq!(
+            reader.recv(deadline),
+            Ok(Value::Array(vec![Value::Int(1), Value::Int(1)]))
+        );
+        assert_eq!(reader.recv(deadline), Ok(Value::Int(0)));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn hostile_replies_fail_or_time_out_in_time_without_a_panic() {
+        let bad: Vec<Vec<u8>> = vec![
+            b"%-1\r\n".to_vec(),
+            b"%-2\r\n".to_vec(),
+            b"|-1\r\n".to_vec(),
+            b"|9223372036854775807\r\n".to_vec(),
+            b"*-2\r\n".to_vec(),
+            b"~-3\r\n".to_vec(),
+            b">-3\r\n".to_vec(),
+            b"=-3\r\n".to_vec(),
+            b"!-3\r\n".to_vec(),
+            b"$-3\r\n".to_vec(),
+            b"*9223372036854775807\r\n".to_vec(),
+            b"$9223372036854775807\r\n".to_vec(),
+            b"$18446744073709551615\r\n".to_vec(),
+            b":99999999999999999999999\r\n".to_vec(),
+            b",nan\r\n".to_vec(),
+            b"(abc\r\n".to_vec(),
+            b"#x\r\n".to_vec(),
+            b"+\xff\xfe\r\n".to_vec(),
+            b"*1\r\n".repeat(100_000),
+            b"\r\n".to_vec(),
+            b"\n".to_vec(),
+        ];
+        for bytes in bad {
+            let (mut reader, server) = pair();
+            let head = String::from_utf8_lossy(&bytes[..bytes.len().min(24)]).to_string();
+            let writer = std::thread::spawn(move || {
+                let mut server = server;
+                let _ = server.write_all(&bytes);
+                server
+            });
+            let start = Instant::now();
+            let r = reader.recv(Instant::now() + Duration::from_millis(200));
+            assert!(
+                !matches!(r, Ok(Value::Okay | Value::Int(_))),
+                "{head:?}: {r:?}"
+            );
+            assert!(start.elapsed() < Duration::from_secs(2), "{head:?}: {r:?}");
+            drop(reader);
+            drop(writer.join().unwrap());
+        }
+        // A huge bulk declared and sent: refused past MAX_REPLY, in time.
+        let (mut reader, server) = pair();
+        let writer = std::thread::spawn(move || {
+            let mut server = server;
+            let _ = server.write_all(b"$999999999\r\n");
+            let chunk = vec![b'x'; 1 << 16];
+            for _ in 0..400 {
+                if server.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+        });
+        // (Refused, not timed out: the reply is never whole.)
+        let r = reader.recv(Instant::now() + Duration::from_secs(20));
+        assert!(matches!(r, Err(Failure::Error(_))), "{r:?}");
+        drop(reader);
+        writer.join().unwrap();
+    }
+
     #[test]
     fn timeouts_are_reset_only_when_they_no_longer_fit() {
         let left = Duration::from_millis(10);
