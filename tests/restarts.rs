@@ -86,8 +86,9 @@ fn rolling_restart(
         grace + Duration::from_millis(500)
     };
     // After the last restart: a kept-out node votes again within the grace
-    // plus the uptime's rounding, then the next extension re-takes.
-    let settle = grace + Duration::from_secs(3);
+    // plus the uptime's rounding, then the next extension re-takes; the
+    // rest is room for a busy machine (3 s of it was too little).
+    let settle = grace + Duration::from_secs(8);
     let [held_now, stop, stopped] = [(); 3].map(|()| AtomicBool::new(false));
     let roll = |token: &Token| {
         held_now.store(true, Ordering::Relaxed);
