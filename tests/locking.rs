@@ -149,13 +149,16 @@ fn extend_keeps_the_lock_past_its_ttl_and_fails_once_it_expired() {
     let nodes = cluster(5);
     let locks = client(&nodes);
     let rival = client(&nodes);
-    let ttl = Duration::from_millis(500);
+    // Four times the clients' I/O timeout: on a busy machine a round that
+    // waits out a slow node still ends well within the TTL.
+    let ttl = Duration::from_secs(2);
 
     let mut lock = locks.acquire("lease", ttl).expect("granted");
     let original_deadline = lock.valid_until();
-    // Extend every 100 ms for about three TTLs; the rival never gets in.
+    // Extend every fifth of the TTL for about three TTLs; the rival never
+    // gets in.
     for _ in 0..15 {
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(ttl / 5);
         locks.extend(&mut lock, ttl).expect("extension while held");
         assert!(
             lock.validity() > ttl / 2,
