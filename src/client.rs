@@ -631,7 +631,7 @@ impl Redlock {
             return Vec::new();
         }
         self.inner.waiters.close_if_idle();
-        let (mut keys, mut args, mut ttls) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut keys, mut args, mut ttls, mut asked) = (vec![], vec![], vec![], vec![]);
         for (lock, ttl) in locks.iter() {
             // Redis is given whole milliseconds: measure validity on the same.
             let ttl_ms = ttl.as_millis() as u64;
@@ -641,6 +641,7 @@ impl Redlock {
             // vote for an acquisition (see `extend`).
             let retake = (lock.timed && Instant::now() < lock.valid_until)
                 .then(|| lock.fencing_token.unwrap_or(0));
+            asked.push(retake.is_some());
             let (own, parts) = (lock.kind).extend(&lock.resources, &lock.token, ttl_ms, retake);
             keys.extend(own);
             args.extend(parts);
@@ -648,17 +649,19 @@ impl Redlock {
         let args: Vec<&[u8]> = args.iter().map(String::as_bytes).collect();
         let cmd = Command::script(&script::EXTEND, &keys, &args);
         let tallies = self.rounds(Kind::Plain, &cmd, &ttls, script_vote, Ask::UntilDecided);
-        let judged = (locks.iter_mut().zip(ttls).zip(tallies)).map(|(((lock, _), ttl), tally)| {
+        let judged = locks.iter_mut().zip(ttls).zip(tallies).zip(asked);
+        let judged = judged.map(|((((lock, _), ttl), tally), asked)| {
             // A round that ended after the validity ran out counts only the
-            // nodes that renewed; what it re-took then is released. (Its
-            // end, not the time this lock's turn comes after the others'.)
+            // nodes that renewed; what it may have re-taken then is released,
+            // on every node that did not refuse (a re-take may be unread).
+            // (Its end, not the time this lock's turn comes after the others'.)
             let late = tally.start + tally.report.elapsed >= lock.valid_until;
             let nodes = &tally.report.nodes;
             let renewed = (nodes.iter())
                 .filter(|n| n.outcome == NodeOutcome::Granted && !n.retook)
                 .count();
             let resource = lock.resources[0].clone();
-            if late && renewed < tally.report.quorum && nodes.iter().any(|n| n.retook) {
+            if late && renewed < tally.report.quorum && asked {
                 self.clean_up(lock.kind, &lock.resources, &lock.token, ttl, &tally.report);
             } else if tally.granted() {
                 lock.valid_until = tally.start + tally.validity.unwrap_or_default();

@@ -49,8 +49,13 @@ fn the_observer_sees_contention_a_failed_extension_and_a_loss_without_passwords_
         .acquire("contended", Duration::from_secs(10))
         .unwrap();
     let held_token = held.token().to_string();
+    // Released once the waiter was refused at least once (not after a
+    // sleep, which a slow first connect may outlast).
+    let refused = Arc::clone(&seen);
     let release = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(100));
+        common::wait_until(Duration::from_secs(10), "the waiter is refused", || {
+            (refused.lock().unwrap().iter()).any(|(w, _)| *w == What::Contended)
+        });
         holder.release(held).unwrap();
     });
     let lock = locks.acquire("contended", Duration::from_secs(10)).unwrap();
