@@ -149,8 +149,9 @@ impl Node {
 /// [`pace::BATCH_FROM`]): the threads those replies wake write it then,
 /// with their own next commands. A command still queued after a sleep of
 /// [`RECHECK`] (its writer is overdue), or past the batch's wait, is
-/// written by its own thread, as is every command of a round that leaves
-/// while it waits for a batch.
+/// written by its own thread; a round that leaves while it waits for a
+/// batch writes its nodes' queues unless another thread is awake (the
+/// last of those writes them).
 pub(crate) struct Turn<'a> {
     nodes: &'a [Node],
     pace: &'a Pace,
@@ -320,12 +321,15 @@ impl<'a> Turn<'a> {
     }
 
     /// Stops waiting for the next batch: writes the round's commands still
-    /// queued, and, for a round `leaving`, whatever its nodes have queued
-    /// (its abandoned commands among it), waking a reader for them.
+    /// queued; a round `leaving` writes whatever its nodes have queued (its
+    /// abandoned commands among it), waking a reader for them, only if no
+    /// other thread is awake: else the last of those writes it, with their
+    /// own commands, in one write per node.
     fn end_batch(&mut self, leaving: bool) {
         if self.batch_until.take().is_some() {
+            let last = leaving && !self.pace.others_awake();
             for (node, ticket) in self.nodes.iter().zip(&self.awaited) {
-                if leaving || ticket.is_some_and(|t| !node.shared.written(t)) {
+                if last || ticket.is_some_and(|t| !node.shared.written(t)) {
                     node.flush(self.bounds, leaving);
                 }
             }

@@ -249,7 +249,7 @@ impl Shared {
         link.conn.abandoned.push_back(false);
         link.conn.live += 1;
         if eval || !link.conn.open() {
-            link = self.write_out(link, connector, bounds, true);
+            link = self.write_out(link, connector, bounds);
             check(&link, ticket)?;
         }
         Ok(ticket)
@@ -285,9 +285,9 @@ impl Shared {
     /// itself passes false, so that nobody is woken to find the reading
     /// role taken.
     pub(super) fn flush(&self, connector: &Connector, bounds: Bounds, wake_reader: bool) {
-        let mut link = self.write_out(self.lock(), connector, bounds, wake_reader);
+        let link = self.write_out(self.lock(), connector, bounds);
         if wake_reader {
-            hand_off(&mut link, &connector.servers.pace);
+            hand_off(link, &connector.servers.pace);
         }
     }
 
@@ -332,14 +332,14 @@ impl Shared {
                 break Some(Err(Failure::TimedOut));
             }
             if queued && !pace.others_awake() && batch_until.is_none() {
-                link = self.write_out(link, connector, bounds, false);
+                link = self.write_out(link, connector, bounds);
             } else if readable {
                 link = self.read_one(link, connector, bounds, batch_until);
             } else {
                 break None;
             }
         };
-        hand_off(&mut link, pace);
+        hand_off(link, pace);
         taken
     }
 
@@ -410,7 +410,7 @@ impl Shared {
             Some(reply) => forget_scripts_if_lost(&mut link.conn, &reply),
             None => give_up(&mut link.conn, ticket.seq),
         }
-        hand_off(&mut link, pace);
+        hand_off(link, pace);
     }
 
     /// Records what `reply` says about whether the server of `ticket`'s
@@ -429,15 +429,13 @@ impl Shared {
     /// The writing role: writes the outbox until it is empty (connecting
     /// first if there is no connection), then lets go. If another thread is
     /// writing, it writes the outbox before it lets go. The lock is not held
-    /// during I/O. With `wake_reader`, wakes a sleeper to read what was
-    /// written when nobody reads it (see [`hand_off`]), as after a connect
-    /// in any case.
+    /// during I/O. After a connect, wakes a sleeper to read what was
+    /// written (see [`hand_off`]); otherwise the caller hands off.
     fn write_out<'a>(
         &'a self,
         mut link: Guard<'a>,
         connector: &Connector,
         bounds: Bounds,
-        wake_reader: bool,
     ) -> Guard<'a> {
         if link.conn.writing || link.conn.outbox.is_empty() {
             return link;
@@ -500,8 +498,9 @@ impl Shared {
         }
         link.conn.writer = writer;
         link.conn.writing = false;
-        if connecting || wake_reader {
-            hand_off(&mut link, &connector.servers.pace);
+        if connecting {
+            hand_off(link, &connector.servers.pace);
+            return self.lock();
         }
         link
     }
@@ -582,7 +581,7 @@ impl Shared {
             }
         }
         if unsplit {
-            link = self.write_out(link, connector, bounds, true);
+            link = self.write_out(link, connector, bounds);
         }
         link
     }
@@ -628,14 +627,21 @@ fn store(link: &mut Link, value: Value, pace: &Pace) -> Option<Thread> {
 /// or another it waits on): it polls every node it waits on, and reads
 /// this one, or, should its round be decided first, hands this node off
 /// when it abandons its reply here. So one wake-up serves every node whose
-/// replies one round awaits, not one per node.
-fn hand_off(link: &mut Link, pace: &Pace) {
+/// replies one round awaits, not one per node. The lock is let go before
+/// the woken thread is unparked, as after a read.
+fn hand_off(link: Guard<'_>, pace: &Pace) {
     let woken = |w: &Waiter| w.woken.load(Ordering::Acquire) == AWAKE_OTHER;
-    if can_read(&link.conn) && !pace.others_awake() && !link.sleepers.iter().any(|(_, w)| woken(w))
-    {
-        let woken = link.sleepers.iter().find_map(|(_, w)| w.wake(AWAKE_OTHER));
-        woken.iter().for_each(|t| t.unpark());
+    if !can_read(&link.conn) || pace.others_awake() || link.sleepers.iter().any(|(_, w)| woken(w)) {
+        return;
     }
+    let woken = link
+        .sleepers
+        .iter()
+        .find_map(|(_, w)| w.wake(AWAKE_OTHER))
+        .cloned();
+    // Unparked with the lock let go: the woken thread needs it first thing.
+    drop(link);
+    woken.iter().for_each(Thread::unpark);
 }
 
 /// Fails `ticket` if its epoch has ended.
