@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::{builder, cluster, wait_until, SETTLE};
 use redlock_sync::{Kind, Lock, LockError, LockOptions, NodeOutcome, Redlock, Token};
-use redlock_sync_testing::{Cluster, Fault};
+use redlock_sync_testing::{Cluster, Fault, Proxy};
 
 const TTL: Duration = Duration::from_secs(1);
 const GRACE: Duration = Duration::from_secs(2);
@@ -254,19 +254,27 @@ fn a_late_extension_that_re_took_the_key_on_every_node_reports_lost_and_releases
     late_round_re_takes(&[0, 1, 2]);
 }
 
-/// An extension whose round ends after the validity ran out, with the key
-/// gone from the nodes `restarted`: lost, and nothing it set stays.
-fn late_round_re_takes(restarted: &[usize]) {
+/// A lock on `resource` (TTL 3 s), held on every node of 3, by a client
+/// through a proxy in front of each, that does not retry and waits `secs`
+/// on a node.
+fn held_through_proxies(resource: &str, secs: u64) -> (Cluster, Vec<Proxy>, Redlock, Lock) {
     let nodes = cluster(3);
     let proxies = nodes.proxies().unwrap();
     let locks = Redlock::builder(proxies.iter().map(|p| p.url()))
         .retry_count(0)
-        .io_timeout(Duration::from_secs(3))
-        .connect_timeout(Duration::from_secs(3))
+        .io_timeout(Duration::from_secs(secs))
+        .connect_timeout(Duration::from_secs(secs))
         .build()
         .unwrap();
-    let mut lock = locks.acquire("late", Duration::from_secs(3)).unwrap();
+    let lock = locks.acquire(resource, Duration::from_secs(3)).unwrap();
     common::wait_until_held_by(&nodes, &lock, 3);
+    (nodes, proxies, locks, lock)
+}
+
+/// An extension whose round ends after the validity ran out, with the key
+/// gone from the nodes `restarted`: lost, and nothing it set stays.
+fn late_round_re_takes(restarted: &[usize]) {
+    let (nodes, proxies, locks, mut lock) = held_through_proxies("late", 3);
     // These nodes lose the key. When 400 ms of validity are left, every
     // byte starts to take 300 ms each way: the round's commands land within
     // the validity, and its replies come after it ran out.
@@ -327,4 +335,52 @@ fn extending_a_lock_rebuilt_from_its_token_re_takes_nothing_until_an_extension_t
     );
     common::wait_until_held_by(&nodes, &lock, 3);
     locks.release(lock).unwrap();
+}
+
+#[test]
+fn a_late_extension_that_re_took_the_key_on_one_node_while_the_others_were_silent_reports_lost_and_releases_it(
+) {
+    // One re-take, and no other vote: the silent nodes renewed nothing.
+    let (nodes, proxies, locks, mut lock) = held_through_proxies("late-one", 1);
+    // Node 0 loses the key (as a restart or an eviction drops it), its
+    // connection open.
+    nodes.node(0).query(&["DEL", "late-one"]).unwrap();
+    // Rounds read the nodes that kept them waiting last: four rounds that
+    // wait on slow nodes 1 and 2 have the late round read node 0 first.
+    for proxy in &proxies[1..] {
+        proxy.set_fault(Fault::Delay(Duration::from_millis(100)));
+    }
+    for _ in 0..4 {
+        locks.inspect("late-one").unwrap();
+    }
+    for proxy in &proxies[1..] {
+        proxy.set_fault(Fault::None);
+    }
+    // With 400 ms of validity left, nodes 1 and 2 go silent: node 0
+    // re-takes the key at once, and the round ends at its 1 s deadline,
+    // after the validity ran out.
+    thread::sleep(lock.validity().saturating_sub(Duration::from_millis(400)));
+    for proxy in &proxies[1..] {
+        proxy.set_fault(Fault::Partition);
+    }
+    assert!(lock.is_valid(), "the round must start within the validity");
+    let result = locks.extend(&mut lock, Duration::from_secs(30));
+    assert!(
+        Instant::now() > lock.valid_until(),
+        "the round ended within the validity"
+    );
+    match result {
+        Err(LockError::Lost { report, .. }) => {
+            assert!(report.nodes[0].retook, "{report:?}");
+        }
+        other => panic!("expected the lost error, got {other:?}"),
+    }
+    // Well before the 30 s it asked for, node 0 no longer holds the token.
+    let token = lock.token().to_string();
+    wait_until(SETTLE, "node 0 no longer holds the token", || {
+        nodes.node(0).get("late-one").unwrap().as_deref() != Some(&*token)
+    });
+    for proxy in &proxies {
+        proxy.set_fault(Fault::None);
+    }
 }
