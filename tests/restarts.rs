@@ -86,10 +86,8 @@ fn rolling_restart(
         grace + Duration::from_millis(500)
     };
     // After the last restart: a kept-out node votes again within the grace
-    // plus the uptime's rounding, then the next extension re-takes (a bound
-    // with room for a loaded machine, where a restarted node and the
-    // client's reconnection to it are slow: the wait ends when they hold).
-    let settle = grace + Duration::from_secs(10);
+    // plus the uptime's rounding, then the next extension re-takes.
+    let settle = grace + Duration::from_secs(3);
     let [held_now, stop, stopped] = [(); 3].map(|()| AtomicBool::new(false));
     let roll = |token: &Token| {
         held_now.store(true, Ordering::Relaxed);
