@@ -139,8 +139,10 @@ fn rolling_restart(
         (held, trying.join().unwrap())
     });
     let what = format!("{kind:?} lock on {resources:?} held by {holder:?}, grace {grace:?}");
-    assert!(won.is_empty(), "{what}: a second client got it: {won:?}");
+    // A lock lost first (a busy machine may stall its extensions past the
+    // TTL) is said as such: a second client may then rightly get it.
     let fence = held.unwrap_or_else(|e| panic!("{what}: lost across the restarts: {e}"));
+    assert!(won.is_empty(), "{what}: a second client got it: {won:?}");
     (fence, nodes)
 }
 
