@@ -84,8 +84,10 @@ fn a_partitioned_guard_is_told_once_its_validity_runs_out_within_one_retry() {
             proxy.set_fault(Fault::Partition);
         }
         assert!(guard.wait_lost(3 * TTL), "the loss was not told");
-        // One retry: the client's pause (10 to 20 ms) and a round.
-        let retry = Duration::from_millis(20) + Duration::from_millis(500);
+        // One retry: the client's pause (10 to 20 ms) and a round, which
+        // may connect the partitioned nodes anew (connect_timeout) before
+        // it reads (io_timeout): 500 ms each.
+        let retry = Duration::from_millis(20) + Duration::from_millis(1000);
         assert!(
             Instant::now() <= valid_until + retry,
             "told {:?} late",
