@@ -6,12 +6,13 @@
 //! guards hold it strongly), and exits when the client is dropped or after
 //! [`IDLE`] with no guard. It sleeps until the earliest due extension; each
 //! guard's lease says when it is due next. Every guard due by then (up to
-//! [`MAX_BATCH`] a round) is extended in one round, whose script extends them all on each node
-//! ([`Redlock::extend_all`]; each guard's votes counted on their own): a
-//! guard that falls due while a round runs starts in the next one, so its
-//! extension starts at most one round (`connect_timeout` + `io_timeout`)
-//! after its point, however slow a node is (and one round more for each
-//! [`MAX_BATCH`] guards due at once). A failed extension is retried by the schedule, never by sleeping on
+//! [`MAX_BATCH`] a round) is extended in one round, whose script extends
+//! them all on each node ([`Redlock::extend_all`]; each guard's votes
+//! counted on their own): a guard that falls due while a round runs starts
+//! in the next one, so its extension starts at most one round
+//! (`connect_timeout` + `io_timeout`) after its point, however slow a node
+//! is (and one round more for each [`MAX_BATCH`] guards due at once). A
+//! failed extension is retried by the schedule, never by sleeping on
 //! the watchdog. A guard claims its part of a round under its lease's
 //! mutex, and a guard that is done claims none: none is written after its
 //! release starts (see `with_lock.rs`). (A round, the watchdog's as any
