@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::time::Duration;
 
 use common::{cluster, fenced, no_quorum_within, values, wait_until, wait_until_gone, SETTLE};
@@ -345,4 +346,90 @@ fn a_failed_attempt_leaves_no_keys_behind_once_slow_nodes_answer_again() {
         .try_acquire("orphan", ttl)
         .expect("nothing left holds the resource");
     locks.release(lock).unwrap();
+}
+
+/// A clean-up queued behind another thread's connect to the same node is
+/// owed, not taken as sent: that connect may fail, and the queued clean-up
+/// fails with it.
+///
+/// Five nodes behind proxies. Thread A's attempt on `queued` sets the key
+/// on node 0, which then loses its connection (the proxy resets it); node
+/// 4 answers A a second late, so A's round is still waiting when thread U
+/// starts connecting to node 0 again, into a connect that never completes
+/// (the proxy now holds new connections silent). A's round fails, and its
+/// clean-up for node 0 queues behind U's connect, which times out. Once
+/// node 0 answers again, the key must go at the client's next connection
+/// there, not at the end of its 60 s TTL.
+#[test]
+fn a_clean_up_queued_behind_another_threads_failing_connect_is_sent_on_the_next_connection() {
+    const CONNECT: Duration = Duration::from_secs(3);
+    const IO: Duration = Duration::from_secs(4);
+    let ttl = Duration::from_secs(60);
+    let nodes = cluster(5);
+    let proxies = nodes.proxies().expect("a proxy per node");
+    let locks = Redlock::builder(proxies.iter().map(Proxy::url))
+        .connect_timeout(CONNECT)
+        .io_timeout(IO)
+        .build()
+        .unwrap();
+    locks
+        .release(locks.try_acquire("warm-up", TTL).unwrap())
+        .unwrap();
+    // Another holder's key on nodes 2 to 4: A gets nodes 0 and 1 only, and
+    // its round is decided by node 4's refusal, a second late.
+    for i in 2..5 {
+        nodes.node(i).set("queued", "another-holder").unwrap();
+    }
+    proxies[4].set_fault(Fault::Delay(Duration::from_millis(500)));
+
+    let u_done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let a = s.spawn(|| locks.try_acquire("queued", ttl));
+        wait_until(SETTLE, "A's key is on node 0", || {
+            nodes.node(0).get("queued").unwrap().is_some()
+        });
+        // Node 0's connection ends: a round of another thread reads the
+        // reset and ends it.
+        proxies[0].set_fault(Fault::Reset);
+        let mut probe = 0;
+        wait_until(SETTLE, "a round saw node 0's connection fail", || {
+            probe += 1;
+            let lock = locks.try_acquire(format!("probe-{probe}"), ttl);
+            matches!(lock, Ok(l) if matches!(l.report().nodes[0].outcome, NodeOutcome::Failed(_)))
+        });
+        proxies[0].set_fault(Fault::Partition);
+        let u = s.spawn(|| {
+            let lock = locks.try_acquire("connecting", ttl);
+            u_done.store(true, SeqCst);
+            lock
+        });
+        // U is connecting to node 0 (its connect holds for 3 s).
+        match a.join().unwrap() {
+            Err(LockError::Contended { report, .. }) => {
+                assert_eq!(report.nodes[4].outcome, NodeOutcome::Refused, "{report}")
+            }
+            other => panic!("expected A's attempt refused by nodes 2 to 4, got {other:?}"),
+        }
+        assert!(
+            !u_done.load(SeqCst),
+            "A's round ended after U's connect: its clean-up did not queue behind it"
+        );
+        let u = u.join().unwrap().expect("nodes 1 to 3 grant U's lock");
+        assert!(
+            matches!(u.report().nodes[0].outcome, NodeOutcome::TimedOut),
+            "U's connect to node 0 timed out: {}",
+            u.report()
+        );
+    });
+    // The queued clean-up failed with U's connect: node 0 still holds the key.
+    assert!(nodes.node(0).get("queued").unwrap().is_some());
+    for proxy in &proxies {
+        proxy.set_fault(Fault::None);
+    }
+    // Once the reconnect backoff is over, the client's next connection to
+    // node 0 sends the clean-up it owes first.
+    wait_until(Duration::from_secs(8), "A's key left node 0", || {
+        let _ = locks.try_acquire("after", ttl).map(|l| locks.release(l));
+        nodes.node(0).get("queued").unwrap().is_none()
+    });
 }
