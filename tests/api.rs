@@ -43,6 +43,10 @@ fn a_struct_holding_a_client_can_derive_debug() {
     assert!(shown.contains("127.0.0.1:7001"), "{shown}");
     assert!(shown.contains("quorum: 2"), "{shown}");
     assert!(shown.contains("retries: 3"), "{shown}");
+    // An observer, a closure, shows as one word.
+    let observed = Redlock::builder(["redis://127.0.0.1:7001"]).observer(|_| {});
+    let shown = format!("{observed:?}");
+    assert!(shown.contains("observer: Some(Observer)"), "{shown}");
 }
 
 #[test]

@@ -166,6 +166,17 @@ fn a_thousand_guards_on_one_client_take_at_most_two_threads_and_all_outlive_thre
         "the watchdog exits with its client",
         || threads() <= before,
     );
+    // Also when its next lease falls due only in a minute (or it idles):
+    // the client's drop wakes it, it does not sleep on.
+    let locks = builder(&nodes).build().unwrap();
+    let guard = (locks.lock("long", LockOptions::new(Duration::from_secs(60)))).unwrap();
+    guard.unlock().unwrap();
+    drop(locks);
+    wait_until(
+        Duration::from_secs(5),
+        "the watchdog of a client whose lease is due in a minute exits with it",
+        || threads() <= before,
+    );
     assert!(
         started.elapsed() < Duration::from_secs(120),
         "took {:?}",
