@@ -100,6 +100,12 @@ impl Node {
         (self.shared).submit(&self.connector, cmd, bounds, eval)
     }
 
+    /// Writes `cmd`, whose reply nobody reads, now: whether it is on the
+    /// wire (see [`Shared::send`]).
+    pub(crate) fn send(&self, cmd: &Command, bounds: Bounds) -> bool {
+        self.shared.send(&self.connector, cmd, bounds)
+    }
+
     /// Writes what is queued on the connection: see [`Shared::flush`].
     fn flush(&self, bounds: Bounds, wake_reader: bool) {
         self.shared.flush(&self.connector, bounds, wake_reader);

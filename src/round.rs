@@ -206,17 +206,13 @@ pub(crate) fn send_only(
         deadline,
         connect_timeout,
     };
-    let send = |i: usize| match nodes[i].submit(cmd, bounds, true) {
-        Ok(ticket) => {
-            // Queued behind another thread's write or connect, it may yet
-            // be lost with that connection: owe it too (a release sent
-            // twice is harmless, its token guards it).
-            if !nodes[i].shared.written(ticket) {
-                nodes[i].owe(cmd, owed_until);
-            }
-            nodes[i].abandon(ticket);
+    // Not on the wire: failed, or queued behind another thread's write or
+    // connect, which may yet fail. Owed then (a release sent twice is
+    // harmless, its token guards it).
+    let send = |i: usize| {
+        if !nodes[i].send(cmd, bounds) {
+            nodes[i].owe(cmd, owed_until);
         }
-        Err(_) => nodes[i].owe(cmd, owed_until),
     };
     connected.into_iter().for_each(send);
     side_by_side(&connecting, send);

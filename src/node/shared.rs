@@ -238,6 +238,32 @@ impl Shared {
         bounds: Bounds,
         eval: bool,
     ) -> Result<Ticket, Failure> {
+        self.queue(connector, cmd, bounds, eval).1
+    }
+
+    /// Writes `cmd`, whose reply nobody will read, now (see
+    /// [`submit`](Self::submit)); returns whether it is on the wire. Not
+    /// when it failed, nor when it waits behind another thread's write or
+    /// connect, which may yet fail: asked with the lock still held from
+    /// the queueing, so that the other thread cannot have begun writing it.
+    pub(super) fn send(&self, connector: &Connector, cmd: &Command, bounds: Bounds) -> bool {
+        let (link, Ok(ticket)) = self.queue(connector, cmd, bounds, true) else {
+            return false;
+        };
+        let written = ticket.seq < link.conn.written;
+        drop(link);
+        self.abandon(ticket, &connector.servers.pace);
+        written
+    }
+
+    /// [`submit`](Self::submit), with the lock still held.
+    fn queue(
+        &self,
+        connector: &Connector,
+        cmd: &Command,
+        bounds: Bounds,
+        eval: bool,
+    ) -> (Guard<'_>, Result<Ticket, Failure>) {
         let mut link = self.lock();
         let scripts = if eval { 0 } else { link.conn.scripts };
         link.conn.outbox.extend_from_slice(cmd.bytes_for(scripts));
@@ -250,15 +276,17 @@ impl Shared {
         link.conn.live += 1;
         if eval || !link.conn.open() {
             link = self.write_out(link, connector, bounds);
-            check(&link, ticket)?;
+            if let Err(failure) = check(&link, ticket) {
+                return (link, Err(failure));
+            }
         }
-        Ok(ticket)
+        (link, Ok(ticket))
     }
 
     /// Whether the request `ticket` is on the wire: false while it waits in
     /// the outbox (another thread writing, or connecting), and for good once
     /// its connection ended before it was written.
-    pub(crate) fn written(&self, ticket: Ticket) -> bool {
+    pub(super) fn written(&self, ticket: Ticket) -> bool {
         let link = self.lock();
         link.epoch == ticket.epoch && ticket.seq < link.conn.written
     }
