@@ -17,7 +17,8 @@ fn a_guard_keeps_the_lock_alive_past_three_ttls_and_dropping_it_releases_and_sto
     let nodes = cluster(5);
     let locks = client(&nodes);
     let rival = client(&nodes);
-    let ttl = Duration::from_millis(300);
+    // Long enough that a round slowed by a loaded machine still extends it.
+    let ttl = Duration::from_secs(1);
 
     let guard = locks.lock("guarded", ttl).expect("granted");
     holds_throughout(
@@ -104,7 +105,8 @@ fn unlock_after_the_lock_was_taken_reports_it_lost_and_leaves_the_new_holders_ke
     let nodes = cluster(3);
     let locks = client(&nodes);
     let rival = client(&nodes);
-    let ttl = Duration::from_millis(300);
+    // Long enough that a round slowed by a loaded machine still extends it.
+    let ttl = Duration::from_secs(1);
 
     let guard = locks.lock("taken", ttl).unwrap();
     // The keys vanish (as if they had expired), and a rival takes the lock.
@@ -165,7 +167,8 @@ fn try_lock_takes_one_round_and_fails_at_once_when_the_lock_is_held() {
 fn a_fenced_guard_keeps_its_growing_fencing_token_across_extensions() {
     let nodes = cluster(3);
     let locks = client(&nodes);
-    let ttl = Duration::from_millis(300);
+    // Long enough that a round slowed by a loaded machine still extends it.
+    let ttl = Duration::from_secs(1);
 
     let first = locks.lock("fenced-guard", fenced(ttl)).unwrap();
     let token = first.fencing_token().expect("a fenced guard has a token");
