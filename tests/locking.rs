@@ -11,6 +11,7 @@ use common::{
     client, cluster, holders, values, wait_until, wait_until_gone, wait_until_held_by, SETTLE,
 };
 use redlock_sync::{Kind, Lock, LockError, NodeError, NodeOutcome, Redlock, Token};
+use redlock_sync_testing::{Fault, Proxy};
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -461,4 +462,82 @@ fn roomy(urls: &[String]) -> Redlock {
         .connect_timeout(Duration::from_millis(500))
         .build()
         .unwrap()
+}
+
+/// Three nodes behind proxies, and a client over them with room for slow
+/// replies.
+fn proxied_client(nodes: &redlock_sync_testing::Cluster) -> (Vec<Proxy>, Redlock) {
+    let proxies = nodes.proxies().unwrap();
+    let locks = Redlock::builder(proxies.iter().map(Proxy::url))
+        .io_timeout(Duration::from_secs(3))
+        .connect_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    (proxies, locks)
+}
+
+/// Makes the nodes `slow` answer every byte `late`, the others at once,
+/// and runs three rounds that read every node: rounds read the nodes that
+/// kept them waiting last (by the power of two of a moving average of
+/// their wait), so from then on they read the slow ones after the others,
+/// and leave their replies unread once the others decided.
+fn read_last(proxies: &[Proxy], locks: &Redlock, slow: &[usize], late: Duration) {
+    for (i, proxy) in proxies.iter().enumerate() {
+        let delay = if slow.contains(&i) {
+            late
+        } else {
+            Duration::ZERO
+        };
+        proxy.set_fault(Fault::Delay(delay));
+    }
+    for _ in 0..3 {
+        locks.inspect("warm-up").unwrap();
+    }
+}
+
+/// Acquires and releases `resource`, and waits until node 0 no longer
+/// holds it: the release must have run there, though its reply, if it
+/// met `NOSCRIPT`, was read and retried as `EVAL` only if node 0 was read
+/// first.
+fn released_on_node_0(nodes: &redlock_sync_testing::Cluster, locks: &Redlock, resource: &str) {
+    let lock = locks.acquire(resource, Duration::from_secs(60)).unwrap();
+    let token = lock.token().to_string();
+    wait_until(SETTLE, "node 0 holds the lock's key", || {
+        nodes.node(0).get(resource).unwrap().as_deref() == Some(&*token)
+    });
+    locks.release(lock).unwrap();
+    wait_until(SETTLE, "node 0 ran the release it was sent", || {
+        nodes.node(0).get(resource).unwrap().is_none()
+    });
+}
+
+/// After `SCRIPT FLUSH`, releases left unread run again on that node once
+/// the connection saw a `NOSCRIPT`: one left unread and discarded later
+/// makes it send its scripts as `EVAL` from then on; one it read is
+/// retried as `EVAL`, which caches the script on the server again.
+/// Otherwise a release left unread there would meet `NOSCRIPT` too, and
+/// its key stay until its TTL.
+#[test]
+fn once_a_connection_saw_noscript_read_or_unread_releases_left_unread_still_run() {
+    let nodes = cluster(3);
+    // Learned from a NOSCRIPT left unread: node 0 is read last.
+    let (proxies, locks) = proxied_client(&nodes);
+    read_last(&proxies, &locks, &[0], Duration::from_millis(150));
+    nodes.node(0).query(&["SCRIPT", "FLUSH"]).unwrap();
+    let unread = locks.acquire("unread", Duration::from_secs(60)).unwrap();
+    locks.release(unread).unwrap();
+    // A round that reads every node reads and discards that NOSCRIPT.
+    locks.inspect("unread").unwrap();
+    released_on_node_0(&nodes, &locks, "after-unread");
+    drop((proxies, locks));
+
+    // Learned from a NOSCRIPT read: node 0 is read first, then last (its
+    // delay then far longer than the others' was, for their averages to
+    // part).
+    let (proxies, locks) = proxied_client(&nodes);
+    read_last(&proxies, &locks, &[1, 2], Duration::from_millis(50));
+    nodes.node(0).query(&["SCRIPT", "FLUSH"]).unwrap();
+    released_on_node_0(&nodes, &locks, "read");
+    read_last(&proxies, &locks, &[0], Duration::from_millis(400));
+    released_on_node_0(&nodes, &locks, "after-read");
 }
