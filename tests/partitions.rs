@@ -362,8 +362,8 @@ fn a_failed_attempt_leaves_no_keys_behind_once_slow_nodes_answer_again() {
 /// there, not at the end of its 60 s TTL.
 #[test]
 fn a_clean_up_queued_behind_another_threads_failing_connect_is_sent_on_the_next_connection() {
-    const CONNECT: Duration = Duration::from_secs(3);
-    const IO: Duration = Duration::from_secs(4);
+    const CONNECT: Duration = Duration::from_secs(2);
+    const IO: Duration = Duration::from_secs(3);
     let ttl = Duration::from_secs(60);
     let nodes = cluster(5);
     let proxies = nodes.proxies().expect("a proxy per node");
@@ -403,7 +403,7 @@ fn a_clean_up_queued_behind_another_threads_failing_connect_is_sent_on_the_next_
             u_done.store(true, SeqCst);
             lock
         });
-        // U is connecting to node 0 (its connect holds for 3 s).
+        // U is connecting to node 0 (its connect holds for 2 s).
         match a.join().unwrap() {
             Err(LockError::Contended { report, .. }) => {
                 assert_eq!(report.nodes[4].outcome, NodeOutcome::Refused, "{report}")
