@@ -97,13 +97,18 @@ impl Node {
         bounds: Bounds,
         eval: bool,
     ) -> Result<Ticket, Failure> {
-        (self.shared).submit(&self.connector, cmd, bounds, eval)
+        Ok(self.shared.submit(&self.connector, cmd, bounds, eval)?.0)
     }
 
     /// Writes `cmd`, whose reply nobody reads, now: whether it is on the
-    /// wire (see [`Shared::send`]).
+    /// wire. Not when it failed, nor when it waits behind another thread's
+    /// write or connect, which may yet fail (see [`Shared::submit`]).
     pub(crate) fn send(&self, cmd: &Command, bounds: Bounds) -> bool {
-        self.shared.send(&self.connector, cmd, bounds)
+        let sent = self.shared.submit(&self.connector, cmd, bounds, true);
+        sent.is_ok_and(|(ticket, written)| {
+            self.abandon(ticket);
+            written
+        })
     }
 
     /// Writes what is queued on the connection: see [`Shared::flush`].

@@ -231,39 +231,17 @@ impl Shared {
     /// connect must not wait. Written now means: by this thread, or, if
     /// another thread is writing, by that thread before it lets go; and
     /// connected first if there is no connection.
+    ///
+    /// Returns the request's ticket, and whether it is on the wire: asked
+    /// with the lock still held from the queueing, so that no other thread
+    /// can have begun writing it in between (see [`written`](Self::written)).
     pub(super) fn submit(
         &self,
         connector: &Connector,
         cmd: &Command,
         bounds: Bounds,
         eval: bool,
-    ) -> Result<Ticket, Failure> {
-        self.queue(connector, cmd, bounds, eval).1
-    }
-
-    /// Writes `cmd`, whose reply nobody will read, now (see
-    /// [`submit`](Self::submit)); returns whether it is on the wire. Not
-    /// when it failed, nor when it waits behind another thread's write or
-    /// connect, which may yet fail: asked with the lock still held from
-    /// the queueing, so that the other thread cannot have begun writing it.
-    pub(super) fn send(&self, connector: &Connector, cmd: &Command, bounds: Bounds) -> bool {
-        let (link, Ok(ticket)) = self.queue(connector, cmd, bounds, true) else {
-            return false;
-        };
-        let written = ticket.seq < link.conn.written;
-        drop(link);
-        self.abandon(ticket, &connector.servers.pace);
-        written
-    }
-
-    /// [`submit`](Self::submit), with the lock still held.
-    fn queue(
-        &self,
-        connector: &Connector,
-        cmd: &Command,
-        bounds: Bounds,
-        eval: bool,
-    ) -> (Guard<'_>, Result<Ticket, Failure>) {
+    ) -> Result<(Ticket, bool), Failure> {
         let mut link = self.lock();
         let scripts = if eval { 0 } else { link.conn.scripts };
         link.conn.outbox.extend_from_slice(cmd.bytes_for(scripts));
@@ -276,11 +254,9 @@ impl Shared {
         link.conn.live += 1;
         if eval || !link.conn.open() {
             link = self.write_out(link, connector, bounds);
-            if let Err(failure) = check(&link, ticket) {
-                return (link, Err(failure));
-            }
+            check(&link, ticket)?;
         }
-        (link, Ok(ticket))
+        Ok((ticket, ticket.seq < link.conn.written))
     }
 
     /// Whether the request `ticket` is on the wire: false while it waits in
