@@ -14,7 +14,7 @@ use crate::error::{
     server_error_text, ArgumentError, ConfigError, Failure, LockError, NodeError, NodeOutcome,
     NodeReport, Report,
 };
-use crate::kind::{acquire_vote, release_vote, script_vote, Kind};
+use crate::kind::{acquire_vote, extend_vote, release_vote, script_vote, Kind};
 use crate::lock::{Lock, Token};
 use crate::node::{Endpoint, Node};
 use crate::request::{Call, IntoResources, LockOptions};
@@ -497,14 +497,23 @@ impl Redlock {
     }
 
     /// Extends `lock` to expire the options' TTL from now, if a quorum of
-    /// nodes still holds its token (or re-took it, below). On success, the
-    /// lock's validity and report are measured anew from this round. Too few nodes answering is
-    /// retried as the options' patience allows (by default the client's
-    /// retry policy within [`max_wait`](RedlockBuilder::max_wait)), but no
-    /// retry starts after the lock's validity is over (unknown for a lock
-    /// rebuilt with [`Lock::from_token`] that no extension timed yet); a
-    /// refusal by too many nodes is final. The options' kind is not used:
-    /// the lock's own is.
+    /// nodes still holds its key as its acquisition left it. On success, the
+    /// lock's validity and report are measured anew from this round (TTL
+    /// less the round's time less the drift, from the round's start). Too
+    /// few nodes answering is retried as the options' patience allows (by
+    /// default the client's retry policy within
+    /// [`max_wait`](RedlockBuilder::max_wait)), but no retry starts after
+    /// the lock's validity is over (unknown for a lock rebuilt with
+    /// [`Lock::from_token`] that no extension timed yet); a refusal by too
+    /// many nodes is final. The options' kind is not used: the lock's own
+    /// is. The round waits for every node's reply, up to `io_timeout`.
+    ///
+    /// A node that lost the key (a restart without persistence, a flush)
+    /// gets it set again, a *re-take* ([`NodeReport::retook`]), while the
+    /// validity measured here lasts: so a lock kept by a guard outlives a
+    /// rolling restart of every node. A re-take never counts as the node
+    /// holding the lock: what a holder may rely on, and why, is
+    /// [the contract](crate::contract).
     ///
     /// ```no_run
     /// # use redlock_sync::Redlock;
@@ -519,8 +528,10 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// - [`LockError::Lost`] when too many nodes no longer hold the token:
-    ///   the lock expired (and may have been taken). Stop the protected work.
+    /// - [`LockError::Lost`] when the nodes found without the key (re-taken,
+    ///   or held by another token) leave too few to make a quorum, or when
+    ///   the validity ran out before a quorum renewed it. Another client may
+    ///   have held the lock: stop the protected work.
     /// - [`LockError::NoQuorum`] when too few nodes answered, after the
     ///   retries that fit in the lock's validity and the patience.
     /// - [`LockError::TooSlow`] when the round used up the whole TTL.
@@ -531,58 +542,7 @@ impl Redlock {
     /// On error the lock is left as it was: its validity still counts down
     /// from the last successful round.
     ///
-    /// # Across node restarts: re-takes
-    ///
-    /// A node that restarted without persistence (or lost the key to
-    /// eviction, a `FLUSHALL`, a failover) no longer holds the key. While
-    /// the validity this process measured for the lock lasts, an extension
-    /// sets the key again there (only where it is absent, same token, new
-    /// TTL; for several resources all missing keys or none, and none where
-    /// any holds another token), and the node votes for it: a *re-take*,
-    /// shown as [`NodeReport::retook`](crate::NodeReport::retook). A fenced
-    /// re-take also raises the node's fencing counter to at least the
-    /// lock's fencing token, so a node that lost its counter cannot hand out
-    /// a smaller one later. So a lock held for hours by
-    /// [`with_lock`](Self::with_lock) or a guard outlives a rolling restart
-    /// of every node, one at a time, as upgrades are done.
-    ///
-    /// Why that is as safe as an acquisition: a lock is exclusive while a
-    /// quorum of nodes holds its key, since any two quorums share a node.
-    /// Up to the old validity, a quorum held our key; each vote of the
-    /// extension, renewed or re-taken, leaves our key on its node until at
-    /// least the new validity ends; and every vote is cast before the old
-    /// validity ran out, so at no moment in between did fewer than a quorum
-    /// hold it. Hence the rules: a lock re-takes only while its measured
-    /// validity lasts (a lock rebuilt with [`Lock::from_token`], whose
-    /// validity nobody measured here, and a fenced one without its fencing
-    /// token, only renew, until an extension measures it; and a first round
-    /// sent after the validity ran out only renews), and a round that ended
-    /// after the old validity ran out counts only the nodes that renewed: if
-    /// they are too few, the extension is [`LockError::Lost`] and what it
-    /// re-took is released. (A renewal alone is safe at any time: the key
-    /// was on that node all along.)
-    ///
-    /// What the restart guard
-    /// ([`restart_grace`](crate::RedlockBuilder::restart_grace)) adds: a
-    /// node that restarted lost our key at once, not when this client sees
-    /// it, so between a restart and the next extension fewer than a quorum
-    /// may hold the key. With the guard (a grace at least the longest TTL),
-    /// the restarted node votes for nobody until the grace has passed, nor
-    /// re-takes: by then every lock it forgot is past its validity or was
-    /// extended by the others. Without it, the lock stays exclusive only
-    /// while the nodes that still hold its key make a quorum: restart one
-    /// node at a time, each after an extension re-took the one before
-    /// (more than a TTL apart). Neither helps when a majority of the nodes restarts at once:
-    /// with the guard on, nobody gets the lock until the grace has passed,
-    /// and the holder's extensions fail ([`LockError::NoQuorum`]) until its
-    /// lock runs out; without it, another client may take the lock at once.
-    ///
-    /// Eviction drops lock keys as a restart does: a node whose
-    /// `maxmemory-policy` is one of `volatile-*` or `allkeys-*` may evict a
-    /// lock key (they all have a TTL) when memory is short, without a
-    /// restart for the guard to see. Run lock nodes with
-    /// `maxmemory-policy noeviction` (the default): writes then fail when
-    /// memory is full, and a node that fails does not vote.
+    /// [`NodeReport::retook`]: crate::NodeReport::retook
     pub fn extend(
         &self,
         lock: &mut Lock,
@@ -605,23 +565,36 @@ impl Redlock {
             attempt += 1;
             // A batch of one: one result.
             let result = (self.extend_all(&mut [(&mut *lock, options.ttl)], attempt)).pop();
-            let end = later(Instant::now(), self.inner.config.retry.pause(attempt));
-            let retry = attempt <= call.retries && retry_until.is_none_or(|until| end < until);
-            match result {
-                // Only too few nodes answering is worth another round.
-                Some(Err(LockError::NoQuorum { .. })) if retry => call.sleep_until(end),
-                result => return result.unwrap_or(Ok(())),
+            let result = result.unwrap_or(Ok(()));
+            let what = [What::ExtendFailed, What::Extended][usize::from(result.is_ok())];
+            let outcome = result.as_ref().map(|()| &lock.report);
+            self.observe(what, (&lock.resources, &lock.token), attempt, outcome);
+            // Only too few nodes answering is worth another round; the
+            // policy is asked for a pause only while retries are left.
+            let retry =
+                matches!(result, Err(LockError::NoQuorum { .. })) && attempt <= call.retries;
+            let end = retry.then(|| later(Instant::now(), self.inner.config.retry.pause(attempt)));
+            match end.filter(|&end| retry_until.is_none_or(|until| end < until)) {
+                Some(end) => call.sleep_until(end),
+                None => return result,
             }
         }
     }
 
     /// One extension round for every lock of `locks`, each by its TTL (a
-    /// TTL that [`check_ttl`](Self::check_ttl) passed): one
-    /// script call a node extends them all, and each lock's part of the
-    /// replies is counted on its own by the rules of
-    /// [`extend`](Self::extend), as if the round were its alone. Returns
-    /// one outcome a lock, in order; a lock extended has its validity and
-    /// report measured anew from the round's start.
+    /// TTL that [`check_ttl`](Self::check_ttl) passed): one script call a
+    /// node extends them all ([`script::EXTEND`]), and each lock's part of
+    /// the replies is counted on its own, as if the round were its alone.
+    /// Returns one outcome a lock, in order.
+    ///
+    /// A lock holds when the nodes that *renewed* it (its key there since it
+    /// was written or confirmed) make a quorum and validity is left; its
+    /// validity and report are then measured anew from the round's start,
+    /// and the re-takes the round read are confirmed. Nodes found without
+    /// its key (re-taken, or held by another) beyond `N - quorum`, or a
+    /// round that ended after its validity without holding, make it lost:
+    /// what the round may have re-taken is released. Otherwise too few
+    /// answered to tell (see `docs/contract.md`).
     pub(crate) fn extend_all(
         &self,
         locks: &mut [(&mut Lock, Duration)],
@@ -631,50 +604,63 @@ impl Redlock {
             return Vec::new();
         }
         self.inner.waiters.close_if_idle();
-        let (mut keys, mut args, mut ttls, mut asked) = (vec![], vec![], vec![], vec![]);
+        // The round's re-take mark: 64 random bits, as 16 hex digits.
+        let mark = match getrandom::u64() {
+            Ok(mark) => format!("{mark:016x}"),
+            Err(e) => {
+                return locks
+                    .iter()
+                    .map(|_| Err(LockError::Random(e.into())))
+                    .collect()
+            }
+        };
+        let (mut keys, mut args, mut ttls) = (vec![], vec![mark.clone()], vec![]);
         for (lock, ttl) in locks.iter() {
             // Redis is given whole milliseconds: measure validity on the same.
             let ttl_ms = ttl.as_millis() as u64;
             ttls.push(Duration::from_millis(ttl_ms));
-            // Keys gone from a node are set again only while the validity
-            // this process measured lasts: a re-take is then as safe as a
-            // vote for an acquisition (see `extend`).
+            // Keys gone from a node are set again while the validity this
+            // process measured lasts (and a fenced lock knows its token).
             let retake = (lock.timed && Instant::now() < lock.valid_until)
                 .then(|| lock.fencing_token.unwrap_or(0));
-            asked.push(retake.is_some());
             let (own, parts) = (lock.kind).extend(&lock.resources, &lock.token, ttl_ms, retake);
             keys.extend(own);
             args.extend(parts);
         }
         let args: Vec<&[u8]> = args.iter().map(String::as_bytes).collect();
         let cmd = Command::script(&script::EXTEND, &keys, &args);
-        let tallies = self.rounds(Kind::Plain, &cmd, &ttls, script_vote, Ask::UntilDecided);
-        let judged = locks.iter_mut().zip(ttls).zip(tallies).zip(asked);
-        let judged = judged.map(|((((lock, _), ttl), tally), asked)| {
-            // A round that ended after the validity ran out counts only the
-            // nodes that renewed; what it may have re-taken then is released,
-            // on every node that did not refuse (a re-take may be unread).
-            // (Its end, not the time this lock's turn comes after the others'.)
-            let late = tally.start + tally.report.elapsed >= lock.valid_until;
-            let nodes = &tally.report.nodes;
-            let renewed = (nodes.iter())
-                .filter(|n| n.outcome == NodeOutcome::Granted && !n.retook)
-                .count();
+        let tallies = self.rounds(Kind::Plain, &cmd, &ttls, extend_vote, Ask::EveryReply);
+        let (mut confirm, mut retook) = (Vec::new(), vec![false; self.inner.nodes.len()]);
+        let judged = locks.iter_mut().zip(ttls).zip(tallies);
+        let judged = judged.map(|(((lock, _), ttl), tally)| {
             let resource = lock.resources[0].clone();
-            if late && renewed < tally.report.quorum && asked {
-                self.clean_up(lock.kind, &lock.resources, &lock.token, ttl, &tally.report);
-            } else if tally.granted() {
+            if tally.granted() {
+                for (i, node) in tally.report.nodes.iter().enumerate() {
+                    retook[i] |= node.retook;
+                }
+                if tally.report.nodes.iter().any(|n| n.retook) {
+                    confirm.extend(lock.resources.iter().cloned());
+                }
                 lock.valid_until = tally.start + tally.validity.unwrap_or_default();
                 lock.timed = true;
                 lock.report = tally.report;
                 return Ok(());
-            } else if !tally.refused_by_quorum_complement() {
+            }
+            // (Its end, not the time this lock's turn comes after the others'.)
+            let late = lock.timed && tally.start + tally.report.elapsed >= lock.valid_until;
+            if !late && !tally.refused_by_quorum_complement() {
                 return Err(tally.error(&resource, attempt, ttl, true));
             }
+            self.clean_up(lock.kind, &lock.resources, &lock.token, ttl, &tally.report);
             let report = tally.report;
             Err(LockError::Lost { resource, report })
         });
-        judged.collect()
+        let results = judged.collect();
+        if !confirm.is_empty() {
+            let cmd = Command::script(&script::CONFIRM, &confirm, &[mark.as_bytes()]);
+            self.send_only(&cmd, MAX_TTL, |i| retook[i]);
+        }
+        results
     }
 
     /// Releases `lock` on every node: deletes each key that still holds its
@@ -692,9 +678,11 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// - [`LockError::Lost`] when fewer than a quorum still held the token:
-    ///   the lock had expired, and another client may have held it while
-    ///   you thought you did. Treat the work done under it accordingly.
+    /// - [`LockError::Lost`] when too many nodes no longer held the key as
+    ///   the acquisition left it (a re-take not confirmed counts as not
+    ///   held, see [the contract](crate::contract)): the lock had expired or
+    ///   lost its keys, and another client may have held it while you
+    ///   thought you did. Treat the work done under it accordingly.
     /// - [`LockError::NoQuorum`] when too few nodes answered to tell. The
     ///   keys that were not deleted expire at the end of their TTL.
     pub fn release(&self, lock: Lock) -> Result<Report, LockError> {
@@ -749,18 +737,29 @@ impl Redlock {
         ttl: Duration,
         report: &Report,
     ) {
-        let (nodes, config) = (&self.inner.nodes, &self.inner.config);
         let cmd = kind.release(resources, token, true);
+        // Not a node that refused: unless it re-took, it holds no key of ours.
+        let may_hold = |i: usize| {
+            let node = &report.nodes[i];
+            node.outcome != NodeOutcome::Refused || node.retook
+        };
+        self.send_only(&cmd, ttl, may_hold);
+    }
+
+    /// Writes `cmd` to the nodes `ask` names without awaiting the replies;
+    /// a node that cannot be sent it now gets it first on its next
+    /// connection, while a key set with `ttl` could still be there.
+    fn send_only(&self, cmd: &Command, ttl: Duration, ask: impl Fn(usize) -> bool) {
+        let (nodes, config) = (&self.inner.nodes, &self.inner.config);
         let now = Instant::now();
         let (deadline, owed_until) = (now + config.io_timeout, later(now, ttl));
-        let may_hold = |i: usize| report.nodes[i].outcome != NodeOutcome::Refused;
         round::send_only(
             nodes,
-            &cmd,
+            cmd,
             deadline,
             config.connect_timeout,
             owed_until,
-            may_hold,
+            ask,
         );
     }
 

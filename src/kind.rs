@@ -268,13 +268,22 @@ pub(crate) fn acquire_vote(value: &Value) -> Result<(bool, u64), &Value> {
     }
 }
 
-/// A 1-or-0 script reply (extend, a fenced round two) as a vote; an
-/// extension's 2 (it re-took a key) grants too.
+/// A fenced round two's 1-or-0 reply as a vote.
 pub(crate) fn script_vote(value: &Value) -> Result<(bool, u64), &Value> {
     match value {
-        Value::Int(1 | 2) => Ok((true, 0)),
+        Value::Int(1) => Ok((true, 0)),
         Value::Int(0) => Ok((false, 0)),
         other => Err(other),
+    }
+}
+
+/// An extension's reply as a vote (see [`script::EXTEND`]): only a renewal
+/// grants; a re-take (2) tops up a node, but proves nothing of the time
+/// the key was missing there.
+pub(crate) fn extend_vote(value: &Value) -> Result<(bool, u64), &Value> {
+    match value {
+        Value::Int(2) => Ok((false, 0)),
+        other => script_vote(other),
     }
 }
 

@@ -213,6 +213,8 @@
 //! [`RedlockBuilder::restart_grace`] does that from the client side.
 //! Timing uses [`std::time::Instant`] only; clock drift between processes is
 //! assumed small next to the TTL, which is what the drift term pays for.
+//! [The contract](contract) says, fault by fault, when a lock is exclusive
+//! and when its holder is told it may not have been.
 //!
 //! # Known limits
 //!
@@ -273,6 +275,9 @@ mod script;
 mod wait;
 mod watch;
 mod with_lock;
+
+#[doc = include_str!("../docs/contract.md")]
+pub mod contract {}
 
 pub use client::config::{RedlockBuilder, MAX_TIMEOUT, MAX_TTL};
 pub use client::fencing::FENCE_KEY_PREFIX;

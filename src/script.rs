@@ -51,51 +51,80 @@ pub(crate) const RELEASE: Script = Script {
     body: "local n = 0\n\
            for _, key in ipairs(KEYS) do\n  \
            local v = redis.call('get', key)\n  \
-           if v == ARGV[1] then\n    \
-           n = n + redis.call('del', key)\n  \
+           local ours = v and string.sub(v, 1, 40) == ARGV[1]\n  \
+           if ours then\n    \
+           redis.call('del', key)\n    \
+           if string.byte(v, 41) ~= 126 then n = n + 1 end\n  \
            end\n  \
-           if ARGV[2] == nil and (v == ARGV[1] or v == false) then\n    \
+           if ARGV[2] == nil and (ours or v == false) then\n    \
            redis.pcall('publish', 'redlock-sync:released:' .. key, ARGV[1])\n  \
            end\n\
            end\n\
            return n",
-    sha: "94b1672c1843acdad052af017a661cf14fbbfd4f",
+    sha: "dbaffd54b616371c6d2492796d503fff79292f0c",
 };
 
-/// Extends many locks in one call: for each lock, four arguments (how many
-/// of the keys are its own, its token, its new TTL in milliseconds, and its
-/// re-take: empty for none) and its keys, in the same order; returns one
-/// reply a lock, in order. Each lock on its own, all or nothing over its
-/// keys: if every key holds its token, each gets the new TTL and the reply
-/// is 1; else nothing of it is written and the reply is 0. With a re-take,
-/// a key that is absent counts as its own and is set again, and the reply
-/// is 2 if it set any; a key that holds another token still refuses. A
-/// re-take above zero is a fenced lock's token: its last key is then its
+/// Extends many locks in one call. `ARGV[1]` is the round's re-take mark;
+/// then, for each lock, four arguments (how many of the keys are its own,
+/// the value its acquisition stored, its new TTL in milliseconds, and its
+/// re-take: empty for none) and its keys, in the same order. Returns one
+/// reply a lock, in order, each lock all or nothing over its keys:
+///
+/// - 1, *renewed*: every key holds the stored value (our key, there since it
+///   was written or confirmed); each gets the new TTL, its value kept.
+/// - 2, *re-taken*: no key holds another token, and some are absent or hold
+///   a re-take not yet confirmed; with a re-take, every key is set to the
+///   token marked with this round's mark (see [`CONFIRM`]) with the new TTL.
+/// - 0: a key holds another token, or a re-take was due but not allowed;
+///   nothing is written.
+///
+/// A re-take above zero is a fenced lock's token: its last key is then its
 /// fencing counter, raised to at least that token (read before any write
 /// of the lock: a counter that is not a number makes that lock's reply an
 /// error, unwritten).
 pub(crate) const EXTEND: Script = Script {
     bit: 2,
-    body: "local out, k = {}, 0\n\
-           for g = 1, #ARGV, 4 do\n  \
-             local n, token, fence = tonumber(ARGV[g]), ARGV[g + 1], tonumber(ARGV[g + 3])\n  \
-             local locks, vote = n - ((fence or 0) > 0 and 1 or 0), 1\n  \
+    body: "local mark, out, k = ARGV[1], {}, 0\n\
+           for g = 2, #ARGV, 4 do\n  \
+             local n, value, fence = tonumber(ARGV[g]), ARGV[g + 1], tonumber(ARGV[g + 3])\n  \
+             local token, locks, vote = string.sub(value, 1, 40), n - ((fence or 0) > 0 and 1 or 0), 1\n  \
              for i = k + 1, k + locks do\n    \
                local v = redis.call('get', KEYS[i])\n    \
-               if v == false and fence and vote > 0 then vote = 2\n    \
-               elseif v ~= token then vote = 0 end\n  \
+               if v and string.sub(v, 1, 40) ~= token then vote = 0\n    \
+               elseif v ~= value and vote == 1 then vote = fence and 2 or 0 end\n  \
              end\n  \
              local counter = vote > 0 and locks < n and tonumber(redis.call('get', KEYS[k + n]) or '0')\n  \
              if counter == nil then\n    \
                vote = redis.error_reply('the fencing counter is not a number')\n  \
              elseif vote > 0 then\n    \
                if counter and counter < fence then redis.call('set', KEYS[k + n], ARGV[g + 3]) end\n    \
-               for i = k + 1, k + locks do redis.call('set', KEYS[i], token, 'PX', ARGV[g + 2]) end\n  \
+               local marked = token .. '~' .. mark .. string.sub(value, 41)\n    \
+               for i = k + 1, k + locks do\n      \
+                 if vote == 1 then redis.call('pexpire', KEYS[i], ARGV[g + 2])\n      \
+                 else redis.call('set', KEYS[i], marked, 'PX', ARGV[g + 2]) end\n    \
+               end\n  \
              end\n  \
              out[#out + 1], k = vote, k + n\n\
            end\n\
            return out",
-    sha: "270116f23bee8c688046994a03a947da1cf08160",
+    sha: "0f5c1d7f6746addeaf8f9d62d1deea698bf667c0",
+};
+
+/// Confirms the re-takes of one round: each key that holds a value marked
+/// with `ARGV[1]` (see [`EXTEND`]) gets it unmarked, its TTL kept. Sent only
+/// to the nodes whose re-take reply a round that held has read: a re-take
+/// that landed anywhere else keeps its mark, and never counts as renewed.
+pub(crate) const CONFIRM: Script = Script {
+    bit: 8,
+    body: "local tail = '~' .. ARGV[1]\n\
+           for _, key in ipairs(KEYS) do\n  \
+             local v = redis.call('get', key)\n  \
+             if v and string.sub(v, 41, 40 + #tail) == tail then\n    \
+               redis.call('set', key, string.sub(v, 1, 40) .. string.sub(v, 41 + #tail), 'KEEPTTL')\n  \
+             end\n\
+           end\n\
+           return 0",
+    sha: "6b45265586bd75cb7b17f1dc8e0dd628f362fb5f",
 };
 
 /// Sets every key to our token with a TTL if, and only if, none of them
@@ -216,9 +245,10 @@ impl Command {
 }
 
 /// Every script, loaded by every new connection's handshake.
-pub(crate) const SCRIPTS: [&Script; 5] = [
+pub(crate) const SCRIPTS: [&Script; 6] = [
     &RELEASE,
     &EXTEND,
+    &CONFIRM,
     &ACQUIRE_MANY,
     &FENCE_ACQUIRE,
     &FENCE_CONFIRM,
@@ -226,8 +256,12 @@ pub(crate) const SCRIPTS: [&Script; 5] = [
 
 /// Every script's bit: what a connection knows once the handshake loaded
 /// them all.
-pub(crate) const ALL_SCRIPTS: u8 =
-    RELEASE.bit | EXTEND.bit | ACQUIRE_MANY.bit | FENCE_ACQUIRE.bit | FENCE_CONFIRM.bit;
+pub(crate) const ALL_SCRIPTS: u8 = RELEASE.bit
+    | EXTEND.bit
+    | CONFIRM.bit
+    | ACQUIRE_MANY.bit
+    | FENCE_ACQUIRE.bit
+    | FENCE_CONFIRM.bit;
 
 /// Turns a packed `EVALSHA sha numkeys ...` into `EVAL body numkeys ...`.
 fn eval_form(script: &Script, fast: &[u8]) -> Vec<u8> {
@@ -291,9 +325,10 @@ mod tests {
     #[test]
     fn every_scripts_hard_coded_sha_is_the_one_script_load_returns() {
         let cluster = redlock_sync_testing::Cluster::start(1).expect("a redis-server node");
-        let scripts: [(&str, &Script); 5] = [
+        let scripts: [(&str, &Script); 6] = [
             ("RELEASE", &RELEASE),
             ("EXTEND", &EXTEND),
+            ("CONFIRM", &CONFIRM),
             ("ACQUIRE_MANY", &ACQUIRE_MANY),
             ("FENCE_ACQUIRE", &FENCE_ACQUIRE),
             ("FENCE_CONFIRM", &FENCE_CONFIRM),

@@ -2,7 +2,8 @@
 //! the harness's fault proxy:
 //!
 //! - a lock's validity is `ttl - elapsed - drift`, measured from before the
-//!   round's first write: a round slowed by the proxy leaves that much less;
+//!   round's first write: a round slowed by the proxy leaves that much less,
+//!   after an acquisition and after an extension alike;
 //! - no lock is granted with no validity left: a round slower than the TTL
 //!   is `TooSlow`, for an acquisition and for an extension alike;
 //! - a reply left unread by a round that timed out never answers a later
@@ -57,9 +58,11 @@ fn set_fault(proxies: &[Proxy], fault: Fault) {
     }
 }
 
-#[test]
-fn a_round_slowed_by_the_proxy_leaves_the_ttl_less_its_time_and_the_drift_counted_from_before_its_first_write(
-) {
+/// Runs an acquisition (or, if `extension`, an extension of a lock taken
+/// just before) with every byte delayed 150 ms each way, and checks the
+/// validity it leaves: the TTL less the round's time less the drift,
+/// counted from before the round's first write.
+fn slowed_round_leaves_ttl_less_its_time_and_the_drift(extension: bool) {
     const TTL: Duration = Duration::from_secs(10);
     const DELAY: Duration = Duration::from_millis(150);
     // A large drift factor, so that a validity that forgot the drift term
@@ -69,22 +72,27 @@ fn a_round_slowed_by_the_proxy_leaves_the_ttl_less_its_time_and_the_drift_counte
     let (_nodes, proxies, builder) = behind_proxies(3, Duration::from_secs(2));
     let locks = builder.drift_factor(DRIFT_FACTOR).build().unwrap();
     warm_up(&locks);
+    let taken = extension.then(|| locks.try_acquire("slowed", TTL).unwrap());
 
     set_fault(&proxies, Fault::Delay(DELAY));
     let before = Instant::now();
-    let lock = locks
-        .try_acquire("slowed", TTL)
-        .expect("a slow quorum still grants");
+    let lock = match taken {
+        Some(mut lock) => {
+            (locks.extend(&mut lock, TTL)).expect("a slow quorum still extends");
+            lock
+        }
+        None => (locks.try_acquire("slowed", TTL)).expect("a slow quorum still grants"),
+    };
     let after = Instant::now();
     set_fault(&proxies, Fault::None);
 
-    // Every key was set after `before` and expires a TTL later on its
-    // node, less the drift on this client's clock: the lock may be valid
-    // until the round's start + TTL - drift, and no later. Every reply the
-    // round counted came through a proxy, delayed on the way there and
-    // back, so the round took at least twice the delay and began at least
-    // that long before `after`: the validity seen at `after` is smaller
-    // than TTL - drift by at least the round trip the proxy added.
+    // Every key was set or renewed after `before` and expires a TTL later
+    // on its node, less the drift on this client's clock: the lock may be
+    // valid until the round's start + TTL - drift, and no later. Every
+    // reply the round counted came through a proxy, delayed on the way
+    // there and back, so the round took at least twice the delay and began
+    // at least that long before `after`: the validity seen at `after` is
+    // smaller than TTL - drift by at least the round trip the proxy added.
     let latest = after - 2 * DELAY + TTL - drift;
     assert!(
         lock.valid_until() <= latest,
@@ -103,6 +111,18 @@ fn a_round_slowed_by_the_proxy_leaves_the_ttl_less_its_time_and_the_drift_counte
         lock.report()
     );
     locks.release(lock).unwrap();
+}
+
+#[test]
+fn a_round_slowed_by_the_proxy_leaves_the_ttl_less_its_time_and_the_drift_counted_from_before_its_first_write(
+) {
+    slowed_round_leaves_ttl_less_its_time_and_the_drift(false);
+}
+
+#[test]
+fn an_extension_slowed_by_the_proxy_leaves_the_ttl_less_its_time_and_the_drift_counted_from_before_its_first_write(
+) {
+    slowed_round_leaves_ttl_less_its_time_and_the_drift(true);
 }
 
 #[test]
