@@ -194,6 +194,22 @@ impl<'a> Turn<'a> {
         self.awaited[i].is_some()
     }
 
+    /// Sends `cmd` to node `i` once more, on a new connection, after its
+    /// connection failed with `failure` (returned if the deadline has
+    /// passed, or the new send fails with its own).
+    pub(crate) fn resend(
+        &mut self,
+        i: usize,
+        cmd: &Command,
+        failure: Failure,
+    ) -> Result<(), Failure> {
+        if Instant::now() >= self.bounds.deadline {
+            return Err(failure);
+        }
+        self.awaited[i] = Some(self.nodes[i].submit(cmd, self.bounds, false)?);
+        Ok(())
+    }
+
     /// Node `i` was sent the round's command (with [`Node::submit`]) as
     /// `ticket`.
     pub(crate) fn sent(&mut self, i: usize, ticket: Ticket) {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use crate::error::Failure;
+use crate::error::{Failure, NodeError};
 use crate::node::{Bounds, Node, Turn};
 use crate::script::Command;
 
@@ -59,6 +59,7 @@ pub(crate) fn run(
         done: false,
         to_decide,
         counted: 0,
+        resent: vec![false; nodes.len()],
     };
     let (connecting, connected) = by_connect(nodes, &ask);
     for (i, queued) in turn.queue(cmd, &connected, connecting.is_empty()) {
@@ -106,6 +107,8 @@ struct Round<D> {
     /// `decided` has counted.
     to_decide: usize,
     counted: usize,
+    /// The nodes whose command went once more, on a new connection.
+    resent: Vec<bool>,
 }
 
 impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<D> {
@@ -119,7 +122,17 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<D> {
             let before = pending.len();
             let mut k = 0;
             while k < pending.len() && !self.done {
-                match turn.poll(pending[k], cmd) {
+                let i = pending[k];
+                match turn.poll(i, cmd) {
+                    // A connection found closed (a node restarted since it
+                    // was opened): the command goes once more, on a new one.
+                    Some(Err(Failure::Error(NodeError::Io(e)))) if !self.resent[i] => {
+                        self.resent[i] = true;
+                        match turn.resend(i, cmd, Failure::Error(NodeError::Io(e))) {
+                            Ok(()) => k += 1,
+                            Err(failure) => self.record(pending.remove(k), Err(failure)),
+                        }
+                    }
                     Some(result) => self.record(pending.remove(k), result),
                     None => k += 1,
                 }

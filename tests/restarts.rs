@@ -102,9 +102,17 @@ fn rolling_restart(
             thread::sleep(gap);
             node.restart().unwrap();
         }
-        wait_until(settle, "every node holds the lock again", || {
-            all_hold(&nodes, resources, token)
-        });
+        let start = Instant::now();
+        while !all_hold(&nodes, resources, token) {
+            let held: Vec<_> = (resources.iter())
+                .map(|r| common::values(&nodes, r))
+                .collect();
+            assert!(
+                start.elapsed() < settle,
+                "not every node holds {token} again after {settle:?}: {held:?}"
+            );
+            thread::sleep(Duration::from_millis(5));
+        }
         // The second client stops trying before the lock is released.
         stop.store(true, Ordering::Relaxed);
         wait_until(SETTLE, "the second client stopped", || {
@@ -209,6 +217,22 @@ fn a_lock_on_one_or_many_resources_plain_or_fenced_outlives_a_rolling_restart_of
             });
         }
     });
+}
+
+#[test]
+fn the_first_extension_after_a_node_restarted_reaches_it_on_a_new_connection_and_re_takes_it() {
+    let nodes = cluster(3);
+    let locks = builder(&nodes).build().unwrap();
+    let ttl = Duration::from_secs(10);
+    let mut lock = locks.acquire("after-restart", ttl).unwrap();
+    common::wait_until_held_by(&nodes, &lock, 3);
+    // The client's connection to node 0 now leads to a process that is
+    // gone: the round finds it closed, and sends again on a new one.
+    nodes.node(0).restart().unwrap();
+    locks.extend(&mut lock, ttl).unwrap();
+    assert!(lock.report().nodes[0].retook, "{:?}", lock.report());
+    common::wait_until_held_by(&nodes, &lock, 3);
+    locks.release(lock).unwrap();
 }
 
 #[test]

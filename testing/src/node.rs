@@ -16,13 +16,17 @@ use super::{io_error, lock, HarnessError, CONNECT_TIMEOUT, IO_TIMEOUT};
 /// How long `pause`/`resume` wait for the process state to change (Linux).
 const SIGNAL_SETTLE: Duration = Duration::from_secs(1);
 
+/// How long a node may take to save and exit on `SHUTDOWN SAVE`.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(10);
+
 /// One `redis-server` of a [`Cluster`](super::Cluster).
 ///
 /// Every method takes `&self` (the process handle sits behind a mutex), so a
 /// node can be killed, paused or restarted from any thread while others use
 /// it. The address never changes: [`Node::start`] and [`Node::restart`] come
 /// back on the same port or socket path. There is no persistence: a killed
-/// or restarted node has lost all its data.
+/// or restarted node has lost all its data, unless it is restarted with
+/// [`Node::restart_persisted`].
 ///
 /// ```
 /// use redlock_sync_testing::Cluster;
@@ -222,6 +226,61 @@ impl Node {
         let mut state = lock(&self.state);
         Self::kill_locked(&mut state)?;
         self.start_locked(&mut state)
+    }
+
+    /// Restarts the server with its data, as a node with persistence does
+    /// (`appendonly yes`, `appendfsync always`): it saves its data set and
+    /// exits (`SHUTDOWN SAVE`, so no write falls between the two), then
+    /// starts again on the same address, loads it, and answers `PING`.
+    /// Keys keep their expiry times, so the time it was down counts. The
+    /// saved file is removed once loaded: a later [`kill`](Self::kill) or
+    /// [`restart`](Self::restart) still loses everything.
+    ///
+    /// ```
+    /// use redlock_sync_testing::Cluster;
+    ///
+    /// # fn main() -> Result<(), redlock_sync_testing::HarnessError> {
+    /// let cluster = Cluster::start(1)?;
+    /// let node = cluster.node(0);
+    /// node.set("k", "v")?;
+    /// node.restart_persisted()?;
+    /// assert_eq!(node.get("k")?.as_deref(), Some("v"));
+    /// node.restart()?;
+    /// assert_eq!(node.get("k")?, None);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`HarnessError::Io`] if the node is not running or does not exit
+    /// within a few seconds of `SHUTDOWN SAVE`; else as for
+    /// [`Node::restart`].
+    pub fn restart_persisted(&self) -> Result<(), HarnessError> {
+        let mut state = lock(&self.state);
+        let describe = || format!("restarting node {} with its data", self.address.describe());
+        let Some(child) = state.child.as_mut() else {
+            let stopped = io::Error::new(io::ErrorKind::NotConnected, "the node is not running");
+            return Err(io_error(describe(), stopped));
+        };
+        // The server exits before it answers: no reply comes.
+        let _ = self.run::<()>(redis::cmd("SHUTDOWN").arg("SAVE"), "SHUTDOWN SAVE");
+        let start = std::time::Instant::now();
+        while child
+            .try_wait()
+            .map_err(|e| io_error(describe(), e))?
+            .is_none()
+        {
+            if start.elapsed() > SHUTDOWN_WAIT {
+                let slow = io::Error::new(io::ErrorKind::TimedOut, "SHUTDOWN SAVE did not end it");
+                return Err(io_error(describe(), slow));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Self::kill_locked(&mut state)?;
+        self.start_locked(&mut state)?;
+        let saved = self.spawner.dir.join(self.spawner.rdb_name());
+        std::fs::remove_file(&saved).map_err(|e| io_error(describe(), e))
     }
 
     /// Starts a killed node again on the same address and waits until it

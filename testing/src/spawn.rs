@@ -174,6 +174,14 @@ impl Spawner {
         self.dir.join(format!("node-{}.sock", self.index))
     }
 
+    /// Where the node saves its data set (only [`Node::restart_persisted`]
+    /// makes it save).
+    ///
+    /// [`Node::restart_persisted`]: super::Node::restart_persisted
+    pub(super) fn rdb_name(&self) -> String {
+        format!("node-{}.rdb", self.index)
+    }
+
     fn spawn(&self, address: &Address) -> Result<Child, HarnessError> {
         let mut command = Command::new(&self.binary);
         command
@@ -181,6 +189,8 @@ impl Spawner {
             .arg("--dir")
             .arg(&self.dir)
             .args(["--save", "", "--appendonly", "no"])
+            .arg("--dbfilename")
+            .arg(self.rdb_name())
             .args(["--bind", "127.0.0.1", "--protected-mode", "no"])
             .args(["--daemonize", "no"])
             .arg("--logfile")
