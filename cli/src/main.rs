@@ -26,6 +26,8 @@ mod exit;
 mod explicit;
 mod nodes;
 #[cfg(unix)]
+mod protocol;
+#[cfg(unix)]
 mod run;
 mod status;
 #[cfg(unix)]

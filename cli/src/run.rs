@@ -19,7 +19,7 @@ use crate::args::RunArgs;
 use crate::events::{Event, Events};
 use crate::exit::{self, say, Failure};
 use crate::nodes;
-use crate::supervisor::{monotonic_ns, Kill, Message, Report, Term};
+use crate::protocol::{monotonic_ns, Kill, Message, Report, Term};
 use crate::wait::{keep_trying, paced, round_ms, warn_refusals, Form, Patience};
 
 /// Runs `redlock run`; returns the exit code.
@@ -422,14 +422,5 @@ impl Pipes {
         drop(self.control_theirs);
         drop(self.report_theirs);
         (self.control, self.report)
-    }
-}
-
-/// The exit code for a command that could not start: the shell's 127
-/// for not found, 126 for anything else.
-pub fn spawn_code(e: &io::Error) -> u8 {
-    match e.kind() {
-        io::ErrorKind::NotFound => exit::NOT_FOUND,
-        _ => exit::CANNOT_RUN,
     }
 }

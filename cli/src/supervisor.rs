@@ -57,12 +57,12 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, pthread_sigmask, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-use nix::time::{clock_gettime, ClockId};
 use nix::unistd::{getpgid, getppid, Pid};
 
 use crate::args::SuperviseArgs;
 use crate::events::{Event, Events};
 use crate::exit::{self, say};
+use crate::protocol::{monotonic_ns, Kill, Message, Term};
 
 /// How often the parent pid is looked at (where no parent-death signal
 /// says it at once), and the longest sleep of the supervisor.
@@ -71,117 +71,6 @@ const POLL: Duration = Duration::from_millis(100);
 /// How long processes that got SIGKILL may take to be gone before the
 /// supervisor stops waiting for them.
 const KILL_GRACE: Duration = Duration::from_secs(1);
-
-/// The monotonic clock (`CLOCK_MONOTONIC`), as `run` and the supervisor
-/// both read it: the deadlines they exchange are in its nanoseconds.
-pub fn monotonic_ns() -> u64 {
-    clock_gettime(ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
-        let ns = Duration::from(t).as_nanos();
-        u64::try_from(ns).unwrap_or(u64::MAX)
-    })
-}
-
-/// A message from `run` to the supervisor, one line each.
-pub enum Message {
-    /// The lock is valid until this monotonic instant (nanoseconds).
-    Deadline(u64),
-    /// The lock is lost, or --max-hold reached: stop the command.
-    Stop,
-    /// Pass this signal on to the command's group.
-    Signal(i32),
-}
-
-impl Message {
-    pub fn line(&self) -> String {
-        match self {
-            Message::Deadline(ns) => format!("deadline {ns}\n"),
-            Message::Stop => "stop\n".to_string(),
-            Message::Signal(signal) => format!("signal {signal}\n"),
-        }
-    }
-
-    fn parse(line: &str) -> Option<Message> {
-        let (word, value) = line.split_once(' ').unwrap_or((line, ""));
-        match word {
-            "deadline" => value.parse().ok().map(Message::Deadline),
-            "stop" => Some(Message::Stop),
-            "signal" => value.parse().ok().map(Message::Signal),
-            _ => None,
-        }
-    }
-}
-
-/// Why the supervisor sent the group SIGTERM (the report's `term` line).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Term {
-    /// `run` said `stop`.
-    Asked,
-    /// The deadline was near and no later one came.
-    Expiring,
-    /// `run` died.
-    ToolGone,
-    /// The command ended and left processes in its group.
-    Leftover,
-}
-
-/// Why the supervisor sent the group SIGKILL (the report's `kill` line).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kill {
-    /// --kill-after passed since the SIGTERM.
-    After,
-    /// The lock's last deadline passed.
-    Deadline,
-}
-
-/// What the supervisor reports, read by `run` once it has exited.
-#[derive(Debug, Default)]
-pub struct Report {
-    /// The command could not start: its exit code (126, 127; 76 if the
-    /// lock was about to run out; 71) and why.
-    pub cannot_run: Option<(u8, String)>,
-    /// The command's process group, once it started.
-    pub pgid: Option<Pid>,
-    pub term: Option<Term>,
-    pub kill: Option<Kill>,
-    /// How the command ended.
-    pub ended: Option<ExitStatus>,
-}
-
-impl Report {
-    /// Reads the report's lines.
-    pub fn parse(text: &str) -> Report {
-        let mut report = Report::default();
-        for line in text.lines() {
-            let (word, value) = line.split_once(' ').unwrap_or((line, ""));
-            match word {
-                "cannot-run" => {
-                    let (code, why) = value.split_once(' ').unwrap_or((value, ""));
-                    report.cannot_run =
-                        Some((code.parse().unwrap_or(exit::CANNOT_RUN), why.into()));
-                }
-                "term" => {
-                    report.term = Some(match value {
-                        "asked" => Term::Asked,
-                        "expiring" => Term::Expiring,
-                        "leftover" => Term::Leftover,
-                        _ => Term::ToolGone,
-                    })
-                }
-                "kill" => {
-                    report.kill = Some(if value == "after" {
-                        Kill::After
-                    } else {
-                        Kill::Deadline
-                    })
-                }
-                "ended" => report.ended = value.parse().ok().map(ExitStatus::from_raw),
-                "pgid" => report.pgid = value.parse().ok().map(Pid::from_raw),
-                _ => {}
-            }
-        }
-        report
-    }
-}
 
 /// Runs `redlock supervise`; returns the exit code (the command's).
 pub fn supervise(args: &SuperviseArgs) -> u8 {
@@ -236,7 +125,7 @@ pub fn supervise(args: &SuperviseArgs) -> u8 {
     let child = match spawn(&args.command) {
         Ok(child) => child,
         Err(e) => {
-            let code = crate::run::spawn_code(&e);
+            let code = spawn_code(&e);
             let program = args.command[0].to_string_lossy();
             return report.cannot_run(
                 code,
@@ -303,6 +192,15 @@ fn spawn(argv: &[OsString]) -> io::Result<Child> {
         .spawn()
 }
 
+/// The exit code for a command that could not start: the shell's 127
+/// for not found, 126 for anything else.
+fn spawn_code(e: &io::Error) -> u8 {
+    match e.kind() {
+        io::ErrorKind::NotFound => exit::NOT_FOUND,
+        _ => exit::CANNOT_RUN,
+    }
+}
+
 /// The command's process group, and what was done to it.
 struct Group {
     /// The command's pid, which is the group's id.
@@ -355,7 +253,7 @@ impl Group {
             // A stopped command would not see it.
             self.signal(Signal::SIGCONT);
             self.termed = Some((Instant::now(), why));
-            report.line(format_args!("term {}", term_word(why)));
+            report.line(format_args!("term {}", why.word()));
         }
     }
 
@@ -363,14 +261,7 @@ impl Group {
         if self.killed.is_none() {
             self.signal(Signal::SIGKILL);
             self.killed = Some(Instant::now());
-            report.line(format_args!(
-                "kill {}",
-                if why == Kill::After {
-                    "after"
-                } else {
-                    "deadline"
-                }
-            ));
+            report.line(format_args!("kill {}", why.word()));
         }
     }
 
@@ -475,15 +366,6 @@ impl Group {
                 _ => {}
             }
         }
-    }
-}
-
-fn term_word(why: Term) -> &'static str {
-    match why {
-        Term::Asked => "asked",
-        Term::Expiring => "expiring",
-        Term::ToolGone => "tool-gone",
-        Term::Leftover => "leftover",
     }
 }
 

@@ -1,0 +1,151 @@
+//! What `redlock run` and its supervisor (`supervisor.rs`) say to each
+//! other: `run` sends [`Message`]s on the control pipe, the supervisor
+//! answers with the lines that make a [`Report`]. Both read the same
+//! monotonic clock ([`monotonic_ns`]), in which the deadlines they exchange
+//! are given. A leaf: `run` and the supervisor import it, and neither
+//! imports the other.
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use nix::time::{clock_gettime, ClockId};
+
+use crate::exit;
+
+/// The monotonic clock (`CLOCK_MONOTONIC`), as `run` and the supervisor
+/// both read it: the deadlines they exchange are in its nanoseconds.
+pub fn monotonic_ns() -> u64 {
+    clock_gettime(ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+        let ns = Duration::from(t).as_nanos();
+        u64::try_from(ns).unwrap_or(u64::MAX)
+    })
+}
+
+/// A message from `run` to the supervisor, one line each.
+pub enum Message {
+    /// The lock is valid until this monotonic instant (nanoseconds).
+    Deadline(u64),
+    /// The lock is lost, or --max-hold reached: stop the command.
+    Stop,
+    /// Pass this signal on to the command's group.
+    Signal(i32),
+}
+
+impl Message {
+    pub fn line(&self) -> String {
+        match self {
+            Message::Deadline(ns) => format!("deadline {ns}\n"),
+            Message::Stop => "stop\n".to_string(),
+            Message::Signal(signal) => format!("signal {signal}\n"),
+        }
+    }
+
+    pub fn parse(line: &str) -> Option<Message> {
+        let (word, value) = line.split_once(' ').unwrap_or((line, ""));
+        match word {
+            "deadline" => value.parse().ok().map(Message::Deadline),
+            "stop" => Some(Message::Stop),
+            "signal" => value.parse().ok().map(Message::Signal),
+            _ => None,
+        }
+    }
+}
+
+/// Why the supervisor sent the group SIGTERM (the report's `term` line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Term {
+    /// `run` said `stop`.
+    Asked,
+    /// The deadline was near and no later one came.
+    Expiring,
+    /// `run` died.
+    ToolGone,
+    /// The command ended and left processes in its group.
+    Leftover,
+}
+
+impl Term {
+    /// The word of the report's `term` line.
+    pub fn word(self) -> &'static str {
+        match self {
+            Term::Asked => "asked",
+            Term::Expiring => "expiring",
+            Term::ToolGone => "tool-gone",
+            Term::Leftover => "leftover",
+        }
+    }
+}
+
+/// Why the supervisor sent the group SIGKILL (the report's `kill` line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kill {
+    /// --kill-after passed since the SIGTERM.
+    After,
+    /// The lock's last deadline passed.
+    Deadline,
+}
+
+impl Kill {
+    /// The word of the report's `kill` line.
+    pub fn word(self) -> &'static str {
+        match self {
+            Kill::After => "after",
+            Kill::Deadline => "deadline",
+        }
+    }
+}
+
+/// What the supervisor reports, read by `run` once it has exited.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// The command could not start: its exit code (126, 127; 76 if the
+    /// lock was about to run out; 71) and why.
+    pub cannot_run: Option<(u8, String)>,
+    /// The command's process group, once it started.
+    pub pgid: Option<nix::unistd::Pid>,
+    pub term: Option<Term>,
+    pub kill: Option<Kill>,
+    /// How the command ended.
+    pub ended: Option<ExitStatus>,
+}
+
+impl Report {
+    /// Reads the report's lines.
+    pub fn parse(text: &str) -> Report {
+        let mut report = Report::default();
+        for line in text.lines() {
+            report.take(line);
+        }
+        report
+    }
+
+    /// Reads one line of the report.
+    pub fn take(&mut self, line: &str) {
+        let (word, value) = line.split_once(' ').unwrap_or((line, ""));
+        match word {
+            "cannot-run" => {
+                let (code, why) = value.split_once(' ').unwrap_or((value, ""));
+                self.cannot_run = Some((code.parse().unwrap_or(exit::CANNOT_RUN), why.into()));
+            }
+            "term" => {
+                self.term = Some(match value {
+                    "asked" => Term::Asked,
+                    "expiring" => Term::Expiring,
+                    "leftover" => Term::Leftover,
+                    _ => Term::ToolGone,
+                })
+            }
+            "kill" => {
+                self.kill = Some(if value == Kill::After.word() {
+                    Kill::After
+                } else {
+                    Kill::Deadline
+                })
+            }
+            "ended" => self.ended = value.parse().ok().map(ExitStatus::from_raw),
+            "pgid" => self.pgid = value.parse().ok().map(nix::unistd::Pid::from_raw),
+            _ => {}
+        }
+    }
+}
