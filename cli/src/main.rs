@@ -32,6 +32,8 @@ mod run;
 mod status;
 #[cfg(unix)]
 mod supervisor;
+#[cfg(unix)]
+mod tree;
 mod wait;
 
 use std::process::ExitCode;

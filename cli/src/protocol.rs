@@ -22,6 +22,11 @@ pub fn monotonic_ns() -> u64 {
     })
 }
 
+/// How long processes that got SIGKILL may take to be gone: what is left
+/// of the command's tree after that survived it (uninterruptible sleep,
+/// another user's process), and is named.
+pub const KILL_GRACE: Duration = Duration::from_secs(1);
+
 /// A message from `run` to the supervisor, one line each.
 pub enum Message {
     /// The lock is valid until this monotonic instant (nanoseconds).
@@ -30,6 +35,9 @@ pub enum Message {
     Stop,
     /// Pass this signal on to the command's group.
     Signal(i32),
+    /// `run` leaves: the lock is lost while processes that SIGKILL did not
+    /// end are left, and it named them. The supervisor leaves too.
+    Quit,
 }
 
 impl Message {
@@ -38,6 +46,7 @@ impl Message {
             Message::Deadline(ns) => format!("deadline {ns}\n"),
             Message::Stop => "stop\n".to_string(),
             Message::Signal(signal) => format!("signal {signal}\n"),
+            Message::Quit => "quit\n".to_string(),
         }
     }
 
@@ -47,12 +56,14 @@ impl Message {
             "deadline" => value.parse().ok().map(Message::Deadline),
             "stop" => Some(Message::Stop),
             "signal" => value.parse().ok().map(Message::Signal),
+            "quit" => Some(Message::Quit),
             _ => None,
         }
     }
 }
 
-/// Why the supervisor sent the group SIGTERM (the report's `term` line).
+/// Why the supervisor sent the command's processes SIGTERM (the report's
+/// `term` line).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Term {
     /// `run` said `stop`.
@@ -61,7 +72,7 @@ pub enum Term {
     Expiring,
     /// `run` died.
     ToolGone,
-    /// The command ended and left processes in its group.
+    /// The command ended and left processes running.
     Leftover,
 }
 
@@ -77,7 +88,8 @@ impl Term {
     }
 }
 
-/// Why the supervisor sent the group SIGKILL (the report's `kill` line).
+/// Why the supervisor sent the command's processes SIGKILL (the report's
+/// `kill` line).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kill {
     /// --kill-after passed since the SIGTERM.
@@ -96,7 +108,7 @@ impl Kill {
     }
 }
 
-/// What the supervisor reports, read by `run` once it has exited.
+/// What the supervisor reports, read by `run` line by line as it comes.
 #[derive(Debug, Default)]
 pub struct Report {
     /// The command could not start: its exit code (126, 127; 76 if the
@@ -106,20 +118,11 @@ pub struct Report {
     pub pgid: Option<nix::unistd::Pid>,
     pub term: Option<Term>,
     pub kill: Option<Kill>,
-    /// How the command ended.
+    /// How the command ended, once none of its processes is left.
     pub ended: Option<ExitStatus>,
 }
 
 impl Report {
-    /// Reads the report's lines.
-    pub fn parse(text: &str) -> Report {
-        let mut report = Report::default();
-        for line in text.lines() {
-            report.take(line);
-        }
-        report
-    }
-
     /// Reads one line of the report.
     pub fn take(&mut self, line: &str) {
         let (word, value) = line.split_once(' ').unwrap_or((line, ""));

@@ -99,7 +99,7 @@ fn a_killed_supervisor_has_the_command_group_killed_and_gone_before_the_lock_is_
     assert_eq!(status.code(), Some(71), "{}", tool.stderr_text());
     assert!(
         tool.stderr_text().contains("supervisor")
-            && tool.stderr_text().contains("got SIGKILL and is gone"),
+            && tool.stderr_text().contains("got SIGKILL and are gone"),
         "{}",
         tool.stderr_text()
     );
