@@ -11,29 +11,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// The pids whose parent is `parent` (from `/proc`).
-fn children_of(parent: u32) -> Vec<u32> {
-    let mut children = Vec::new();
-    for entry in std::fs::read_dir("/proc")
-        .expect("/proc is mounted")
-        .flatten()
-    {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let stat = read(&entry.path().join("stat"));
-        // `pid (comm) state ppid ...`: comm may hold spaces and parentheses.
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|ppid| ppid.parse::<u32>().ok());
-        if ppid == Some(parent) {
-            children.push(pid);
-        }
-    }
-    children
-}
-
 #[test]
 fn sigkill_to_the_process_group_of_run_ends_the_command_group_within_the_ttl_and_the_next_run_never_overlaps(
 ) {
