@@ -1,7 +1,8 @@
 //! `redlock run` stops the command's whole process tree, not only its
 //! process group: steps that left the group (`timeout(1)`, `bash -m`,
 //! `setsid`, a daemon's double fork) are stopped on a lost lock, a signal
-//! passed on, the lock's deadline, and when the supervisor dies; `run`
+//! passed on, the lock's deadline, the command's own exit, and when the
+//! supervisor dies; `run`
 //! exits, and releases the lock, only once none is left, so that a second
 //! run never holds the lock while one lives. A process that SIGKILL cannot
 //! end (another user's) keeps the lock, named, until it is gone or the
@@ -245,6 +246,30 @@ fn a_signal_to_run_stops_every_step_that_left_the_command_group_before_the_relea
     let status = tool.wait(PATIENCE);
     steps.assert_none_alive("as run exited");
     assert_eq!(status.code(), Some(143), "{}", tool.stderr_text());
+    steps.second_run_saw_none(&mut second);
+}
+
+#[test]
+fn steps_left_running_when_the_command_exits_are_stopped_before_the_release() {
+    let cluster = cluster(3);
+    let steps = Escapees::new(&cluster);
+    let go = scratch(&cluster, "go");
+    // The command exits once told, leaving its steps running.
+    let then = format!(
+        "while [ ! -e '{}' ]; do sleep 0.01; done; exit 3",
+        go.display()
+    );
+    let mut tool = Tool::spawn(
+        redlock("run", &cluster)
+            .args(["--kill-after", "300ms", "tree-left", "--"])
+            .args(steps.command("", &then)),
+    );
+    steps.wait_started();
+    let mut second = steps.second_run(&cluster, "tree-left");
+    std::fs::write(&go, "").unwrap();
+    let status = tool.wait(PATIENCE);
+    steps.assert_none_alive("as run exited");
+    assert_eq!(status.code(), Some(3), "{}", tool.stderr_text());
     steps.second_run_saw_none(&mut second);
 }
 
