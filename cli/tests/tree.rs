@@ -284,9 +284,12 @@ fn the_deadline_stops_every_step_that_left_the_command_group_when_run_is_stopped
     wait_until("every process of the command is gone", || {
         steps.alive().is_empty()
     });
-    // SIGKILL comes as the lock runs out, within the TTL.
+    // With run stopped, only the supervisor's deadline stops them:
+    // SIGKILL as the lock runs out (2 s), not --kill-after (10 s) after
+    // SIGTERM, which they ignore. The margin is for a busy machine, where
+    // a killed process may wait a while to be scheduled and die.
     assert!(
-        stopped.elapsed() < Duration::from_secs(3),
+        stopped.elapsed() < Duration::from_secs(8),
         "gone {:?} after run stopped",
         stopped.elapsed()
     );
