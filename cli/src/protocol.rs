@@ -114,7 +114,9 @@ pub struct Report {
     /// The command could not start: its exit code (126, 127; 76 if the
     /// lock was about to run out; 71) and why.
     pub cannot_run: Option<(u8, String)>,
-    /// The command's process group, once it started.
+    /// The command's process group, once it started: where the command's
+    /// tree cannot be found (not Linux), what `run` stops if the
+    /// supervisor dies.
     pub pgid: Option<nix::unistd::Pid>,
     pub term: Option<Term>,
     pub kill: Option<Kill>,
@@ -132,23 +134,60 @@ impl Report {
                 self.cannot_run = Some((code.parse().unwrap_or(exit::CANNOT_RUN), why.into()));
             }
             "term" => {
-                self.term = Some(match value {
-                    "asked" => Term::Asked,
-                    "expiring" => Term::Expiring,
-                    "leftover" => Term::Leftover,
-                    _ => Term::ToolGone,
-                })
+                let all = [Term::Asked, Term::Expiring, Term::Leftover, Term::ToolGone];
+                self.term = Some(
+                    all.into_iter()
+                        .find(|t| t.word() == value)
+                        .unwrap_or(Term::ToolGone),
+                );
             }
             "kill" => {
-                self.kill = Some(if value == Kill::After.word() {
-                    Kill::After
-                } else {
-                    Kill::Deadline
-                })
+                let all = [Kill::After, Kill::Deadline];
+                self.kill = Some(
+                    all.into_iter()
+                        .find(|k| k.word() == value)
+                        .unwrap_or(Kill::Deadline),
+                );
             }
             "ended" => self.ended = value.parse().ok().map(ExitStatus::from_raw),
             "pgid" => self.pgid = value.parse().ok().map(nix::unistd::Pid::from_raw),
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_message_and_report_line_reads_back_as_written() {
+        for message in [
+            Message::Deadline(42),
+            Message::Stop,
+            Message::Signal(10),
+            Message::Quit,
+        ] {
+            let line = message.line();
+            let back = Message::parse(line.trim_end()).expect("parses");
+            assert_eq!(back.line(), line);
+        }
+        for term in [Term::Asked, Term::Expiring, Term::ToolGone, Term::Leftover] {
+            let mut report = Report::default();
+            report.take(&format!("term {}", term.word()));
+            assert_eq!(report.term, Some(term));
+        }
+        for kill in [Kill::After, Kill::Deadline] {
+            let mut report = Report::default();
+            report.take(&format!("kill {}", kill.word()));
+            assert_eq!(report.kill, Some(kill));
+        }
+        let mut report = Report::default();
+        for line in ["pgid 7", "ended 256", "cannot-run 127 no such file"] {
+            report.take(line);
+        }
+        assert_eq!(report.pgid, Some(nix::unistd::Pid::from_raw(7)));
+        assert_eq!(report.ended.and_then(|s| s.code()), Some(1));
+        assert_eq!(report.cannot_run, Some((127, "no such file".into())));
     }
 }
