@@ -207,19 +207,26 @@ When the lock is not had, the command does not run. Nodes that refuse this clien
 password, a missing ACL permission, a TLS failure, a host that does not exist) are said once; if they leave too few nodes for a quorum, it exits at \
 once with 77, waiting or not.\n\n",
         "The command runs in a process group of its own, owned by a small supervisor process (redlock \
-itself) that ends the whole group, grandchildren included, when the lock is no longer kept: if the lock is \
+itself) that stops the command and every process it started when the lock is no longer kept: if the lock is \
 lost (its extension is refused), or is not extended by the time --kill-after (at most a sixth of the TTL) \
 is left before it runs out (too few nodes answer, --max-hold is near, or redlock is stopped with SIGSTOP \
-or frozen), or redlock dies (even by SIGKILL), the group gets SIGTERM, then SIGKILL after --kill-after or \
-when the lock runs out (or --max-hold is reached), whichever comes first. The supervisor is in a process group of \
+or frozen), or redlock dies (even by SIGKILL), they get SIGTERM, then SIGKILL after --kill-after or \
+when the lock runs out (or --max-hold is reached), whichever comes first. On Linux that is the command's \
+whole process tree, also the steps that left its process group (timeout(1), bash -m, setsid, a daemon's \
+double fork): the supervisor is a subreaper, so they stay its descendants. SIGKILL is sent again until none \
+is left; elsewhere it is the command's process group. The supervisor is in a process group of \
 its own, apart from redlock's: a signal to redlock's group (a job runner's SIGKILL or SIGSTOP, timeout -s KILL) \
 does not reach it, and it ends the command as above. redlock then exits with 76 and says on standard error when \
-the lock was lost. When the command exits, what it left running in its group gets the same treatment \
-before the lock is released.\n\n",
-        "If the supervisor itself dies (say, by SIGKILL), redlock kills the command's group (SIGKILL), \
-waits for it to be gone, releases the lock and exits with 71. Not covered: a process that leaves the \
-command's process group (setsid, a daemon that detaches), and redlock and its supervisor both killed \
-with SIGKILL at once.\n\n",
+the lock was lost. When the command exits, what it left running gets the same treatment: the lock is \
+released only once none of its processes is left.\n\n",
+        "A process that SIGKILL does not end (one in uninterruptible sleep, or one run as another user, as \
+sudo -u does) keeps the lock: the lock is extended, and the process named on standard error every 5 s, \
+until it is gone. --max-hold still ends the hold: the lock is not extended past it. If the lock is lost meanwhile \
+(or reaches --max-hold), redlock says so, names the processes left, and exits with 76.\n\n",
+        "If the supervisor itself dies (say, by SIGKILL), redlock stops the command's processes (SIGKILL; on \
+Linux they come to redlock, also a subreaper), waits for them to be gone, releases the lock and exits \
+with 71. Not covered: redlock and its supervisor both killed with SIGKILL at once, and a process handed to \
+another service (systemd-run, at, a container runtime), which is not a descendant.\n\n",
         "SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to redlock are passed on to the command's \
 group; the lock is released after the command exits. A signal while still waiting for the lock ends the \
 wait at once (within --io-timeout). When \
@@ -240,8 +247,8 @@ has seen).\n\n",
         common_codes!(),
         code_line!("75   ", "the lock is held by another client (or was until --wait ran out):\n         the command did not run; --conflict-exit-code changes it"),
         code_line!("77   ", "too many nodes refuse this client for a quorum (a wrong or missing\n         password, a missing ACL permission, TLS, an unknown host): waiting cannot fix that"),
-        code_line!("76   ", "the lock was lost or about to run out while the command ran, or\n         --max-hold was reached: the command's group was stopped (SIGTERM,\n         then SIGKILL); or the lock was lost or about to run out before the\n         command started, which did not run"),
-        code_line!("71   ", "also: redlock's supervisor died while the command ran; the command's\n         group was killed before the lock was released"),
+        code_line!("76   ", "the lock was lost or about to run out while the command ran, or\n         --max-hold was reached: the command's processes were stopped\n         (SIGTERM, then SIGKILL), or are named as left running; or the lock\n         was lost or about to run out before the command started, which did\n         not run"),
+        code_line!("71   ", "also: redlock's supervisor died while the command ran; the command's\n         processes were killed before the lock was released"),
         code_line!("126  ", "the command was found but could not be run"),
         code_line!("127  ", "the command was not found"),
         code_line!("128+N", "the command died of signal N (the shell's convention); or signal N\n         stopped the wait for the lock"),
@@ -265,15 +272,15 @@ pub struct RunArgs {
     pub acquisition: Acquisition,
 
     /// Hold the lock at most this long: it is not extended past it, and the
-    /// command's group gets SIGTERM shortly before (--kill-after, at most
-    /// a sixth of the shorter of this and the TTL) and SIGKILL at it, also
-    /// when it is shorter than the TTL.
+    /// command's processes get SIGTERM shortly before (--kill-after, at
+    /// most a sixth of the shorter of this and the TTL) and SIGKILL at it,
+    /// also when it is shorter than the TTL.
     #[arg(long, value_name = "DURATION", value_parser = duration, help_heading = TAKING)]
     pub max_hold: Option<Duration>,
 
-    /// After the lock is lost, how long the command's group has between
-    /// SIGTERM and SIGKILL (and SIGKILL comes when the lock runs out at
-    /// the latest).
+    /// After the lock is lost, how long the command's processes have
+    /// between SIGTERM and SIGKILL (and SIGKILL comes when the lock runs out
+    /// at the latest).
     #[arg(
         long,
         value_name = "DURATION",

@@ -83,7 +83,7 @@ impl Events {
 
     /// Reads `from` line by line on a thread of its own, each line an
     /// [`Event::Line`], and [`Event::Closed`] at its end.
-    #[cfg_attr(not(unix), allow(dead_code))] // only the supervisor reads
+    #[cfg_attr(not(unix), allow(dead_code))] // only `run` and the supervisor read
     pub fn read_lines(&self, from: impl Read + Send + 'static) -> Result<(), Failure> {
         let tx = self.tx.clone();
         std::thread::Builder::new()

@@ -26,10 +26,14 @@ mod exit;
 mod explicit;
 mod nodes;
 #[cfg(unix)]
+mod protocol;
+#[cfg(unix)]
 mod run;
 mod status;
 #[cfg(unix)]
 mod supervisor;
+#[cfg(unix)]
+mod tree;
 mod wait;
 
 use std::process::ExitCode;

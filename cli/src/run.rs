@@ -1,5 +1,15 @@
 //! `redlock run`: take the lock, run the command under it, keep the lock
 //! alive meanwhile, stop the command if the lock is lost, release it after.
+//!
+//! The command runs under a supervisor (`supervisor.rs`), which owns every
+//! process the command starts (see `tree.rs`). `run` goes through named
+//! phases ([`Command::supervise`]): may it start, start the supervisor,
+//! watch (the lock's deadlines and loss, signals, the supervisor's report,
+//! what SIGKILL did not end), conclude. The lock is released only once
+//! the supervisor has exited with none of the command's processes left;
+//! or, if the supervisor died, once `run` has stopped them itself (it is a
+//! subreaper too, so they come to it); or, with the lock lost, once `run`
+//! has named what SIGKILL did not end.
 
 use std::ffi::OsString;
 use std::io::{self, PipeReader, PipeWriter, Write};
@@ -8,9 +18,13 @@ use std::os::unix::process::CommandExt;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant, SystemTime};
 
+#[cfg(not(target_os = "linux"))]
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
-use nix::sys::signal::{killpg, Signal};
+#[cfg(not(target_os = "linux"))]
+use nix::sys::signal::killpg;
+use nix::sys::signal::Signal;
+#[cfg(not(target_os = "linux"))]
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use redlock_sync::{LockError, LockGuard};
@@ -19,7 +33,8 @@ use crate::args::RunArgs;
 use crate::events::{Event, Events};
 use crate::exit::{self, say, Failure};
 use crate::nodes;
-use crate::supervisor::{monotonic_ns, Kill, Message, Report, Term};
+use crate::protocol::{monotonic_ns, Kill, Message, Report, Term, KILL_GRACE};
+use crate::tree;
 use crate::wait::{keep_trying, paced, round_ms, warn_refusals, Form, Patience};
 
 /// Runs `redlock run`; returns the exit code.
@@ -91,7 +106,7 @@ struct Command<'a> {
     argv: Vec<OsString>,
     resource: &'a str,
     kill_after: Duration,
-    /// The group gets SIGTERM this long before the lock runs out, if it
+    /// The command gets SIGTERM this long before the lock runs out, if it
     /// was not extended by then (see [`warning`]).
     warn: Duration,
     tick: Duration,
@@ -117,8 +132,14 @@ fn warning(ttl: Duration, max_hold: Option<Duration>, kill_after: Duration) -> D
     kill_after.min(max_hold.map_or(ttl, |cap| cap.min(ttl)) / 6)
 }
 
-/// How long `run` waits, after the supervisor ended abnormally, for the
-/// command's group to be gone once it got SIGKILL.
+/// How often processes of the command that SIGKILL did not end are named
+/// while the lock is kept for them.
+const NOTICE_EVERY: Duration = Duration::from_secs(5);
+
+/// Where the command's tree cannot be found (not Linux): how long `run`
+/// waits, after the supervisor ended abnormally, for the command's group to
+/// be gone once it got SIGKILL.
+#[cfg(not(target_os = "linux"))]
 const GROUP_GONE: Duration = Duration::from_secs(5);
 
 /// The deadline the supervisor goes by, in nanoseconds of the monotonic
@@ -132,43 +153,66 @@ fn deadline(guard: &LockGuard) -> u64 {
     })
 }
 
-/// Ends what is left of the command's group after its supervisor ended
-/// without saying how the command ended: SIGKILL, then waits (bounded)
-/// until no process is left in the group, reaping those that came to us
-/// (`run` is their subreaper on Linux). Returns whether it is gone.
-fn end_group(pgid: Pid) -> bool {
-    let _ = killpg(pgid, Signal::SIGKILL);
-    let start = Instant::now();
-    loop {
-        while let Ok(status) = waitpid(Pid::from_raw(-pgid.as_raw()), Some(WaitPidFlag::WNOHANG)) {
-            if status == WaitStatus::StillAlive {
-                break;
-            }
-        }
-        if killpg(pgid, None) == Err(Errno::ESRCH) {
-            return true;
-        }
-        if start.elapsed() >= GROUP_GONE {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// A duration in whole milliseconds, saturated, for the supervisor's
 /// command line.
 fn ms(d: Duration) -> String {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).to_string()
 }
 
+/// The supervisor, running: its process, our end of its control pipe,
+/// and the last deadline it was told.
+struct Supervisor {
+    process: std::process::Child,
+    control: PipeWriter,
+    sent: u64,
+}
+
+impl Supervisor {
+    fn tell(&mut self, message: &Message) {
+        if let Message::Deadline(ns) = message {
+            self.sent = *ns;
+        }
+        // Gone already: its report says why.
+        let _ = self.control.write_all(message.line().as_bytes());
+    }
+
+    fn pid(&self) -> i32 {
+        i32::try_from(self.process.id()).unwrap_or(i32::MAX)
+    }
+}
+
+/// What `run` learns while the supervisor watches over the command.
+struct Watch {
+    started: Instant,
+    /// The supervisor's report, line by line.
+    report: Report,
+    loss: Option<Loss>,
+    /// Seen no longer extended while still held: the hold cap, not a
+    /// loss, will end it.
+    capped: bool,
+    /// When the supervisor said it sent SIGKILL (its `kill` line).
+    killed: Option<Instant>,
+    /// When what SIGKILL did not end is to be named next.
+    notice: Option<Instant>,
+}
+
 impl Command<'_> {
     /// Starts the supervisor (see `supervisor.rs`), which starts the
-    /// command with the lock's token in its environment, in a process
-    /// group of its own; keeps it told of the lock's validity, and of a
-    /// loss (then the group gets SIGTERM, and SIGKILL `kill_after` later
-    /// or when the lock runs out); passes stop signals on; waits for it to
-    /// end. A loss is a [`Failure`] with the lock-lost code.
+    /// command with the lock's token in its environment and owns every
+    /// process it starts; keeps it told of the lock's validity, and of a
+    /// loss (then the command's processes get SIGTERM, and SIGKILL
+    /// `kill_after` later or when the lock runs out); passes stop signals
+    /// on; waits until none of the command's processes is left. A loss is
+    /// a [`Failure`] with the lock-lost code.
     fn supervise(&self, guard: &LockGuard, events: &Events) -> Result<ExitStatus, Failure> {
+        self.may_start(guard, events)?;
+        let mut supervisor = self.start(guard, events)?;
+        let watch = self.watch(guard, events, &mut supervisor)?;
+        self.conclude(guard, events, supervisor, watch)
+    }
+
+    /// Nothing starts after a stop signal, or once the lock is lost.
+    fn may_start(&self, guard: &LockGuard, events: &Events) -> Result<(), Failure> {
         if let Some(signal) = events.pending_stop() {
             return Err(Failure::interrupted(signal, "before the command started"));
         }
@@ -182,10 +226,16 @@ impl Command<'_> {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// Starts the supervisor with what it needs on its command line and in
+    /// its environment (the command's); reads its report as events.
+    fn start(&self, guard: &LockGuard, events: &Events) -> Result<Supervisor, Failure> {
         let exe = std::env::current_exe()
             .map_err(|e| Failure::system(format!("cannot find redlock's own binary: {e}")))?;
         let pipes = Pipes::new()?;
-        let mut sent = deadline(guard);
+        let sent = deadline(guard);
         let mut command = std::process::Command::new(exe);
         command
             .arg("supervise")
@@ -213,111 +263,260 @@ impl Command<'_> {
         // a job runner, SIGSTOP) does not reach the supervisor, which then
         // ends the command as the lock is no longer kept.
         command.process_group(0);
-        // The command's processes come to `run` if the supervisor dies, so
-        // that `run` can reap them (and see the group gone).
+        // The command's processes come to `run` if the supervisor dies, at
+        // any moment: `run` stops them itself (see `end_tree`).
         #[cfg(target_os = "linux")]
         let _ = nix::sys::prctl::set_child_subreaper(true);
-        let mut supervisor = command
+        let process = command
             .spawn()
             .map_err(|e| Failure::system(format!("cannot start redlock's supervisor: {e}")))?;
-        let (mut control, report) = pipes.ours();
+        let (control, report) = pipes.ours();
+        events.read_lines(report)?;
         // Told by the library the moment the lock is lost (on its notifier
         // thread): the command is stopped at once, not at the next tick.
-        // The loop below sees the loss too, and records it.
+        // The watch sees the loss too, and records it.
         if let Ok(mut on_loss) = control.try_clone() {
             guard.on_lost(move |_| drop(on_loss.write_all(Message::Stop.line().as_bytes())));
         }
-        let mut tell = |message: Message| {
-            // Gone already: its report says why.
-            let _ = control.write_all(message.line().as_bytes());
+        Ok(Supervisor {
+            process,
+            control,
+            sent,
+        })
+    }
+
+    /// Keeps the supervisor told of the lock and of signals, and reads its
+    /// report, until the report ends (the supervisor has exited). Fails
+    /// with the lock-lost code, at once, where the lock is lost while
+    /// processes of the command outlive SIGKILL.
+    fn watch(
+        &self,
+        guard: &LockGuard,
+        events: &Events,
+        supervisor: &mut Supervisor,
+    ) -> Result<Watch, Failure> {
+        let mut watch = Watch {
+            started: Instant::now(),
+            report: Report::default(),
+            loss: None,
+            capped: false,
+            killed: None,
+            notice: None,
         };
-        let started = Instant::now();
-        let mut loss: Option<Loss> = None;
-        // Seen no longer extended while still held: the hold cap, not a
-        // loss, will end it.
-        let mut capped = false;
-        let waited = loop {
-            match supervisor.try_wait() {
-                Ok(Some(status)) => break Ok(status),
-                Ok(None) => {}
-                Err(e) => {
-                    // Not killed: the supervisor ends the command's group
-                    // as `stop` tells it, and then its report ends.
-                    tell(Message::Stop);
-                    break Err(e);
-                }
-            }
-            if loss.is_none() {
-                if guard.is_held() {
-                    capped = capped || guard.is_ending();
-                    let deadline = deadline(guard);
-                    if deadline > sent.saturating_add(1_000_000) {
-                        tell(Message::Deadline(deadline));
-                        sent = deadline;
+        loop {
+            self.look_at_lock(guard, &mut watch, supervisor);
+            self.survivors(&mut watch, supervisor)?;
+            match events.next(self.tick) {
+                Some(Event::Stop(signal)) => supervisor.tell(&Message::Signal(signal)),
+                Some(Event::Line(line)) => {
+                    watch.report.take(&line);
+                    if watch.report.kill.is_some() && watch.killed.is_none() {
+                        watch.killed = Some(Instant::now());
                     }
-                } else {
-                    tell(Message::Stop);
-                    loss = Some(Loss {
-                        at: SystemTime::now(),
-                        after: started.elapsed(),
-                        reason: self.reason(guard, capped),
-                    });
                 }
+                Some(Event::Closed) => return Ok(watch),
+                _ => {}
             }
-            if let Some(Event::Stop(signal)) = events.next(self.tick) {
-                tell(Message::Signal(signal));
+        }
+    }
+
+    /// Sends the supervisor a later deadline once the lock was extended,
+    /// or `stop` (and records the loss) once it is no longer held.
+    fn look_at_lock(&self, guard: &LockGuard, watch: &mut Watch, supervisor: &mut Supervisor) {
+        if watch.loss.is_some() {
+            return;
+        }
+        if guard.is_held() {
+            watch.capped = watch.capped || guard.is_ending();
+            let deadline = deadline(guard);
+            if deadline > supervisor.sent.saturating_add(1_000_000) {
+                supervisor.tell(&Message::Deadline(deadline));
             }
+        } else {
+            supervisor.tell(&Message::Stop);
+            watch.loss = Some(self.loss(guard, watch));
+        }
+    }
+
+    /// Once SIGKILL was sent and [`KILL_GRACE`] has passed: names what is
+    /// left of the command every [`NOTICE_EVERY`] while the lock is kept
+    /// for it (extended; up to --max-hold, which still ends the hold).
+    /// Once the lock is lost, fails, naming them, and tells the supervisor
+    /// to leave them.
+    fn survivors(&self, watch: &mut Watch, supervisor: &mut Supervisor) -> Result<(), Failure> {
+        let Some(killed) = watch.killed else {
+            return Ok(());
         };
-        // Read to its end: the supervisor has exited (or, after a failed
-        // wait, ends once the command's group is gone).
-        let report = Report::parse(&std::io::read_to_string(report).unwrap_or_default());
-        if let Some((code, why)) = report.cannot_run {
-            let kind = match code {
+        let now = Instant::now();
+        let waiting = watch.loss.is_none() && watch.notice.is_some_and(|at| now < at);
+        if now < killed + KILL_GRACE || waiting {
+            return Ok(());
+        }
+        let left = tree::descendants_of(supervisor.pid());
+        if left.is_empty() {
+            return Ok(());
+        }
+        if let Some(loss) = &watch.loss {
+            supervisor.tell(&Message::Quit);
+            return Err(self.lost_with_survivors(loss, &left));
+        }
+        say(format_args!(
+            "SIGKILL did not end {} of the command under `{}`: {}; the lock is kept (extended) \
+             until {} gone",
+            processes(left.len()),
+            self.resource,
+            tree::list(&left),
+            if left.len() == 1 { "it is" } else { "they are" },
+        ));
+        watch.notice = Some(now + NOTICE_EVERY);
+        Ok(())
+    }
+
+    /// Once the supervisor has exited: how the command ended, or the
+    /// failure that says why it did not run, was stopped, or was left
+    /// without its supervisor.
+    fn conclude(
+        &self,
+        guard: &LockGuard,
+        events: &Events,
+        mut supervisor: Supervisor,
+        mut watch: Watch,
+    ) -> Result<ExitStatus, Failure> {
+        let waited = supervisor.process.wait();
+        let report = &watch.report;
+        if let Some((code, why)) = &report.cannot_run {
+            let kind = match *code {
                 exit::NOT_FOUND => "not_found",
                 exit::CANNOT_RUN => "cannot_run",
                 exit::LOST => "lost",
                 _ => "system",
             };
-            return Err(Failure::new(code, kind, why));
+            return Err(Failure::new(*code, kind, why));
         }
-        if report.ended.is_none() {
-            return Err(self.supervisor_died(&report, &waited));
-        }
-        let status = waited
-            .map_err(|e| Failure::system(format!("cannot wait for redlock's supervisor: {e}")))?;
-        // The supervisor's own status says the same, if its report was lost.
-        let ended = report.ended.unwrap_or(status);
+        let Some(ended) = report.ended else {
+            return Err(self.supervisor_died(guard, events, &watch, &waited));
+        };
         // The supervisor stopped the command itself: the lock was about to
         // run out unextended, or ran out (`run` was stopped meanwhile).
         let ran_out = matches!(report.term, Some(Term::Expiring | Term::ToolGone))
             || report.kill == Some(Kill::Deadline);
-        let loss = loss.or_else(|| {
-            ran_out.then(|| Loss {
-                at: SystemTime::now(),
-                after: started.elapsed(),
-                reason: self.reason(guard, capped),
-            })
-        });
+        let loss = match watch.loss.take() {
+            Some(loss) => Some(loss),
+            None => ran_out.then(|| self.loss(guard, &watch)),
+        };
         match loss {
-            Some(loss) => Err(self.lost(&loss, &report, ended)),
+            Some(loss) => Err(self.lost(&loss, &watch.report, ended)),
             None => {
                 if report.term == Some(Term::Leftover) && self.verbose {
-                    say("the command ended and left processes in its group: they got SIGTERM");
+                    say("the command ended and left processes running: they got SIGTERM");
                 }
                 Ok(ended)
             }
         }
     }
 
+    /// The lock is no longer held (or about to run out unextended): when,
+    /// and why.
+    fn loss(&self, guard: &LockGuard, watch: &Watch) -> Loss {
+        Loss {
+            at: SystemTime::now(),
+            after: watch.started.elapsed(),
+            reason: self.reason(guard, watch.capped),
+        }
+    }
+
     /// The supervisor ended without saying how the command ended (killed,
-    /// say): whatever is left of the command's group gets SIGKILL, and is
-    /// gone before the lock is released.
-    fn supervisor_died(&self, report: &Report, waited: &io::Result<ExitStatus>) -> Failure {
+    /// say, at any moment: also before it said the command's group):
+    /// whatever is left of the command got SIGKILL, and is gone before the
+    /// lock is released; or the lock was lost while some outlived it.
+    fn supervisor_died(
+        &self,
+        guard: &LockGuard,
+        events: &Events,
+        watch: &Watch,
+        waited: &io::Result<ExitStatus>,
+    ) -> Failure {
         let how = match waited {
             Ok(status) => status.to_string(),
             Err(e) => format!("cannot wait for it: {e}"),
         };
-        let group = match report.pgid {
+        let ended = match self.end_tree(guard, events, watch.report.pgid) {
+            Ok(ended) => ended,
+            Err(left) => {
+                return match &watch.loss {
+                    Some(loss) => self.lost_with_survivors(loss, &left),
+                    None => self.lost_with_survivors(&self.loss(guard, watch), &left),
+                }
+            }
+        };
+        Failure::system(format!(
+            "redlock's supervisor of the command under `{}` ended abnormally ({how}): \
+             {ended}; the lock is released",
+            self.resource
+        ))
+    }
+
+    /// Stops what is left of the command after its supervisor died: its
+    /// processes came to `run`, their subreaper. SIGKILL to each, again
+    /// until none is left, reaping them; what outlives it is named every
+    /// [`NOTICE_EVERY`] while the lock is kept, and returned once the lock
+    /// is lost. Says what was done.
+    #[cfg(target_os = "linux")]
+    fn end_tree(
+        &self,
+        guard: &LockGuard,
+        events: &Events,
+        _: Option<Pid>,
+    ) -> Result<String, Vec<tree::Process>> {
+        let start = Instant::now();
+        let mut notice = start + KILL_GRACE;
+        let mut killed = 0;
+        loop {
+            let found = tree::descendants();
+            killed = killed.max(tree::signal(&found, Signal::SIGKILL));
+            if !tree::reap(|_| {}) {
+                return Ok(if killed == 0 {
+                    "no process of the command was left".to_string()
+                } else {
+                    format!(
+                        "the command's {} got SIGKILL and {} gone",
+                        processes(killed),
+                        if killed == 1 { "is" } else { "are" }
+                    )
+                });
+            }
+            let (now, lost) = (Instant::now(), !guard.is_held());
+            if now >= start + KILL_GRACE && (lost || now >= notice) {
+                let left = tree::descendants();
+                if lost && !left.is_empty() {
+                    return Err(left);
+                }
+                if !left.is_empty() {
+                    say(format_args!(
+                        "redlock's supervisor died, and SIGKILL did not end {}: {}; the lock on \
+                         `{}` is kept (extended) until {} gone",
+                        processes(left.len()),
+                        tree::list(&left),
+                        self.resource,
+                        if left.len() == 1 { "it is" } else { "they are" },
+                    ));
+                    notice = now + NOTICE_EVERY;
+                }
+            }
+            // Wakes when a child ends (SIGCHLD).
+            let _ = events.next(self.tick);
+        }
+    }
+
+    /// Elsewhere, what is left of the command's group.
+    #[cfg(not(target_os = "linux"))]
+    fn end_tree(
+        &self,
+        _: &LockGuard,
+        _: &Events,
+        pgid: Option<Pid>,
+    ) -> Result<String, Vec<tree::Process>> {
+        Ok(match pgid {
             None => "the command had not started".to_string(),
             Some(pgid) if end_group(pgid) => {
                 format!("the command's process group {pgid} got SIGKILL and is gone")
@@ -326,12 +525,7 @@ impl Command<'_> {
                 "the command's process group {pgid} got SIGKILL but was not gone after {}",
                 humantime::format_duration(GROUP_GONE)
             ),
-        };
-        Failure::system(format!(
-            "redlock's supervisor of the command under `{}` ended abnormally ({how}): \
-             {group}; the lock is released",
-            self.resource
-        ))
+        })
     }
 
     /// Why the lock is no longer kept: the hold cap, a loss, or the lock
@@ -369,13 +563,66 @@ impl Command<'_> {
             "lost",
             format!(
                 "the lock on `{}` was lost at {}, {} after the command started: {}; \
-                 sent the command's process group {term}{kill}; the command ended with {status}",
+                 sent the command's processes {term}{kill}; the command ended with {status}",
                 self.resource,
                 humantime::format_rfc3339_millis(loss.at),
                 humantime::format_duration(round_ms(loss.after)),
                 loss.reason,
             ),
         )
+    }
+
+    /// The failure that reports a loss while processes of the command
+    /// outlive SIGKILL.
+    fn lost_with_survivors(&self, loss: &Loss, left: &[tree::Process]) -> Failure {
+        Failure::new(
+            exit::LOST,
+            "lost",
+            format!(
+                "the lock on `{}` was lost at {}, {} after the command started: {}; \
+                 the command's processes got SIGKILL, but {} still {}, and may overlap the \
+                 next holder: {}",
+                self.resource,
+                humantime::format_rfc3339_millis(loss.at),
+                humantime::format_duration(round_ms(loss.after)),
+                loss.reason,
+                processes(left.len()),
+                if left.len() == 1 { "runs" } else { "run" },
+                tree::list(left),
+            ),
+        )
+    }
+}
+
+/// "1 process", "3 processes".
+fn processes(n: usize) -> String {
+    if n == 1 {
+        "1 process".to_string()
+    } else {
+        format!("{n} processes")
+    }
+}
+
+/// Ends what is left of the command's group after its supervisor ended
+/// without saying how the command ended: SIGKILL, then waits (bounded)
+/// until no process is left in the group. Returns whether it is gone.
+#[cfg(not(target_os = "linux"))]
+fn end_group(pgid: Pid) -> bool {
+    let _ = killpg(pgid, Signal::SIGKILL);
+    let start = Instant::now();
+    loop {
+        while let Ok(status) = waitpid(Pid::from_raw(-pgid.as_raw()), Some(WaitPidFlag::WNOHANG)) {
+            if status == WaitStatus::StillAlive {
+                break;
+            }
+        }
+        if killpg(pgid, None) == Err(Errno::ESRCH) {
+            return true;
+        }
+        if start.elapsed() >= GROUP_GONE {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -422,14 +669,5 @@ impl Pipes {
         drop(self.control_theirs);
         drop(self.report_theirs);
         (self.control, self.report)
-    }
-}
-
-/// The exit code for a command that could not start: the shell's 127
-/// for not found, 126 for anything else.
-pub fn spawn_code(e: &io::Error) -> u8 {
-    match e.kind() {
-        io::ErrorKind::NotFound => exit::NOT_FOUND,
-        _ => exit::CANNOT_RUN,
     }
 }

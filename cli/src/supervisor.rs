@@ -3,10 +3,11 @@
 //! ends.
 //!
 //! `run` re-executes its own binary as the hidden `redlock supervise`,
-//! which starts the command in a process group of its own and owns it:
+//! which starts the command in a process group of its own and owns it
+//! and every process it starts (see `protocol.rs` for what they say):
 //!
 //! ```text
-//! redlock run ── pipe: deadlines, "stop", signals ──▶ redlock supervise ──▶ the command's group
+//! redlock run ── pipe: deadlines, "stop", signals ──▶ redlock supervise ──▶ the command's tree
 //!             ◀── pipe: what it did, how it ended ──
 //! ```
 //!
@@ -18,34 +19,41 @@
 //!   never stop it; the command starts with their default action (a
 //!   caught signal's is reset on exec, where a blocked or ignored one
 //!   would pass on).
-//! - It says the command's process group right after starting it (`pgid`
-//!   line): if the supervisor ends without saying how the command ended,
-//!   `run` kills that group and waits for it to be gone before it
-//!   releases the lock.
+//! - On Linux it is a child subreaper: every process the command starts
+//!   stays its descendant, also one that leaves the command's group
+//!   (`timeout(1)`, `bash -m`, `setsid`, a double fork). What it stops is
+//!   that tree (see `tree.rs`); elsewhere, the command's group.
 //! - It starts nothing if `run` is already gone, or the deadline is not
 //!   ahead by more than the SIGTERM margin (then it says `cannot-run`).
 //! - `run` sends each new deadline (nanoseconds of the monotonic clock,
 //!   which both processes read: the lock's validity, or the `--max-hold`
 //!   cap if sooner), `stop` when the lock is lost, and the INT, TERM, HUP,
-//!   QUIT, USR1 and USR2 it gets.
-//! - The group gets SIGTERM on `stop`, when `run` dies (its end of the pipe
+//!   QUIT, USR1 and USR2 it gets, which go to the command's group.
+//! - The tree gets SIGTERM on `stop`, when `run` dies (its end of the pipe
 //!   closes; on Linux also the parent-death signal; elsewhere a poll of the
 //!   parent pid), or a little before the last deadline received if no
 //!   later one came (`run` stopped, or the lock not extended in time). It
 //!   gets SIGKILL `--kill-after` later, and at the last deadline at the
 //!   latest: also when `run` is stopped (SIGSTOP, a frozen cgroup) and
-//!   sends nothing more.
-//! - When the command ends, whatever it left in its group gets the same
-//!   treatment: the lock is released once the supervisor has exited.
+//!   sends nothing more. SIGKILL is sent again to whatever is found in the
+//!   tree, until nothing is left.
+//! - When the command ends, whatever it left running gets the same
+//!   treatment: the supervisor exits, and `run` releases the lock, only
+//!   once none is left.
+//! - A process that SIGKILL does not end (uninterruptible sleep, another
+//!   user's) keeps the supervisor, and so the lock, while `run` keeps the
+//!   lock; `run` names it every few seconds, and if the lock is lost it
+//!   says so and sends `quit`. If `run` is gone, the supervisor gives up
+//!   once the last deadline has passed (nobody keeps the lock then), and
+//!   names what is left itself.
 //! - It says what it did on the report pipe and exits as the command did
 //!   (its code, or 128 + the signal).
-//!
 //! - Ctrl-Z (SIGTSTP) does not suspend the command: it is continued at
 //!   once.
 //!
-//! Not covered: a process that leaves the group (`setsid`, a daemon); and
-//! the supervisor and `run` both killed with SIGKILL (`run` alone, or the
-//! supervisor alone, is covered).
+//! Not covered: the supervisor and `run` both killed with SIGKILL (`run`
+//! alone, or the supervisor alone at any moment, is covered: `run` is a
+//! subreaper too, and stops the tree itself).
 
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
@@ -55,133 +63,23 @@ use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::sys::signal::{killpg, pthread_sigmask, SigSet, SigmaskHow, Signal};
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-use nix::time::{clock_gettime, ClockId};
+use nix::sys::signal::{kill, killpg, pthread_sigmask, SigSet, SigmaskHow, Signal};
+use nix::sys::wait::WaitStatus;
 use nix::unistd::{getpgid, getppid, Pid};
 
 use crate::args::SuperviseArgs;
 use crate::events::{Event, Events};
 use crate::exit::{self, say};
+use crate::protocol::{monotonic_ns, Kill, Message, Term, KILL_GRACE};
+use crate::tree;
 
 /// How often the parent pid is looked at (where no parent-death signal
 /// says it at once), and the longest sleep of the supervisor.
 const POLL: Duration = Duration::from_millis(100);
 
-/// How long processes that got SIGKILL may take to be gone before the
-/// supervisor stops waiting for them.
-const KILL_GRACE: Duration = Duration::from_secs(1);
-
-/// The monotonic clock (`CLOCK_MONOTONIC`), as `run` and the supervisor
-/// both read it: the deadlines they exchange are in its nanoseconds.
-pub fn monotonic_ns() -> u64 {
-    clock_gettime(ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
-        let ns = Duration::from(t).as_nanos();
-        u64::try_from(ns).unwrap_or(u64::MAX)
-    })
-}
-
-/// A message from `run` to the supervisor, one line each.
-pub enum Message {
-    /// The lock is valid until this monotonic instant (nanoseconds).
-    Deadline(u64),
-    /// The lock is lost, or --max-hold reached: stop the command.
-    Stop,
-    /// Pass this signal on to the command's group.
-    Signal(i32),
-}
-
-impl Message {
-    pub fn line(&self) -> String {
-        match self {
-            Message::Deadline(ns) => format!("deadline {ns}\n"),
-            Message::Stop => "stop\n".to_string(),
-            Message::Signal(signal) => format!("signal {signal}\n"),
-        }
-    }
-
-    fn parse(line: &str) -> Option<Message> {
-        let (word, value) = line.split_once(' ').unwrap_or((line, ""));
-        match word {
-            "deadline" => value.parse().ok().map(Message::Deadline),
-            "stop" => Some(Message::Stop),
-            "signal" => value.parse().ok().map(Message::Signal),
-            _ => None,
-        }
-    }
-}
-
-/// Why the supervisor sent the group SIGTERM (the report's `term` line).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Term {
-    /// `run` said `stop`.
-    Asked,
-    /// The deadline was near and no later one came.
-    Expiring,
-    /// `run` died.
-    ToolGone,
-    /// The command ended and left processes in its group.
-    Leftover,
-}
-
-/// Why the supervisor sent the group SIGKILL (the report's `kill` line).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kill {
-    /// --kill-after passed since the SIGTERM.
-    After,
-    /// The lock's last deadline passed.
-    Deadline,
-}
-
-/// What the supervisor reports, read by `run` once it has exited.
-#[derive(Debug, Default)]
-pub struct Report {
-    /// The command could not start: its exit code (126, 127; 76 if the
-    /// lock was about to run out; 71) and why.
-    pub cannot_run: Option<(u8, String)>,
-    /// The command's process group, once it started.
-    pub pgid: Option<Pid>,
-    pub term: Option<Term>,
-    pub kill: Option<Kill>,
-    /// How the command ended.
-    pub ended: Option<ExitStatus>,
-}
-
-impl Report {
-    /// Reads the report's lines.
-    pub fn parse(text: &str) -> Report {
-        let mut report = Report::default();
-        for line in text.lines() {
-            let (word, value) = line.split_once(' ').unwrap_or((line, ""));
-            match word {
-                "cannot-run" => {
-                    let (code, why) = value.split_once(' ').unwrap_or((value, ""));
-                    report.cannot_run =
-                        Some((code.parse().unwrap_or(exit::CANNOT_RUN), why.into()));
-                }
-                "term" => {
-                    report.term = Some(match value {
-                        "asked" => Term::Asked,
-                        "expiring" => Term::Expiring,
-                        "leftover" => Term::Leftover,
-                        _ => Term::ToolGone,
-                    })
-                }
-                "kill" => {
-                    report.kill = Some(if value == "after" {
-                        Kill::After
-                    } else {
-                        Kill::Deadline
-                    })
-                }
-                "ended" => report.ended = value.parse().ok().map(ExitStatus::from_raw),
-                "pgid" => report.pgid = value.parse().ok().map(Pid::from_raw),
-                _ => {}
-            }
-        }
-        report
-    }
-}
+/// How often the tree is looked at again for SIGKILL once what is left
+/// of it outlived [`KILL_GRACE`] (before, at each wake-up).
+const SWEEP_SLOWLY: Duration = Duration::from_secs(1);
 
 /// Runs `redlock supervise`; returns the exit code (the command's).
 pub fn supervise(args: &SuperviseArgs) -> u8 {
@@ -194,58 +92,21 @@ pub fn supervise(args: &SuperviseArgs) -> u8 {
             return exit::SYSTEM;
         }
     };
-    let control = open_inherited(args.control_fd, false);
     let parent = Pid::from_raw(args.parent);
     #[cfg(target_os = "linux")]
     {
-        // Told at once when `run` dies; orphans of the command come to us,
-        // to be reaped (a zombie would keep its group alive).
+        // Told at once when `run` dies; every process the command starts
+        // stays our descendant (see `tree.rs`).
         let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGUSR1);
         let _ = nix::sys::prctl::set_child_subreaper(true);
     }
-    let events = match Events::listen_waking() {
-        Ok(events) => events,
-        Err(failure) => return report.cannot_run(exit::SYSTEM, &failure.message),
+    let (events, child) = match start(args, parent) {
+        Ok(started) => started,
+        Err((code, why)) => return report.cannot_run(code, &why),
     };
-    match control {
-        Ok(control) => {
-            if let Err(failure) = events.read_lines(control) {
-                return report.cannot_run(exit::SYSTEM, &failure.message);
-            }
-        }
-        Err(e) => {
-            return report.cannot_run(exit::SYSTEM, &format!("cannot open the control pipe: {e}"))
-        }
-    }
-    // After the parent-death signal is set: a parent gone before it was
-    // is seen here.
-    if getppid() != parent {
-        return report.cannot_run(exit::SYSTEM, "redlock ended before the command started");
-    }
-    let left = Duration::from_nanos(args.deadline_ns.saturating_sub(monotonic_ns()));
-    if left <= Duration::from_millis(args.warn_ms) {
-        return report.cannot_run(
-            exit::LOST,
-            &format!(
-                "the lock on `{}` was about to run out (or reach --max-hold) before the \
-                 command could start; it did not run",
-                args.resource
-            ),
-        );
-    }
-    let child = match spawn(&args.command) {
-        Ok(child) => child,
-        Err(e) => {
-            let code = crate::run::spawn_code(&e);
-            let program = args.command[0].to_string_lossy();
-            return report.cannot_run(
-                code,
-                &format!("cannot run `{program}` (the lock was released): {e}"),
-            );
-        }
-    };
-    let mut group = Group::new(&child, args);
-    report.line(format_args!("pgid {}", group.pgid));
+    let mut job = Job::new(&child, args);
+    // For `run`, where the command's tree cannot be found (not Linux).
+    report.line(format_args!("pgid {}", job.leader));
     if args.verbose {
         // From a background group: with TOSTOP, a caught SIGTTOU would
         // restart the write for ever.
@@ -257,13 +118,57 @@ pub fn supervise(args: &SuperviseArgs) -> u8 {
             ))
         });
     }
-    let terminal = Terminal::take(group.pgid, parent);
-    let status = group.watch(&events, parent, &mut report, &terminal);
+    let terminal = Terminal::take(job.leader, parent);
+    let status = job.watch(&events, parent, &mut report, terminal.as_ref());
     if let Some(terminal) = &terminal {
-        terminal.give_back(group.pgid);
+        terminal.give_back(job.leader);
     }
-    report.line(format_args!("ended {}", status.into_raw()));
-    exit::status_code(status)
+    match status {
+        Some(status) => {
+            report.line(format_args!("ended {}", status.into_raw()));
+            exit::status_code(status)
+        }
+        // Gave up on what SIGKILL did not end; `run` is gone.
+        None => exit::LOST,
+    }
+}
+
+/// Listens to signals and to `run`'s messages, checks that the command may
+/// start, and starts it; or says why not (an exit code and a message).
+fn start(args: &SuperviseArgs, parent: Pid) -> Result<(Events, Child), (u8, String)> {
+    let events = Events::listen_waking().map_err(|f| (exit::SYSTEM, f.message))?;
+    let control = open_inherited(args.control_fd, false)
+        .map_err(|e| (exit::SYSTEM, format!("cannot open the control pipe: {e}")))?;
+    events
+        .read_lines(control)
+        .map_err(|f| (exit::SYSTEM, f.message))?;
+    // After the parent-death signal is set: a parent gone before it was
+    // is seen here.
+    if getppid() != parent {
+        return Err((
+            exit::SYSTEM,
+            "redlock ended before the command started".into(),
+        ));
+    }
+    let left = Duration::from_nanos(args.deadline_ns.saturating_sub(monotonic_ns()));
+    if left <= Duration::from_millis(args.warn_ms) {
+        return Err((
+            exit::LOST,
+            format!(
+                "the lock on `{}` was about to run out (or reach --max-hold) before the \
+                 command could start; it did not run",
+                args.resource
+            ),
+        ));
+    }
+    let child = spawn(&args.command).map_err(|e| {
+        let program = args.command[0].to_string_lossy();
+        (
+            spawn_code(&e),
+            format!("cannot run `{program}` (the lock was released): {e}"),
+        )
+    })?;
+    Ok((events, child))
 }
 
 /// The report pipe.
@@ -303,10 +208,21 @@ fn spawn(argv: &[OsString]) -> io::Result<Child> {
         .spawn()
 }
 
-/// The command's process group, and what was done to it.
-struct Group {
-    /// The command's pid, which is the group's id.
-    pgid: Pid,
+/// The exit code for a command that could not start: the shell's 127
+/// for not found, 126 for anything else.
+fn spawn_code(e: &io::Error) -> u8 {
+    match e.kind() {
+        io::ErrorKind::NotFound => exit::NOT_FOUND,
+        _ => exit::CANNOT_RUN,
+    }
+}
+
+/// The command, every process it started, and what was done to them.
+struct Job {
+    /// The command's pid, which is its group's id (while it is not
+    /// reaped: a zombie keeps its pid).
+    leader: Pid,
+    resource: String,
     /// The lock is valid until this instant (the last deadline received).
     deadline: Option<Instant>,
     /// SIGTERM this long before the deadline, if no later one came.
@@ -314,26 +230,33 @@ struct Group {
     kill_after: Duration,
     /// When SIGTERM was sent, and why.
     termed: Option<(Instant, Term)>,
-    /// When SIGKILL was sent.
-    killed: Option<Instant>,
-    /// How the command (the group's leader) ended.
+    /// When SIGKILL was first sent, and when the tree was last looked at
+    /// for it.
+    killed: Option<(Instant, Instant)>,
+    /// How the command (the group's leader) ended, once reaped.
     status: Option<ExitStatus>,
+    /// `run` is gone: nobody keeps the lock alive any more.
+    tool_gone: bool,
+    /// `run` said `quit`: it has named what SIGKILL did not end.
+    quit: bool,
 }
 
-impl Group {
-    fn new(child: &Child, args: &SuperviseArgs) -> Group {
-        let pgid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
-        let mut group = Group {
-            pgid,
+impl Job {
+    fn new(child: &Child, args: &SuperviseArgs) -> Job {
+        let mut job = Job {
+            leader: Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX)),
+            resource: args.resource.clone(),
             deadline: None,
             warn: Duration::from_millis(args.warn_ms),
             kill_after: Duration::from_millis(args.kill_after_ms),
             termed: None,
             killed: None,
             status: None,
+            tool_gone: false,
+            quit: false,
         };
-        group.extend(args.deadline_ns);
-        group
+        job.extend(args.deadline_ns);
+        job
     }
 
     /// The lock is valid until `ns` of the monotonic clock.
@@ -345,145 +268,241 @@ impl Group {
         }
     }
 
-    fn signal(&self, signal: Signal) {
-        let _ = killpg(self.pgid, signal);
+    /// Whether signals go to the command's group: while its leader is not
+    /// reaped (its id cannot be another group's then). Once it is, on
+    /// Linux the tree is reached by [`tree::signal`]; elsewhere the group
+    /// is all there is.
+    fn by_group(&self) -> bool {
+        self.status.is_none() || !cfg!(target_os = "linux")
+    }
+
+    fn to_group(&self, signal: Signal) {
+        if self.by_group() {
+            let _ = killpg(self.leader, signal);
+        }
+    }
+
+    /// Passes on a signal that `run` got: to the command's group, as a
+    /// shell's job gets it; once the command has ended, to what it left.
+    fn pass_on(&self, signal: Signal) {
+        self.to_group(signal);
+        if !self.by_group() {
+            tree::signal(&tree::descendants(), signal);
+        }
+    }
+
+    /// Sends each of `signals` to the group and to every other process of
+    /// the tree (found once, before any is sent), once each: a second
+    /// SIGTERM may mean "now" to a process that handles the first.
+    fn to_all(&self, signals: &[Signal]) {
+        let by_group = self.by_group();
+        let others: Vec<tree::Process> = tree::descendants()
+            .into_iter()
+            .filter(|p| !(by_group && p.in_group(self.leader.as_raw())))
+            .collect();
+        for &signal in signals {
+            self.to_group(signal);
+            tree::signal(&others, signal);
+        }
     }
 
     fn term(&mut self, why: Term, report: &mut Reporter) {
         if self.termed.is_none() {
-            self.signal(Signal::SIGTERM);
-            // A stopped command would not see it.
-            self.signal(Signal::SIGCONT);
+            // A stopped process would not see SIGTERM.
+            self.to_all(&[Signal::SIGTERM, Signal::SIGCONT]);
             self.termed = Some((Instant::now(), why));
-            report.line(format_args!("term {}", term_word(why)));
+            report.line(format_args!("term {}", why.word()));
         }
     }
 
     fn kill(&mut self, why: Kill, report: &mut Reporter) {
         if self.killed.is_none() {
-            self.signal(Signal::SIGKILL);
-            self.killed = Some(Instant::now());
-            report.line(format_args!(
-                "kill {}",
-                if why == Kill::After {
-                    "after"
-                } else {
-                    "deadline"
-                }
-            ));
+            self.to_all(&[Signal::SIGKILL]);
+            let now = Instant::now();
+            self.killed = Some((now, now));
+            report.line(format_args!("kill {}", why.word()));
         }
     }
 
-    /// Whether any process is left in the group.
-    fn is_empty(&self) -> bool {
-        killpg(self.pgid, None) == Err(Errno::ESRCH)
-    }
-
-    /// Reaps every child that has ended (orphans of the command too, on
-    /// Linux), noting the command's status. A command stopped from the
-    /// terminal (Ctrl-Z: SIGTSTP) is continued at once: a suspended job
-    /// would hold the lock, and the terminal, for as long as it is
-    /// forgotten (and `run` would wait on).
-    fn reap(&mut self) {
-        loop {
-            match waitpid(None, Some(WaitPidFlag::WNOHANG | WaitPidFlag::WUNTRACED)) {
-                Ok(WaitStatus::Stopped(_, Signal::SIGTSTP)) => self.signal(Signal::SIGCONT),
-                Ok(WaitStatus::Exited(pid, code)) if pid == self.pgid => {
-                    self.status = Some(ExitStatus::from_raw((code & 0xff) << 8));
-                }
-                Ok(WaitStatus::Signaled(pid, signal, core)) if pid == self.pgid => {
-                    let raw = signal as i32 | if core { 0x80 } else { 0 };
-                    self.status = Some(ExitStatus::from_raw(raw));
-                }
-                Ok(WaitStatus::StillAlive) | Err(_) => return,
-                Ok(_) => {}
+    /// Once SIGKILL was sent: sends it to whatever the tree holds now (a
+    /// process forked meanwhile, one re-parented to us, one that survived
+    /// so far), at each wake-up for [`KILL_GRACE`], then every
+    /// [`SWEEP_SLOWLY`].
+    fn sweep(&mut self) {
+        if let Some((first, last)) = self.killed {
+            let now = Instant::now();
+            if now < first + KILL_GRACE || now >= last + SWEEP_SLOWLY {
+                self.to_all(&[Signal::SIGKILL]);
+                self.killed = Some((first, now));
             }
         }
     }
 
-    /// Watches over the group until it is empty (or SIGKILL did what it
-    /// could); returns how the command ended.
+    /// Reaps every child that has ended (the command, and on Linux every
+    /// orphan of it), noting the command's status; returns whether any
+    /// process of the command is left. A process stopped from the
+    /// terminal (Ctrl-Z: SIGTSTP) is continued at once: a suspended job
+    /// would hold the lock, and the terminal, for as long as it is
+    /// forgotten (and `run` would wait on).
+    fn reap(&mut self) -> bool {
+        let (leader, mut status, mut stopped) = (self.leader, None, Vec::new());
+        let children = tree::reap(|reaped| match reaped {
+            WaitStatus::Stopped(pid, Signal::SIGTSTP) => stopped.push(pid),
+            WaitStatus::Exited(pid, code) if pid == leader => {
+                status = Some(ExitStatus::from_raw((code & 0xff) << 8));
+            }
+            WaitStatus::Signaled(pid, signal, core) if pid == leader => {
+                status = Some(ExitStatus::from_raw(
+                    signal as i32 | if core { 0x80 } else { 0 },
+                ));
+            }
+            _ => {}
+        });
+        // Only stopped, not reaped: still our children.
+        for pid in stopped {
+            let _ = kill(pid, Signal::SIGCONT);
+            self.to_group(Signal::SIGCONT);
+        }
+        self.status = self.status.or(status);
+        // Elsewhere orphans are not ours to reap: the group tells.
+        children || (!cfg!(target_os = "linux") && killpg(self.leader, None) != Err(Errno::ESRCH))
+    }
+
+    /// Watches over the command until none of its processes is left;
+    /// returns how the command ended. `None`: `run` is gone, the lock's
+    /// last deadline has passed, and SIGKILL did not end everything (what
+    /// is left is named on standard error, unless `run` did so).
     fn watch(
         &mut self,
         events: &Events,
         parent: Pid,
         report: &mut Reporter,
-        terminal: &Option<Terminal>,
-    ) -> ExitStatus {
-        let mut terminal_given_back = false;
+        terminal: Option<&Terminal>,
+    ) -> Option<ExitStatus> {
+        let mut terminal = terminal;
         loop {
-            self.reap();
+            let left = self.reap();
             if let Some(status) = self.status {
-                if !terminal_given_back {
-                    if let Some(terminal) = terminal {
-                        terminal.give_back(self.pgid);
-                    }
-                    terminal_given_back = true;
+                // The terminal back to `run`'s group as soon as the
+                // command is done, not once its leftovers are.
+                if let Some(terminal) = terminal.take() {
+                    terminal.give_back(self.leader);
                 }
-                let gave_up = self.killed.is_some_and(|at| at.elapsed() >= KILL_GRACE);
-                if self.is_empty() || gave_up {
-                    return status;
+                if !left {
+                    return Some(status);
                 }
                 self.term(Term::Leftover, report);
             }
-            let now = Instant::now();
-            let warn_at = self
-                .deadline
-                .map(|d| d.checked_sub(self.warn).unwrap_or(now));
-            if warn_at.is_some_and(|at| now >= at) {
-                self.term(Term::Expiring, report);
-            }
-            let kill_at = self
-                .termed
-                .and_then(|(at, _)| at.checked_add(self.kill_after));
-            if self.deadline.is_some_and(|d| now >= d) {
-                self.kill(Kill::Deadline, report);
-            } else if kill_at.is_some_and(|at| now >= at) {
-                self.kill(Kill::After, report);
-            }
+            self.on_time(report);
             // Also where the parent-death signal came too late (the parent
             // died before it was set) or does not exist (not Linux): our
             // parent is another process then.
             if getppid() != parent {
+                self.tool_gone = true;
                 self.term(Term::ToolGone, report);
             }
-            let next = [
-                warn_at.filter(|_| self.termed.is_none()),
-                self.deadline.filter(|_| self.killed.is_none()),
-                kill_at.filter(|_| self.killed.is_none()),
-            ]
-            .into_iter()
-            .flatten()
-            .map(|at| at.saturating_duration_since(now))
-            .fold(POLL, Duration::min);
-            match events.next(next) {
-                Some(Event::Line(line)) => match Message::parse(&line) {
-                    Some(Message::Deadline(ns)) => self.extend(ns),
-                    Some(Message::Stop) => self.term(Term::Asked, report),
-                    Some(Message::Signal(signal)) => {
-                        if let Ok(signal) = Signal::try_from(signal) {
-                            self.signal(signal);
-                        }
-                    }
-                    None => {}
-                },
-                // `run` is gone: nobody keeps the lock alive any more.
-                Some(Event::Closed) => self.term(Term::ToolGone, report),
-                // INT, TERM and HUP sent to the supervisor itself: `run`
-                // passes on what it gets; the supervisor ends the group
-                // only when the lock is no longer kept.
-                _ => {}
+            self.sweep();
+            if self.gives_up() {
+                if !self.quit {
+                    without_sigttou(|| self.name_survivors());
+                }
+                return None;
             }
+            let event = events.next(self.next_wake());
+            self.on_event(event, report);
         }
     }
-}
 
-fn term_word(why: Term) -> &'static str {
-    match why {
-        Term::Asked => "asked",
-        Term::Expiring => "expiring",
-        Term::ToolGone => "tool-gone",
-        Term::Leftover => "leftover",
+    /// SIGTERM when the deadline is near, SIGKILL at it or --kill-after
+    /// after SIGTERM.
+    fn on_time(&mut self, report: &mut Reporter) {
+        let now = Instant::now();
+        if self.warn_at().is_some_and(|at| now >= at) {
+            self.term(Term::Expiring, report);
+        }
+        if self.deadline.is_some_and(|d| now >= d) {
+            self.kill(Kill::Deadline, report);
+        } else if self.kill_at().is_some_and(|at| now >= at) {
+            self.kill(Kill::After, report);
+        }
+    }
+
+    fn warn_at(&self) -> Option<Instant> {
+        self.deadline
+            .map(|d| d.checked_sub(self.warn).unwrap_or_else(Instant::now))
+    }
+
+    fn kill_at(&self) -> Option<Instant> {
+        self.termed
+            .and_then(|(at, _)| at.checked_add(self.kill_after))
+    }
+
+    /// How long to wait for an event: until the next thing to do, at most
+    /// [`POLL`].
+    fn next_wake(&self) -> Duration {
+        let now = Instant::now();
+        [
+            self.warn_at().filter(|_| self.termed.is_none()),
+            self.deadline.filter(|_| self.killed.is_none()),
+            self.kill_at().filter(|_| self.killed.is_none()),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|at| at.saturating_duration_since(now))
+        .fold(POLL, Duration::min)
+    }
+
+    fn on_event(&mut self, event: Option<Event>, report: &mut Reporter) {
+        match event {
+            Some(Event::Line(line)) => match Message::parse(&line) {
+                Some(Message::Deadline(ns)) => self.extend(ns),
+                Some(Message::Stop) => self.term(Term::Asked, report),
+                Some(Message::Signal(signal)) => {
+                    if let Ok(signal) = Signal::try_from(signal) {
+                        self.pass_on(signal);
+                    }
+                }
+                Some(Message::Quit) => {
+                    self.quit = true;
+                    self.tool_gone = true;
+                }
+                None => {}
+            },
+            // `run` is gone: nobody keeps the lock alive any more.
+            Some(Event::Closed) => {
+                self.tool_gone = true;
+                self.term(Term::ToolGone, report);
+            }
+            // INT, TERM and HUP sent to the supervisor itself: `run`
+            // passes on what it gets; the supervisor ends the command
+            // only when the lock is no longer kept.
+            _ => {}
+        }
+    }
+
+    /// Whether to leave what SIGKILL did not end: when `run` said `quit`
+    /// (the lock is lost, and it said so); or when `run` is gone and the
+    /// last deadline has passed (nobody keeps the lock; what is left got
+    /// SIGKILL, which a process in uninterruptible sleep still gets when
+    /// it wakes).
+    fn gives_up(&self) -> bool {
+        let now = Instant::now();
+        let Some((killed, _)) = self.killed else {
+            return false;
+        };
+        self.quit
+            || (self.tool_gone
+                && now >= killed + KILL_GRACE
+                && self.deadline.is_none_or(|d| now >= d))
+    }
+
+    fn name_survivors(&self) {
+        say(format_args!(
+            "the lock on `{}` is no longer kept (redlock is gone, and the lock ran out): \
+             SIGKILL did not end these processes of the command: {}",
+            self.resource,
+            tree::list(&tree::descendants())
+        ));
     }
 }
 

@@ -33,7 +33,7 @@ fn a_stopped_run_has_its_command_group_killed_when_the_lock_runs_out_and_the_nex
     assert_eq!(status.code(), Some(76), "{}", tool.stderr_text());
     assert!(
         tool.stderr_text()
-            .contains("sent the command's process group SIGTERM"),
+            .contains("sent the command's processes SIGTERM"),
         "{}",
         tool.stderr_text()
     );
@@ -93,7 +93,7 @@ fn what_the_command_leaves_in_its_group_is_ended_before_the_lock_is_released() {
     );
     assert_eq!(code(&out), 3, "{}", text(&out.stderr));
     assert!(
-        text(&out.stderr).contains("left processes in its group"),
+        text(&out.stderr).contains("left processes running"),
         "{}",
         text(&out.stderr)
     );

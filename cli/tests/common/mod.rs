@@ -281,6 +281,29 @@ pub fn sh(script: &str) -> [String; 3] {
     ["sh".into(), "-c".into(), script.into()]
 }
 
+/// The pids whose parent is `parent` (from `/proc`).
+pub fn children_of(parent: u32) -> Vec<u32> {
+    let mut children = Vec::new();
+    for entry in std::fs::read_dir("/proc")
+        .expect("/proc is mounted")
+        .flatten()
+    {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = read(&entry.path().join("stat"));
+        // `pid (comm) state ppid ...`: comm may hold spaces and parentheses.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|ppid| ppid.parse::<u32>().ok());
+        if ppid == Some(parent) {
+            children.push(pid);
+        }
+    }
+    children
+}
+
 /// Whether any process is left in process group `pgid`.
 pub fn group_alive(pgid: &str) -> bool {
     Command::new("kill")
