@@ -21,6 +21,7 @@ use std::time::Duration;
 /// | [`Cancelled`](Self::Cancelled) | the call's [`Cancel`](crate::Cancel) was cancelled | stop, as whoever cancelled asked |
 /// | [`Random`](Self::Random) | the OS random source failed | retry; check the system |
 /// | [`Thread`](Self::Thread) | no thread for the watchdog of `with_lock` or `lock` | retry; check the system's thread limits |
+/// | [`Panicked`](Self::Panicked) | code run for a guard on the watchdog (the retry policy's backoff) panicked: the guard released its lock | fix that code; the work stopped being protected |
 ///
 /// Every variant that comes from talking to the nodes carries a [`Report`]
 /// of the last round: what each node answered and how long it took. These
@@ -143,6 +144,21 @@ pub enum LockError {
     /// ([`raw_os_error`](std::io::Error::raw_os_error)).
     #[error("the operating system's random source failed: {0}")]
     Random(std::io::Error),
+
+    /// Code that the watchdog ran for a guard panicked: the retry
+    /// policy's [`backoff`](crate::RetryPolicy::backoff), planning the
+    /// pause after a failed extension. The guard stopped holding the lock
+    /// and released it (the other guards go on): what
+    /// [`check`](crate::LockGuard::check), [`unlock`](crate::LockGuard::unlock)
+    /// and the loss callbacks get, in the place of [`Lost`](Self::Lost).
+    #[error("the guard of `{resource}` released its lock: {message}")]
+    #[non_exhaustive]
+    Panicked {
+        /// The resource of the lock (the first one, for a multi-resource lock).
+        resource: String,
+        /// What panicked, and the panic's message.
+        message: String,
+    },
 
     /// The operating system could not start the watchdog thread of
     /// [`with_lock`](crate::Redlock::with_lock) or
