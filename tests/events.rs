@@ -179,14 +179,15 @@ fn a_leader_loop_through_a_ten_second_outage_of_three_of_five_nodes_is_told_in_a
     const OUTAGE: Duration = Duration::from_secs(10);
     let started = Instant::now();
     let nodes = cluster(5);
-    type Seen = Vec<(What, u32, String)>;
+    type Seen = Vec<(What, u32, Option<String>, String)>;
     let seen: Arc<Mutex<Seen>> = Arc::default();
     let record = Arc::clone(&seen);
     let locks = redlock_sync::Redlock::builder(nodes.urls())
         .io_timeout(Duration::from_millis(200))
         .connect_timeout(Duration::from_millis(200))
         .observer(move |event: &Event<'_>| {
-            let told = (event.what, event.failures, format!("{event:?}"));
+            let node = event.node.map(str::to_string);
+            let told = (event.what, event.failures, node, format!("{event:?}"));
             record.lock().unwrap().push(told);
         })
         .build()
@@ -228,25 +229,29 @@ fn a_leader_loop_through_a_ten_second_outage_of_three_of_five_nodes_is_told_in_a
     });
     stop.cancel();
     let during: Seen = seen.lock().unwrap()[from..].to_vec();
-    let lines: Vec<&str> = during.iter().map(|(_, _, line)| line.as_str()).collect();
+    let lines: Vec<&str> = during.iter().map(|(.., line)| line.as_str()).collect();
     eprintln!("{} events:\n{}", lines.len(), lines.join("\n"));
-    assert!(during.len() <= 30, "{} events", during.len());
+    assert!(during.len() <= 30, "{} events: {lines:#?}", during.len());
     for line in &lines {
         assert!(line.len() <= 300, "{} characters: {line}", line.len());
     }
-    // Each paused node failed once and recovered once, counting its rounds.
+    // Each paused node failed once and recovered once, counting its rounds
+    // (a busy machine may time a healthy node out too, now and then).
     let told = |what| during.iter().filter(move |(w, ..)| *w == what);
-    assert_eq!(told(What::NodeFailed).count(), 3, "{lines:#?}");
-    assert_eq!(told(What::NodeRecovered).count(), 3, "{lines:#?}");
-    assert!(
-        told(What::NodeRecovered).all(|(_, n, _)| *n > 1),
-        "{lines:#?}"
-    );
+    for i in 0..3 {
+        let paused = Some(nodes.node(i).url().replace("redis://", ""));
+        let of = |what| told(what).filter(|(_, _, node, _)| *node == paused);
+        assert_eq!(of(What::NodeFailed).count(), 1, "{paused:?}: {lines:#?}");
+        let recovered: Vec<_> = of(What::NodeRecovered).map(|(_, n, ..)| *n).collect();
+        assert!(
+            matches!(recovered[..], [n] if n > 1),
+            "{paused:?}: {lines:#?}"
+        );
+    }
     // The lock was lost once, and won back after failed rounds, counted.
     assert_eq!(told(What::Lost).count(), 1, "{lines:#?}");
-    let won = told(What::Acquired).next_back().map(|(_, n, _)| *n);
+    let won = told(What::Acquired).next_back().map(|(_, n, ..)| *n);
     assert!(won.is_some_and(|n| n > 1), "{lines:#?}");
-    assert!(told(What::AttemptFailed).count() <= 2, "{lines:#?}");
 
     assert!(leader.join().unwrap() >= 2, "the leader led twice");
     assert!(started.elapsed() < Duration::from_secs(40));

@@ -50,13 +50,14 @@ fn resume(nodes: &Cluster) {
     nodes.node(2).resume().unwrap();
 }
 
-/// Unlocks `guard`, which must return within a second; returns how it went.
+/// Unlocks `guard`, which must return within one round (with room for a
+/// busy machine); returns how it went.
 fn unlock_promptly(guard: LockGuard) -> Result<(), LockError> {
     let (resource, start) = (guard.resource().to_string(), Instant::now());
     let unlocked = guard.unlock().map(drop);
     let took = start.elapsed();
     assert!(
-        took < Duration::from_secs(1),
+        took < Duration::from_secs(3),
         "unlock of {resource} took {took:?}"
     );
     unlocked
@@ -235,7 +236,7 @@ fn an_observer_and_callbacks_that_panic_change_no_lock() {
         .observer(|_: &Event<'_>| panic!("an observer that panics"))
         .build()
         .unwrap();
-    let ttl = Duration::from_secs(1);
+    let ttl = Duration::from_secs(2);
     let (steady, panicking, after) = (
         locks.lock("steady", ttl).unwrap(),
         locks.lock("panicking", ttl).unwrap(),
