@@ -70,14 +70,14 @@ type OnLost = Box<dyn FnOnce(&LockError) + Send>;
 /// each counted on its own), so each extension starts at most one round
 /// after its point, however many guards are due and however slow a node
 /// is. A failed extension (too few nodes answered) is retried while
-/// validity is left, after the retry policy's pause (the last retry's, once
-/// the retries are used up; with no retries, none) or half the validity
+/// validity is left, after the retry policy's pause (the last retry's once
+/// the retries are used up; none with no retries) or half the validity
 /// left, whichever is shorter. If the policy's
-/// [`backoff`](crate::RetryPolicy::backoff) panics there, the guard stops
+/// [`backoff`](crate::RetryPolicy::backoff) panics there, this guard stops
 /// holding the lock and releases it, as if lost, with
-/// [`LockError::Panicked`]; the other guards go on. A guard that is never dropped
-/// (`mem::forget`) stays extended up to the hold cap, or as long as the
-/// client lives.
+/// [`LockError::Panicked`]; the other guards go on. A guard that is never
+/// dropped (`mem::forget`) stays extended up to the hold cap, or as long as
+/// the client lives.
 ///
 /// ```no_run
 /// # use redlock_sync::{LockError, Redlock};
