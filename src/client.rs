@@ -22,7 +22,7 @@ use crate::retry::{later, Pause};
 use crate::round::{self, Reply};
 use crate::script::{self, Command};
 use crate::wait::Waiters;
-use crate::watch::{Watch, What};
+use crate::watch::{Failures, Watch, What};
 
 pub(crate) mod config;
 pub(crate) mod fencing;
@@ -412,10 +412,12 @@ impl Redlock {
         let waiters = Arc::clone(&inner.waiters);
         let _wakes_waiters =
             (call.cancel.as_ref()).map(|c| c.on_cancel(Arc::new(move || waiters.nudge())));
-        // Attempts as the retry policy counts them.
-        let mut attempts = 0u32;
-        // The pause under way, as news cuts it short.
-        let mut pause = Pause::default();
+        // Attempts as the retry policy counts them, the pause under way (as
+        // news cuts it short), the failed rounds (as the observer hears).
+        let (mut attempts, mut pause, mut failures) = (0u32, Pause::default(), Failures::default());
+        if call.cancelled() {
+            return Err(cancelled(&resources));
+        }
         loop {
             // Attempt. A fresh token each time: no attempt can be mistaken
             // for an earlier one (a key of ours still on a node, a late
@@ -423,15 +425,13 @@ impl Redlock {
             // relies on it; an extension may set it again where a node lost
             // it, after the acquisition returned: see Kind).
             attempts = attempts.saturating_add(pause.counts_next_attempt().into());
-            if call.cancelled() {
-                return Err(cancelled(&resources));
-            }
             let token = Token::random()?;
             let watch = inner.waiters.watch(&resources);
             let tally = self.attempt(kind, &resources, &token, ttl, ttl_ms);
             if tally.granted() {
-                let report = Ok(&tally.report);
-                self.observe(What::Acquired, (&resources, &token), attempts, report);
+                let (report, counts) = (Ok(&tally.report), (attempts, failures.end()));
+                let told = Some(What::Acquired);
+                self.observe_counted(told, (&resources, &token), counts, report);
                 let lock = Lock {
                     valid_until: tally.start + tally.validity.unwrap_or_default(),
                     timed: true,
@@ -452,31 +452,49 @@ impl Redlock {
             // Clean up: the lock may have landed where the reply was lost,
             // late or not awaited.
             self.clean_up(kind, &resources, &token, ttl, &tally.report);
-            // Plan the pause with the policy, unless waiting cannot help.
+            // Plan the pause with the policy, unless waiting cannot help or
+            // the call was cancelled.
             let error = tally.error(&resources[0], attempts, ttl, false);
-            let contended = matches!(error, LockError::Contended { .. });
-            let what = [What::AttemptFailed, What::Contended][usize::from(contended)];
-            self.observe(what, (&resources, &token), attempts, Err(&error));
-            if call.cancelled() {
-                return Err(cancelled(&resources));
-            }
+            let new = failures.failed(&error);
+            let (ids, counts) = ((&resources[..], &token), (attempts, failures.count()));
             let (config, budget) = (&inner.config, (attempts, call.retries));
             let planned = match error {
                 LockError::Unusable { .. } => None,
+                _ if call.cancelled() => None,
                 _ => pause.plan(&config.retry, budget, call.deadline, config.io_timeout),
             };
             let Some(wake_at) = planned else {
-                return Err(error);
+                return Err(self.gave_up(ids, counts, error, call));
             };
-            // Wait, for the pause or news of a release.
+            let told = new.then(|| What::attempt_failed(&error));
+            self.observe_counted(told, ids, counts, Err(&error));
+            // Wait, for the pause or news of a release. Decide: the same
+            // pause goes on, or the next attempt counts, unless the wait
+            // budget is used up or the call was cancelled.
             let cancelled = || call.cancelled();
             let wake = (inner.waiters).wait(watch, &inner.nodes, &resources, wake_at, &cancelled);
-            // Decide: the same pause goes on, or the next attempt counts,
-            // unless the wait budget is used up.
-            if !pause.woken(wake) {
-                return Err(error);
+            if !pause.woken(wake) || call.cancelled() {
+                return Err(self.gave_up(ids, counts, error, call));
             }
         }
+    }
+
+    /// The error an acquisition that failed with `error` returns (or the
+    /// cancellation, if `call` was cancelled), told to the observer.
+    fn gave_up(
+        &self,
+        ids: (&[String], &Token),
+        counts: (u32, u32),
+        error: LockError,
+        call: &Call,
+    ) -> LockError {
+        let error = if call.cancelled() {
+            cancelled(ids.0)
+        } else {
+            error
+        };
+        self.observe_counted(Some(What::GaveUp), ids, counts, Err(&error));
+        error
     }
 
     /// One attempt by the kind's round plan: one round, or a fenced

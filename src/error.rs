@@ -21,6 +21,7 @@ use std::time::Duration;
 /// | [`Cancelled`](Self::Cancelled) | the call's [`Cancel`](crate::Cancel) was cancelled | stop, as whoever cancelled asked |
 /// | [`Random`](Self::Random) | the OS random source failed | retry; check the system |
 /// | [`Thread`](Self::Thread) | no thread for the watchdog of `with_lock` or `lock` | retry; check the system's thread limits |
+/// | [`Panicked`](Self::Panicked) | code run for a guard on the watchdog (the retry policy's backoff) panicked: the guard released its lock | fix that code; the work stopped being protected |
 ///
 /// Every variant that comes from talking to the nodes carries a [`Report`]
 /// of the last round: what each node answered and how long it took. These
@@ -61,7 +62,7 @@ pub enum LockError {
 
     /// The lock is held by another client: the last round reached enough
     /// nodes to decide, and too few of them granted it.
-    #[error("`{resource}` is held by another client: not granted after {attempts} attempt(s); last round: {report}")]
+    #[error("`{resource}` is held by another client after {attempts} attempt(s): {report}")]
     #[non_exhaustive]
     Contended {
         /// The resource asked for (the first one, for a multi-resource lock).
@@ -74,10 +75,7 @@ pub enum LockError {
 
     /// Too few nodes answered for a quorum: the others failed or timed out.
     /// Each failed node's error is in the report.
-    #[error(
-        "too few nodes answered for a quorum on `{resource}` after {attempts} attempt(s) \
-         (check that a majority of the nodes is up and reachable at the URLs given): {report}"
-    )]
+    #[error("too few nodes answered for `{resource}` after {attempts} attempt(s): {report}")]
     #[non_exhaustive]
     NoQuorum {
         /// The resource asked for (the first one, for a multi-resource lock).
@@ -91,7 +89,7 @@ pub enum LockError {
     /// A quorum granted the lock, but the round took so long that no
     /// validity was left (`elapsed + drift >= ttl`). Use a longer TTL, or
     /// find out why the nodes are slow.
-    #[error("`{resource}` was granted by a quorum, but the round used up the whole TTL of {ttl:?}; last round: {report}")]
+    #[error("`{resource}` was granted by a quorum, but the round used up the whole TTL of {ttl:?}: {report}")]
     #[non_exhaustive]
     TooSlow {
         /// The resource asked for (the first one, for a multi-resource lock).
@@ -106,7 +104,7 @@ pub enum LockError {
     /// our token (it had expired, or another client took it after it
     /// expired). The critical section may have overlapped another holder's.
     /// No other client's key was touched.
-    #[error("the lock on `{resource}` was lost (it expired or was taken): {report}")]
+    #[error("the lock on `{resource}` was lost (it expired or was taken); last round: {report}")]
     #[non_exhaustive]
     Lost {
         /// The resource of the lock (the first one, for a multi-resource lock).
@@ -121,12 +119,7 @@ pub enum LockError {
     /// (`NOPERM`), failed TLS, or names a host that does not exist (see
     /// [`NodeError::is_permanent`]). Every wait ends at once with it,
     /// whatever its patience.
-    #[error(
-        "too few nodes can serve `{resource}` for a quorum: {} failed with errors that waiting \
-         cannot fix (fix their URL, password, ACL permissions, TLS setup or host name); \
-         last round: {report}",
-        report.unusable().map(|n| &*n.node).collect::<Vec<_>>().join(", ")
-    )]
+    #[error("too few nodes can serve `{resource}`: {}", Failed(report.unusable().collect()))]
     #[non_exhaustive]
     Unusable {
         /// The resource asked for (the first one, for a multi-resource lock).
@@ -151,6 +144,21 @@ pub enum LockError {
     /// ([`raw_os_error`](std::io::Error::raw_os_error)).
     #[error("the operating system's random source failed: {0}")]
     Random(std::io::Error),
+
+    /// Code that the watchdog ran for a guard panicked: the retry
+    /// policy's [`backoff`](crate::RetryPolicy::backoff), planning the
+    /// pause after a failed extension. The guard stopped holding the lock
+    /// and released it (the other guards go on): what
+    /// [`check`](crate::LockGuard::check), [`unlock`](crate::LockGuard::unlock)
+    /// and the loss callbacks get, in the place of [`Lost`](Self::Lost).
+    #[error("the guard of `{resource}` released its lock: {message}")]
+    #[non_exhaustive]
+    Panicked {
+        /// The resource of the lock (the first one, for a multi-resource lock).
+        resource: String,
+        /// What panicked, and the panic's message.
+        message: String,
+    },
 
     /// The operating system could not start the watchdog thread of
     /// [`with_lock`](crate::Redlock::with_lock) or
@@ -426,8 +434,9 @@ pub enum NodeError {
     /// other error reply to `AUTH`), or it asks for a password and the URL
     /// gives none (`NOAUTH`). Fix the node's URL: a password alone goes
     /// after a colon, `redis://:password@host:port`; `redis://secret@host`
-    /// names a *user* `secret` with no password.
-    #[error("node `{node}` refused authentication ({reply}): {hint}")]
+    /// names a *user* `secret` with no password. Its message is the hint:
+    /// a report names the node, and the reply is in its field.
+    #[error("refused authentication: {hint}")]
     #[non_exhaustive]
     Auth {
         /// The node's address, never with its password.
@@ -638,17 +647,52 @@ impl fmt::Display for NodeOutcome {
     }
 }
 
+/// The counts, then each failure once with the nodes that had it:
+/// `2/5 agreed (quorum 3), 1 refused, in 1.2ms; h:1, h:2: timed out`. The
+/// alternate form (`{:#}`) stops before the failures.
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let nodes: Vec<String> = (self.nodes.iter())
-            .map(|n| format!("{}: {} after {:?}", n.node, n.outcome, n.elapsed))
+        let (agreed, all, quorum) = (self.granted(), self.nodes.len(), self.quorum);
+        write!(f, "{agreed}/{all} agreed (quorum {quorum}), ")?;
+        if self.refused() > 0 {
+            write!(f, "{} refused, ", self.refused())?;
+        }
+        write!(f, "in {:.1?}", self.elapsed)?;
+        let failed: Vec<_> = (self.nodes.iter())
+            .filter(|n| reason(n).is_some())
             .collect();
-        let (granted, all, nodes) = (self.granted(), self.nodes.len(), nodes.join("; "));
-        let (quorum, elapsed) = (self.quorum, self.elapsed);
-        write!(
-            f,
-            "{granted} of {all} granted, quorum {quorum}, in {elapsed:?} [{nodes}]"
-        )
+        if f.alternate() || failed.is_empty() {
+            return Ok(());
+        }
+        write!(f, "; {}", Failed(failed))
+    }
+}
+
+/// Nodes that failed, each failure once: `h:1, h:2: timed out; h:3: ...`.
+struct Failed<'a>(Vec<&'a NodeReport>);
+
+impl fmt::Display for Failed<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let reasons: Vec<String> = self.0.iter().filter_map(|n| reason(n)).collect();
+        let mut sep = "";
+        for (i, why) in reasons.iter().enumerate() {
+            if !reasons[..i].contains(why) {
+                let had = (self.0.iter()).filter(|n| reason(n).as_ref() == Some(why));
+                let nodes: Vec<&str> = had.map(|n| &*n.node).collect();
+                write!(f, "{sep}{}: {why}", nodes.join(", "))?;
+                sep = "; ";
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why `node` failed or timed out; `None` if it did not.
+fn reason(node: &NodeReport) -> Option<String> {
+    match &node.outcome {
+        NodeOutcome::TimedOut => Some("timed out".to_string()),
+        NodeOutcome::Failed(e) => Some(e.to_string()),
+        _ => None,
     }
 }
 

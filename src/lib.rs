@@ -121,8 +121,9 @@
 //!
 //! [`LockGuard::wait_lost`] blocks until the lock is lost, and
 //! [`LockGuard::on_lost`] runs a callback then, on the client's notifier
-//! thread. [`RedlockBuilder::observer`] hands every attempt, node failure,
-//! extension, loss and release to your logs and metrics as an [`Event`].
+//! thread. [`RedlockBuilder::observer`] hands acquisitions, node failures
+//! and recoveries, extensions, losses and releases to your logs and
+//! metrics as an [`Event`], once per change, with a count of failed rounds.
 //! [`Redlock::inspect`] reads, without writing, what each node holds for a
 //! resource and what a quorum says ([`Verdict`]).
 //!

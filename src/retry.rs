@@ -76,8 +76,25 @@ impl RetryPolicy {
         jitter(jitter: Duration) => jitter = jitter;
 
         /// Replaces the delay and jitter by `backoff`, which gives the pause
-        /// after attempt number `n` (the first attempt is 1). Defaults to none.
+        /// after attempt number `n`, from 1 to the retry count (the first
+        /// attempt is 1). Defaults to none.
+        ///
+        /// It runs on the thread that waits: the caller's in `acquire`,
+        /// `lock` and `extend`, where a panic in it reaches the caller; the
+        /// client's watchdog thread after a guard's failed extension, where
+        /// a panic ends only that guard ([`LockError::Panicked`](crate::LockError::Panicked):
+        /// it releases its lock), and where it is asked for
+        /// the last retry's pause again once the retries are used up (the
+        /// watchdog tries while validity is left). Keep it quick, and never
+        /// block in it: on the watchdog, it delays every guard's extension.
         backoff(backoff: impl Fn(u32) -> Duration + Send + Sync + 'static) => backoff = Some(Backoff(Arc::new(backoff)));
+    }
+
+    /// The pause of a caller that goes on trying past the retry count (a
+    /// guard's watchdog, while validity is left): after attempt `attempt`,
+    /// or after the last retry once past it. `None` with no retries.
+    pub(crate) fn pause_capped(&self, attempt: u32) -> Option<Duration> {
+        (self.retries > 0).then(|| self.pause(attempt.min(self.retries)))
     }
 
     /// The pause after attempt number `attempt` (from 1): the backoff's, or

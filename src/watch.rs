@@ -21,17 +21,31 @@
 //! the connections open, as while locks are held, it starts none.)
 //!
 //! Loss callbacks run on the notifier thread, one at a time, each under
-//! `catch_unwind`: a callback that blocks delays the callbacks after it,
-//! never an extension. The notifier starts with the first callback and
+//! `catch_unwind`, and only while their guard is not done: a callback that
+//! blocks delays the callbacks after it, never an extension, and none runs
+//! on the watchdog (where no notifier can start, the callbacks wait in the
+//! queue for the next try). The notifier starts with the first callback and
 //! exits when the client is dropped.
+//!
+//! User code is fenced off per lease: the retry policy's backoff, which
+//! the watchdog asks after a failed extension, ends only the lease whose
+//! turn it was if it panics (see `with_lock.rs`); a panic in the round
+//! that extends a batch ends the leases of that batch, each told, none
+//! dropped silently. The observer is called under `catch_unwind`.
+//!
+//! The observer hears of change, not of every round: a node's failure
+//! when it starts and when the node answers again, an operation's failed
+//! rounds when they start failing (or fail otherwise) and when they end,
+//! each with a count ([`Failures`], and `Watch::down` for the nodes).
 
+use std::collections::VecDeque;
+use std::mem::{self, Discriminant};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::client::{Redlock, WeakRedlock};
-use crate::error::{LockError, NodeOutcome, Report};
+use crate::error::{LockError, NodeOutcome, NodeReport, Report};
 use crate::lock::{Lock, Token};
 use crate::with_lock::Lease;
 
@@ -46,13 +60,15 @@ const MAX_BATCH: usize = 1024;
 /// A callback to run on the notifier thread.
 pub(crate) type Job = Box<dyn FnOnce() + Send>;
 
-/// A client's watchdog and notifier: their schedule and their queue.
+/// A client's watchdog and notifier (their schedule and queue, under one
+/// lock and one condition variable), and what its observer was told of
+/// each node.
 #[derive(Default)]
 pub(crate) struct Watch {
     schedule: Mutex<Schedule>,
     wake: Condvar,
-    /// The notifier's queue, once it runs.
-    notices: Mutex<Option<Sender<Job>>>,
+    /// For each node, the rounds it failed in a row, as the observer knows.
+    down: Mutex<Vec<u32>>,
 }
 
 /// A lease the watchdog keeps: when it is due next, the lease, and its
@@ -64,12 +80,25 @@ struct Schedule {
     /// Every lease the watchdog keeps.
     leases: Vec<Entry>,
     running: bool,
-    /// The client is gone: the watchdog exits.
+    /// The client is gone: the watchdog exits, and the notifier once its
+    /// queue is empty.
     closed: bool,
+    /// The callbacks for the notifier, in order.
+    notices: VecDeque<Job>,
+    notifying: bool,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Runs `f`; a panic in it comes back as its message.
+pub(crate) fn caught<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|panic| {
+        let text = (panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .or_else(|| panic.downcast_ref::<String>().cloned());
+        text.unwrap_or_else(|| "a panic".to_string())
+    })
 }
 
 impl Watch {
@@ -95,22 +124,32 @@ impl Watch {
         self.wake.notify_all();
     }
 
-    /// Runs `job` on the notifier thread (started if need be), or here if
-    /// no thread can be started. A panic in it is caught. The notifier
-    /// lives as long as the client's watch.
-    pub(crate) fn notify(&self, job: Job) {
-        let mut notices = lock(&self.notices);
-        if notices.is_none() {
-            let (queue, jobs) = mpsc::channel::<Job>();
-            let notifier = move || {
-                jobs.into_iter()
-                    .for_each(|job| drop(catch_unwind(AssertUnwindSafe(job))))
-            };
-            let named = std::thread::Builder::new().name("redlock-notifier".to_string());
-            *notices = named.spawn(notifier).ok().map(|_| queue);
+    /// Queues `job` for the notifier thread, and starts it if it does not
+    /// run. Where it cannot start, the job waits for the next call's try:
+    /// it never runs here.
+    pub(crate) fn notify(self: &Arc<Self>, job: Job) {
+        let mut schedule = lock(&self.schedule);
+        schedule.notices.push_back(job);
+        if !schedule.notifying {
+            let (watch, named) = (Arc::clone(self), std::thread::Builder::new());
+            let named = named.name("redlock-notifier".to_string());
+            schedule.notifying = named.spawn(move || watch.notifier()).is_ok();
         }
-        if let Some(Err(mpsc::SendError(job))) = notices.as_ref().map(|queue| queue.send(job)) {
-            let _ = catch_unwind(AssertUnwindSafe(job));
+        self.wake.notify_all();
+    }
+
+    /// The notifier: runs the queued jobs one at a time, a panic in each
+    /// caught; exits once the client is gone and the queue is empty.
+    fn notifier(&self) {
+        loop {
+            let waiting = |s: &mut Schedule| s.notices.is_empty() && !s.closed;
+            let schedule = self.wake.wait_while(lock(&self.schedule), waiting);
+            let mut schedule = schedule.unwrap_or_else(PoisonError::into_inner);
+            let Some(job) = schedule.notices.pop_front() else {
+                return schedule.notifying = false;
+            };
+            drop(schedule);
+            let _ = caught(job);
         }
     }
 
@@ -120,9 +159,7 @@ impl Watch {
         // The client is upgraded for one turn at a time: while the
         // watchdog waits, it does not keep its client alive.
         while let (Some(batch), Some(client)) = (self.next_batch(), weak.upgrade()) {
-            // A lease whose turn panicked is dropped.
-            let stepped = catch_unwind(AssertUnwindSafe(|| step_all(&client, batch)));
-            let stepped = stepped.unwrap_or_default();
+            let stepped = step_all(&client, batch);
             lock(&self.schedule).leases.extend(stepped);
         }
     }
@@ -161,6 +198,7 @@ impl Watch {
 
 /// Steps every lease of `batch`: extends in one round those that claim
 /// an extension; returns the leases that stay, with their next due time.
+/// A panic in the round ends the leases it extended, each told.
 fn step_all(client: &Redlock, batch: Vec<Entry>) -> Vec<Entry> {
     let (mut kept, mut claimed) = (Vec::new(), Vec::new());
     for (_, lease, lock) in batch {
@@ -170,8 +208,12 @@ fn step_all(client: &Redlock, batch: Vec<Entry>) -> Vec<Entry> {
         }
     }
     let mut round: Vec<_> = claimed.iter_mut().map(|(_, l, ttl)| (l, *ttl)).collect();
-    let results = client.extend_all(&mut round, 1);
-    for ((lease, lock, ttl), result) in claimed.into_iter().zip(results) {
+    let mut results = caught(|| client.extend_all(&mut round, 1)).map(Vec::into_iter);
+    for (lease, lock, ttl) in claimed {
+        let result = match &mut results {
+            Ok(results) => results.next().unwrap_or(Ok(())),
+            Err(panic) => Err(lease.panicked(format!("the extension round panicked: {panic}"))),
+        };
         let due = lease.extended(client, &lock, ttl, result);
         kept.extend(due.map(|due| (due, lease, lock)));
     }
@@ -180,44 +222,77 @@ fn step_all(client: &Redlock, batch: Vec<Entry>) -> Vec<Entry> {
 
 /// What an [`Event`] reports.
 ///
+/// The observer hears of change, not of every round. An acquisition tells
+/// [`Contended`](Self::Contended) or [`AttemptFailed`](Self::AttemptFailed)
+/// when its rounds start failing and it waits to try again, and again only
+/// if they fail for another reason; it ends with
+/// [`Acquired`](Self::Acquired) or [`GaveUp`](Self::GaveUp). A guard's
+/// watchdog tells [`ExtendFailed`](Self::ExtendFailed) in the same way,
+/// then [`Extended`](Self::Extended) or [`Lost`](Self::Lost). A node's
+/// failure is told once, [`NodeFailed`](Self::NodeFailed), until
+/// [`NodeRecovered`](Self::NodeRecovered). [`Event::failures`] counts the
+/// rounds that were not told one by one.
+///
 /// ```
 /// use redlock_sync::{Event, What};
 ///
 /// fn is_trouble(event: &Event<'_>) -> bool {
-///     matches!(event.what, What::NodeFailed | What::ExtendFailed | What::Lost)
+///     matches!(event.what, What::NodeFailed | What::ExtendFailed | What::Lost | What::GaveUp)
 /// }
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum What {
-    /// An attempt won the lock.
+    /// An attempt won the lock ([`Event::failures`]: the rounds that
+    /// failed before it).
     Acquired,
-    /// An attempt found the lock held by another client.
+    /// An acquisition found the lock held by another client, and waits to
+    /// try again.
     Contended,
-    /// An attempt failed otherwise (too few nodes answered, too slow).
+    /// An acquisition failed otherwise (too few nodes answered, too slow),
+    /// and waits to try again.
     AttemptFailed,
-    /// A node failed or timed out in a round ([`Event::node`] says which).
+    /// An acquisition gave up ([`Event::error`] is what it returns).
+    GaveUp,
+    /// A node failed or timed out in a round, after answering until then
+    /// ([`Event::node`] says which).
     NodeFailed,
-    /// An extension succeeded.
+    /// A node answered again ([`Event::failures`]: the rounds it had failed).
+    NodeRecovered,
+    /// An extension succeeded ([`Event::failures`]: the rounds that
+    /// failed before it).
     Extended,
     /// In an extension, a node that had lost the key (a restart, an
     /// eviction) set it again ([`Event::node`] says which; see
     /// [`Redlock::extend`](crate::Redlock::extend)).
     Retook,
-    /// An extension failed; a guard's watchdog retries it while validity
-    /// is left, unless [`Event::error`] is [`LockError::Lost`].
+    /// A guard's extensions started failing; its watchdog retries them
+    /// while validity is left.
     ExtendFailed,
-    /// A guard's lock is lost (refused, or its validity ran out).
+    /// A guard's lock is lost (refused, or its validity ran out), or its
+    /// guard released it ([`LockError::Panicked`]).
     Lost,
     /// A release round ended ([`Event::error`] says if it failed).
     Released,
 }
 
+impl What {
+    /// The event of an acquisition's attempt that failed with `error`.
+    pub(crate) fn attempt_failed(error: &LockError) -> What {
+        match error {
+            LockError::Contended { .. } => What::Contended,
+            _ => What::AttemptFailed,
+        }
+    }
+}
+
 /// Something the client did, for logs and metrics: what the builder's
-/// [`observer`](crate::RedlockBuilder::observer) gets. It carries the
-/// resource, the token's first 8 characters, the node's address where
-/// there is one (never a password), timings and the outcome; never a
-/// whole token. Its `Debug` output is fit for a log line.
+/// [`observer`](crate::RedlockBuilder::observer) gets (see [`What`] for
+/// when). It carries the resource, the token's first 8 characters, the
+/// node's address where there is one (never a password), timings and the
+/// outcome; never a whole token. Its `Debug` output is a log line: the
+/// error shows as its variant and the round's counts, since the nodes'
+/// failures have events of their own.
 ///
 /// ```
 /// use redlock_sync::{Event, What};
@@ -228,7 +303,7 @@ pub enum What {
 ///     }
 /// }
 /// ```
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 #[non_exhaustive]
 pub struct Event<'a> {
     /// What happened.
@@ -239,14 +314,53 @@ pub struct Event<'a> {
     pub token: &'a str,
     /// The attempt's number, for the acquisition's events; else 0.
     pub attempt: u32,
+    /// The rounds that failed in a row, this one included: for a node's
+    /// events its own, for the others the operation's (0 when none did).
+    /// The events that end a run ([`What::Acquired`], [`What::GaveUp`],
+    /// [`What::Extended`], [`What::Lost`], [`What::NodeRecovered`]) count
+    /// all of its rounds, told or not: a metric of failed rounds adds
+    /// theirs up.
+    pub failures: u32,
     /// How long the round took, or the node's part of it.
     pub elapsed: Duration,
-    /// The node, for [`What::NodeFailed`] and [`What::Retook`].
+    /// The node, for the node's events.
     pub node: Option<&'a str>,
-    /// What the node did, for [`What::NodeFailed`] and [`What::Retook`].
+    /// What the node did, for the node's events.
     pub node_outcome: Option<&'a NodeOutcome>,
     /// The error, for the events of a failure.
     pub error: Option<&'a LockError>,
+}
+
+/// One line: the fields that are set, the node's outcome and the error
+/// as text, the error without the nodes' failures.
+impl std::fmt::Debug for Event<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut event = f.debug_struct("Event");
+        let event = (event.field("what", &self.what))
+            .field("resource", &self.resource)
+            .field("token", &self.token);
+        for (name, n) in [("attempt", self.attempt), ("failures", self.failures)] {
+            if n > 0 {
+                event.field(name, &n);
+            }
+        }
+        event.field("elapsed", &self.elapsed);
+        if let (Some(node), Some(outcome)) = (self.node, self.node_outcome) {
+            event
+                .field("node", &node)
+                .field("outcome", &format_args!("{outcome}"));
+        }
+        if let Some(error) = self.error {
+            // The variant's name is the first word of its `Debug` output.
+            let debug = format!("{error:?}");
+            let name = debug.split(|c: char| !c.is_alphanumeric()).next();
+            match (name, error.report()) {
+                (Some(name), Some(r)) => event.field("error", &format_args!("{name} ({r:#})")),
+                _ => event.field("error", &format_args!("{error}")),
+            };
+        }
+        event.finish()
+    }
 }
 
 /// The builder's observer.
@@ -259,15 +373,61 @@ impl std::fmt::Debug for Observer {
     }
 }
 
+/// The failed rounds of one operation in a row, as its observer is told
+/// of them: the first, and one that fails for another reason than the
+/// last (another error variant), each with the count so far; the count
+/// goes with the event that ends the run.
+#[derive(Debug, Default)]
+pub(crate) struct Failures {
+    count: u32,
+    reason: Option<Discriminant<LockError>>,
+}
+
+impl Failures {
+    /// Counts a failed round; whether the observer is to hear of it.
+    pub(crate) fn failed(&mut self, error: &LockError) -> bool {
+        self.count = self.count.saturating_add(1);
+        let reason = Some(mem::discriminant(error));
+        mem::replace(&mut self.reason, reason) != reason
+    }
+
+    /// The rounds failed in a row so far.
+    pub(crate) fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// A round succeeded: the run ends; returns how many had failed.
+    pub(crate) fn end(&mut self) -> u32 {
+        self.reason = None;
+        mem::take(&mut self.count)
+    }
+}
+
 impl Redlock {
-    /// Tells the observer, if any, about a round of `what` on `resources`
-    /// by `token` that ended in `outcome`: first each node that failed or
-    /// re-took the key, then the round's outcome. A panic in the observer is caught.
+    /// [`observe_counted`](Self::observe_counted) with no failed rounds.
     pub(crate) fn observe(
         &self,
         what: What,
-        (resources, token): (&[String], &Token),
+        ids: (&[String], &Token),
         attempt: u32,
+        outcome: Result<&Report, &LockError>,
+    ) {
+        self.observe_counted(Some(what), ids, (attempt, 0), outcome);
+    }
+
+    /// Tells the observer, if any, about a round on `resources` by
+    /// `token`, the operation's attempt number and failed rounds so far
+    /// being `counts`, that ended in `outcome`: first each node whose state
+    /// changed (it failed after answering, or answered after failing) or
+    /// that re-took the key, then the round's outcome as `what`, if the
+    /// round is to be told. Every round the nodes answer comes here, told or
+    /// not: the nodes' state is kept on all of them. A panic in the
+    /// observer is caught.
+    pub(crate) fn observe_counted(
+        &self,
+        what: Option<What>,
+        (resources, token): (&[String], &Token),
+        (attempt, failures): (u32, u32),
         outcome: Result<&Report, &LockError>,
     ) {
         let Some(Observer(observer)) = &self.config().observer else {
@@ -275,28 +435,62 @@ impl Redlock {
         };
         let (report, error) = outcome.map_or_else(|e| (e.report(), Some(e)), |r| (Some(r), None));
         let hex = token.hex();
-        let mut event = Event {
+        let event = Event {
             what: What::NodeFailed,
             resource: &resources[0],
             token: std::str::from_utf8(&hex[..8]).unwrap_or_default(),
             attempt,
+            failures,
             elapsed: report.map_or(Duration::ZERO, |r| r.elapsed),
             node: None,
             node_outcome: None,
-            error: None,
+            error,
         };
         let tell = |event: &Event<'_>| drop(catch_unwind(AssertUnwindSafe(|| observer(event))));
-        for node in report.iter().flat_map(|r| &r.nodes) {
-            let failed = matches!(node.outcome, NodeOutcome::Failed(_) | NodeOutcome::TimedOut);
-            if failed || node.retook {
-                let mut told = event;
-                told.what = [What::Retook, What::NodeFailed][usize::from(failed)];
-                (told.node, told.node_outcome) = (Some(&*node.node), Some(&node.outcome));
-                told.elapsed = node.elapsed;
-                tell(&told);
+        // A loss repeats the report of a round seen already.
+        let report = report.filter(|_| what != Some(What::Lost));
+        for (what, node, failures) in self.watch().changes(report.map_or(&[], |r| &r.nodes)) {
+            tell(&Event {
+                what,
+                attempt: 0,
+                failures,
+                elapsed: node.elapsed,
+                node: Some(&*node.node),
+                node_outcome: Some(&node.outcome),
+                error: None,
+                ..event
+            });
+        }
+        if let Some(what) = what {
+            tell(&Event { what, ..event });
+        }
+    }
+}
+
+impl Watch {
+    /// The nodes of a round whose state changed for the observer, with
+    /// what to tell and the rounds they failed; and those that re-took
+    /// the key.
+    fn changes<'a>(&self, nodes: &'a [NodeReport]) -> Vec<(What, &'a NodeReport, u32)> {
+        let mut down = lock(&self.down);
+        if down.len() < nodes.len() {
+            down.resize(nodes.len(), 0);
+        }
+        let mut changes = Vec::new();
+        for (node, down) in nodes.iter().zip(down.iter_mut()) {
+            let change = match node.outcome {
+                NodeOutcome::TimedOut | NodeOutcome::Failed(_) => {
+                    *down = down.saturating_add(1);
+                    (*down == 1).then_some((What::NodeFailed, 1))
+                }
+                NodeOutcome::NotAwaited => None,
+                _ => (*down > 0).then(|| (What::NodeRecovered, mem::take(down))),
+            };
+            changes.extend(change.map(|(what, n)| (what, node, n)));
+            if node.retook {
+                changes.push((What::Retook, node, 0));
             }
         }
-        (event.what, event.error) = (what, error);
-        tell(&event);
+        changes
     }
 }

@@ -14,8 +14,15 @@
 //! after the release round starts. A guard that is never dropped
 //! (`mem::forget`) stays extended up to the hold cap, or as long as the
 //! client lives.
+//!
+//! User code the watchdog runs for a lease (the retry policy's backoff)
+//! runs under `catch_unwind`: a panic ends that lease alone, as a loss
+//! whose error names it ([`LockError::Panicked`]), and releases its lock.
+//! A loss callback is queued with its lease and runs only if the guard is
+//! not done when its turn comes.
 
 use std::fmt;
+use std::mem;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -25,7 +32,7 @@ use crate::kind::Kind;
 use crate::lock::{Lock, Token};
 use crate::request::{Call, IntoResources, LockOptions};
 use crate::retry::later;
-use crate::watch::What;
+use crate::watch::{caught, Failures, What};
 
 /// A loss callback ([`LockGuard::on_lost`]).
 type OnLost = Box<dyn FnOnce(&LockError) + Send>;
@@ -63,10 +70,14 @@ type OnLost = Box<dyn FnOnce(&LockError) + Send>;
 /// each counted on its own), so each extension starts at most one round
 /// after its point, however many guards are due and however slow a node
 /// is. A failed extension (too few nodes answered) is retried while
-/// validity is left, after the retry policy's pause or half the validity
-/// left, whichever is shorter. A guard that is never dropped
-/// (`mem::forget`) stays extended up to the hold cap, or as long as the
-/// client lives.
+/// validity is left, after the retry policy's pause (the last retry's once
+/// the retries are used up; none with no retries) or half the validity
+/// left, whichever is shorter. If the policy's
+/// [`backoff`](crate::RetryPolicy::backoff) panics there, this guard stops
+/// holding the lock and releases it, as if lost, with
+/// [`LockError::Panicked`]; the other guards go on. A guard that is never
+/// dropped (`mem::forget`) stays extended up to the hold cap, or as long as
+/// the client lives.
 ///
 /// ```no_run
 /// # use redlock_sync::{LockError, Redlock};
@@ -118,7 +129,9 @@ struct State {
     /// An extension is in flight.
     extending: bool,
     /// Extensions failed in a row.
-    failures: u32,
+    failures: Failures,
+    /// What panicked and ended the lease, if anything did.
+    panic: Option<String>,
     /// The loss callbacks, until the loss is told.
     on_lost: Vec<OnLost>,
     told: bool,
@@ -171,16 +184,23 @@ impl Lease {
         self.state().deadline().is_some()
     }
 
-    /// The lost-lock error, with the report of the last round.
+    /// The lost-lock error: the panic that ended the lease, or the loss
+    /// with the report of the last round.
     fn lost(&self) -> LockError {
-        self.lost_error(&self.state().report)
+        let state = self.state();
+        match &state.panic {
+            Some(message) => self.panicked(message.clone()),
+            None => LockError::Lost {
+                resource: self.resources[0].clone(),
+                report: state.report.clone(),
+            },
+        }
     }
 
-    fn lost_error(&self, report: &Report) -> LockError {
-        LockError::Lost {
-            resource: self.resources[0].clone(),
-            report: report.clone(),
-        }
+    /// The error of a lease that `message` (what panicked, and how) ended.
+    pub(crate) fn panicked(&self, message: String) -> LockError {
+        let resource = self.resources[0].clone();
+        LockError::Panicked { resource, message }
     }
 
     /// The watchdog's claim on this lease, before a round: `Ok` with the
@@ -188,12 +208,13 @@ impl Lease {
     /// it is due next (`None` when the watchdog is done with it: the guard
     /// is done, or the loss was told). A lease that is not extended any
     /// more is due at its deadline, to tell the loss then.
-    pub(crate) fn claim(&self, client: &Redlock) -> Result<Duration, Option<Instant>> {
+    pub(crate) fn claim(self: &Arc<Self>, client: &Redlock) -> Result<Duration, Option<Instant>> {
         let mut state = self.state();
         // Lost, the lease is due no more once the loss is told; done, at
         // once (its loss is not told).
         let Some(deadline) = state.deadline().filter(|_| !state.done) else {
-            return Err(self.tell(client, state));
+            drop(state);
+            return Err(self.tell(client));
         };
         let now = Instant::now();
         let room = (self.hold_deadline).map_or(self.ttl, |h| h.saturating_duration_since(now));
@@ -213,47 +234,78 @@ impl Lease {
     /// ended in `result` with `lock` as it measured it: returns when the
     /// lease is due next, as [`claim`](Self::claim) does. A refused
     /// extension loses the lock; a failed one (too few nodes answered) is
-    /// due again after the retry policy's pause, while validity is left.
+    /// due again after a pause (see [`retry`](Self::retry)), while validity
+    /// is left. The observer hears of the first failure of a run and of its
+    /// end (see `watch.rs`).
     pub(crate) fn extended(
-        &self,
+        self: &Arc<Self>,
         client: &Redlock,
         lock: &Lock,
         ttl: Duration,
         result: Result<(), LockError>,
     ) -> Option<Instant> {
-        let what = [What::ExtendFailed, What::Extended][usize::from(result.is_ok())];
-        let outcome = result.as_ref().map(|()| &lock.report);
-        client.observe(what, (&self.resources, &self.token), 0, outcome);
         let mut state = self.state();
         state.extending = false;
         self.wake.notify_all();
-        match result {
+        // What to tell, if anything, and the failed rounds so far.
+        let mut told = (None, 0);
+        let due = match &result {
             Ok(()) => {
+                told = (Some(What::Extended), state.failures.end());
                 // A TTL shortened to end at the cap was the last.
-                (state.ending, state.failures) = (ttl < self.ttl, 0);
+                state.ending = ttl < self.ttl;
                 state.report = lock.report.clone();
                 // The shortened TTL was measured before the round began:
                 // never let the validity run past the cap.
                 let valid_until = (self.hold_deadline)
                     .map_or(lock.valid_until, |hold| hold.min(lock.valid_until));
                 state.deadline = state.deadline().map(|_| valid_until);
+                self.due(&mut state)
             }
-            Err(LockError::Lost { report, .. }) => (state.report, state.deadline) = (report, None),
+            Err(LockError::Lost { report, .. }) => {
+                (state.report, state.deadline) = (report.clone(), None);
+                None
+            }
+            Err(LockError::Panicked { message, .. }) => {
+                (state.panic, state.deadline) = (Some(message.clone()), None);
+                None
+            }
             Err(e) => {
+                let new = state.failures.failed(e);
+                told = (new.then_some(What::ExtendFailed), state.failures.count());
                 state.report = e.report().unwrap_or(&state.report).clone();
-                state.failures += 1;
-                if let Some(deadline) = state.deadline() {
-                    // At most half the validity left: more tries before it
-                    // runs out, whatever the retry delay. Never spin, even
-                    // with a zero retry delay.
-                    let now = Instant::now();
-                    let pause = (client.config().retry.pause(state.failures))
-                        .min(deadline.saturating_duration_since(now) / 2);
-                    return Some(later(now, pause.max(Duration::from_millis(1))));
-                }
+                self.retry(client, &mut state)
+            }
+        };
+        drop(state);
+        // Every round is seen, to keep the nodes' state; not every one told.
+        let (ids, outcome) = ((&self.resources[..], &self.token), result.as_ref());
+        let outcome = outcome.map(|()| &lock.report);
+        client.observe_counted(told.0, ids, (0, told.1), outcome);
+        due.or_else(|| self.tell(client))
+    }
+
+    /// When a failed extension is tried again: after the retry policy's
+    /// pause (never asked past its retry count), at most half the validity
+    /// left (more tries before it runs out, whatever the policy; with no
+    /// retries, half the validity left), and never at once. `None` once the
+    /// validity ran out, or if the backoff panicked: the lease then ends,
+    /// with the panic as its error.
+    fn retry(&self, client: &Redlock, state: &mut State) -> Option<Instant> {
+        let (deadline, now) = (state.deadline()?, Instant::now());
+        let left = deadline.saturating_duration_since(now) / 2;
+        let failures = state.failures.count();
+        match caught(|| client.config().retry.pause_capped(failures)) {
+            Ok(pause) => {
+                let pause = pause.map_or(left, |pause| pause.min(left));
+                Some(later(now, pause.max(Duration::from_millis(1))))
+            }
+            Err(panic) => {
+                let message = format!("the retry policy's backoff panicked: {panic}");
+                (state.panic, state.deadline) = (Some(message), None);
+                None
             }
         }
-        self.due(&mut state).or_else(|| self.tell(client, state))
     }
 
     /// When the lease is due next while the lock is held: at its deadline
@@ -268,24 +320,43 @@ impl Lease {
         Some(later(now, wait).min(deadline))
     }
 
-    /// Tells the loss once: wakes the threads waiting for it, and hands
-    /// the callbacks to the notifier thread. Returns `None`: the watchdog
-    /// is done with the lease.
-    fn tell(&self, client: &Redlock, mut state: MutexGuard<'_, State>) -> Option<Instant> {
+    /// Tells the loss once (never for a guard released while it held the
+    /// lock): wakes the threads waiting for it, releases the lock if a
+    /// panic ended the lease, tells the observer, and queues the callbacks
+    /// for the notifier thread. Returns `None`: the watchdog is done with
+    /// the lease.
+    fn tell(self: &Arc<Self>, client: &Redlock) -> Option<Instant> {
+        let mut state = self.state();
         state.ending = true;
-        if state.done || std::mem::replace(&mut state.told, true) {
+        if mem::replace(&mut state.told, true) {
             return None;
         }
-        let (callbacks, report) = (std::mem::take(&mut state.on_lost), state.report.clone());
+        let (callbacks, failures) = (mem::take(&mut state.on_lost), state.failures.count());
+        // A guard that is done releases on its own.
+        let panicked = state.panic.is_some() && !state.done;
         drop(state);
-        let lost = self.lost_error(&report);
-        client.observe(What::Lost, (&self.resources, &self.token), 0, Err(&lost));
         self.wake.notify_all();
+        if panicked {
+            let _ = client.release_token(self.kind, &self.resources, &self.token);
+        }
+        let lost = self.lost();
+        let ids = (&self.resources[..], &self.token);
+        client.observe_counted(Some(What::Lost), ids, (0, failures), Err(&lost));
         for callback in callbacks {
-            let error = self.lost_error(&report);
-            client.watch().notify(Box::new(move || callback(&error)));
+            self.notify(client, callback);
         }
         None
+    }
+
+    /// Queues `callback` for the notifier, to run with the lost-lock error
+    /// unless the guard is done by then.
+    fn notify(self: &Arc<Self>, client: &Redlock, callback: OnLost) {
+        let (lease, error) = (Arc::clone(self), self.lost());
+        client.watch().notify(Box::new(move || {
+            if !lease.state().done {
+                callback(&error);
+            }
+        }));
     }
 }
 
@@ -431,7 +502,8 @@ impl LockGuard {
     ///
     /// [`LockError::Lost`] once the lock is lost, with the report of the
     /// watchdog's last round (the refused or failed extension, if there
-    /// was one).
+    /// was one); [`LockError::Panicked`] in its place if the retry policy's
+    /// backoff panicked on the watchdog (the guard released the lock).
     pub fn check(&self) -> Result<(), LockError> {
         let held = self.lease.held();
         held.then_some(()).ok_or_else(|| self.lease.lost())
@@ -474,8 +546,9 @@ impl LockGuard {
     /// guard holds it (at once if it is lost already), with the lost-lock
     /// error. It runs on the client's notifier thread, not the caller's,
     /// within one extension retry of the moment the loss is known (see
-    /// [`wait_lost`](Self::wait_lost)). A callback never runs once the
-    /// guard released the lock (dropped or [unlocked](Self::unlock)).
+    /// [`wait_lost`](Self::wait_lost)). A callback never starts once the
+    /// guard was dropped or [unlocked](Self::unlock), even one queued
+    /// before (a release does not wait for one already running).
     ///
     /// Callbacks run one at a time: one that blocks delays the callbacks
     /// after it (never an extension of any guard); a panic in one is
@@ -510,9 +583,8 @@ impl LockGuard {
         if !state.told {
             return state.on_lost.push(Box::new(callback));
         }
-        let error = self.lease.lost_error(&state.report);
         drop(state);
-        (self.client.watch()).notify(Box::new(move || callback(&error)));
+        self.lease.notify(&self.client, Box::new(callback));
     }
 
     /// Whether the lock will not be extended any more: its validity
@@ -579,6 +651,8 @@ impl LockGuard {
     ///   last round; or if the release found it gone. The work done under
     ///   it may have overlapped another holder's. The release ran anyway,
     ///   and deleted only keys that still held this lock's token.
+    /// - [`LockError::Panicked`] in the place of `Lost` if the retry
+    ///   policy's backoff panicked on the watchdog (see [`check`](Self::check)).
     /// - [`LockError::NoQuorum`] when too few nodes answered the release to
     ///   tell. The keys not deleted expire within the TTL.
     pub fn unlock(self) -> Result<Report, LockError> {
@@ -594,14 +668,20 @@ impl LockGuard {
         // Held now means held all along: the deadline never moves forward
         // once passed.
         let held = state.deadline().is_some();
-        if std::mem::replace(&mut state.done, true) {
+        if mem::replace(&mut state.done, true) {
             return None;
         }
-        state.on_lost.clear();
+        // Released while held, there is no loss to tell, ever.
+        (state.on_lost, state.told) = (Vec::new(), state.told || held);
         while state.extending {
             state = lease.wait(state, Duration::from_secs(1));
         }
         drop(state);
+        // A loss the watchdog has not told yet (the validity ran out, and
+        // the guard saw it first) is told now.
+        if !held {
+            self.lease.tell(&self.client);
+        }
         let released = (self.client).release_token(lease.kind, &lease.resources, &lease.token);
         Some(if held { released } else { Err(lease.lost()) })
     }
@@ -768,7 +848,8 @@ impl Redlock {
     /// - [`LockError::Lost`] if `f` returned `Ok` but the lock was lost at
     ///   some moment while it ran (an extension was refused, or the validity
     ///   ran out, for instance past the hold cap), or the release found it
-    ///   gone. `f`'s value is dropped: the work may have overlapped another
+    ///   gone (or [`LockError::Panicked`], as [`LockGuard::check`] says).
+    ///   `f`'s value is dropped: the work may have overlapped another
     ///   holder's, and must not be reported as done under the lock.
     ///
     /// A release that reaches too few nodes is not an error: the work was
@@ -869,7 +950,7 @@ where
     // releases.
     let value = f(&guard)?;
     match guard.unlock() {
-        Err(lost @ LockError::Lost { .. }) => Err(lost.into()),
+        Err(lost @ (LockError::Lost { .. } | LockError::Panicked { .. })) => Err(lost.into()),
         _ => Ok(value),
     }
 }

@@ -1,6 +1,7 @@
 //! Being told when a lock is lost: `wait_lost` and `on_lost`, on guards
-//! that the client's one watchdog keeps; and callbacks that block, panic,
-//! drop a guard or unlock one cannot stall the other guards.
+//! that the client's one watchdog keeps; callbacks that block, panic,
+//! drop a guard or unlock one cannot stall the other guards; and a
+//! callback queued behind a slow one never runs once its guard is unlocked.
 
 mod common;
 
@@ -165,8 +166,9 @@ fn callbacks_that_block_panic_drop_or_unlock_guards_do_not_stall_the_other_guard
 
     // The panic is caught, and the blocking callback runs; the others wait
     // behind it, but every extension goes on.
+    // (Roomy bounds: the panic's report may take a busy machine a while.)
     let mut order = vec![];
-    while let Ok(name) = runs.recv_timeout(2 * TTL) {
+    while let Ok(name) = runs.recv_timeout(10 * TTL) {
         order.push(name);
         if name == "blocks" {
             break;
@@ -197,4 +199,45 @@ fn callbacks_that_block_panic_drop_or_unlock_guards_do_not_stall_the_other_guard
         },
     );
     steady.unlock().expect("held throughout");
+}
+
+#[test]
+fn a_callback_queued_behind_a_slow_one_never_runs_once_its_guard_was_unlocked() {
+    let nodes = cluster(3);
+    let locks = builder(&nodes).build().unwrap();
+    let (slow, unlocked, sentinel) = (lock(&locks, "slow"), lock(&locks, "b"), lock(&locks, "d"));
+    let (started, slow_started) = mpsc::channel();
+    let (finish, finished) = mpsc::channel::<()>();
+    slow.on_lost(move |_| {
+        started.send(()).unwrap();
+        let _ = finished.recv_timeout(Duration::from_secs(10));
+    });
+    let (ran, runs) = mpsc::channel();
+    let tell = ran.clone();
+    unlocked.on_lost(move |_| tell.send("b").unwrap());
+    sentinel.on_lost(move |_| ran.send("d").unwrap());
+
+    // The slow callback runs; B's loss is told and its callback queued
+    // behind it; then D's, queued after B's (told in a later round).
+    take_over(&nodes, "slow");
+    slow_started
+        .recv_timeout(3 * TTL)
+        .expect("the slow callback started");
+    take_over(&nodes, "b");
+    assert!(unlocked.wait_lost(3 * TTL), "B was not lost");
+    take_over(&nodes, "d");
+    assert!(sentinel.wait_lost(3 * TTL), "D was not lost");
+    // B is unlocked while its callback waits: it must never run.
+    let start = Instant::now();
+    assert!(matches!(unlocked.unlock(), Err(LockError::Lost { .. })));
+    assert!(start.elapsed() < TTL, "unlock took {:?}", start.elapsed());
+    finish.send(()).unwrap();
+    // D's callback ran, so B's turn has passed: B's was dropped unrun
+    // (every sender goes, once D's callback returns).
+    assert_eq!(runs.recv_timeout(3 * TTL), Ok("d"));
+    wait_until(TTL, "B's callback is dropped", || match runs.try_recv() {
+        Ok(name) => panic!("{name}'s callback ran"),
+        Err(e) => e == mpsc::TryRecvError::Disconnected,
+    });
+    drop((slow, sentinel));
 }

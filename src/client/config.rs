@@ -239,11 +239,12 @@ impl RedlockBuilder {
         /// ```
         max_hold(max_hold: Duration) => config.max_hold = Some(max_hold);
 
-        /// Calls `observer` with an [`Event`] for each acquisition attempt and
-        /// its outcome (won, contended, failed), each node that failed or
-        /// timed out in a round, each extension (and failed extension, which
-        /// a guard retries), each loss of a guard's lock, and each release.
-        /// It runs inline, on the thread doing the operation (for a guard's
+        /// Calls `observer` with an [`Event`] for each change: an acquisition
+        /// that starts failing and how it ends (won, or given up), a node that
+        /// fails or answers again, a guard's extensions (and a run of failed
+        /// ones, which it retries), the loss of a guard's lock, and each
+        /// release; not one event a round (see [`What`](crate::What)), but each
+        /// with a count of the failed rounds. It runs inline, on the thread doing the operation (for a guard's
         /// extensions and losses, the watchdog): keep it quick, never block in
         /// it, and never call the client from it. A panic in it is caught and
         /// does not reach the lock. Defaults to none; with none, no event is

@@ -147,25 +147,13 @@ impl Endpoint {
 /// wrong place (`redis://secret@host`) would show.
 fn auth_hint(user: bool, password: bool, unix: bool) -> &'static str {
     match (user, password, unix) {
-        (_, true, false) => {
-            "check the password (and the user name, if any) in the URL; \
-             a password alone goes after a colon: redis://:password@host:port"
-        }
-        (_, true, true) => {
-            "check the password (and the user name, if any) in the URL's ?pass= (and ?user=)"
-        }
+        (_, true, false) => "check the password: redis://:password@host:port",
+        (_, true, true) => "check the URL's ?pass= (and ?user=)",
         (true, false, false) => {
-            "the URL names a user but gives no password (redis://name@host is the user `name`); \
-             a password alone goes after a colon: redis://:password@host:port"
+            "the URL names a user but gives no password: redis://:password@host:port"
         }
-        (false, false, false) => {
-            "the server asks for a password and the URL gives none: \
-             redis://:password@host:port (or redis://user:password@host:port for an ACL user)"
-        }
-        (_, false, true) => {
-            "the server asks for a password and the URL gives none: \
-             redis+unix:///path/to/socket?pass=password (and &user=name for an ACL user)"
-        }
+        (false, false, false) => "the server asks for a password: redis://:password@host:port",
+        (_, false, true) => "the server asks for a password: ?pass=password (and &user=name)",
     }
 }
 
