@@ -11,7 +11,7 @@ use redis::Value;
 use config::{Config, RedlockBuilder, MAX_TTL};
 
 use crate::error::{
-    server_error_text, ArgumentError, ConfigError, Failure, LockError, NodeError, NodeOutcome,
+    server_error_text, ArgumentError, Loss, ConfigError, Failure, LockError, NodeError, NodeOutcome,
     NodeReport, Report,
 };
 use crate::kind::{acquire_vote, extend_vote, release_vote, script_vote, Kind};
@@ -168,6 +168,8 @@ pub(crate) struct Tally {
     pub(crate) too_slow: bool,
     /// The largest fencing counter among the nodes that granted.
     pub(crate) fence: u64,
+    /// The nodes where an extension found another token.
+    pub(crate) taken: usize,
 }
 
 impl Tally {
@@ -575,7 +577,7 @@ impl Redlock {
         // lock rebuilt from its token has no validity known here.
         let valid = lock.timed.then_some(lock.valid_until);
         let retry_until = valid.into_iter().chain(call.deadline).min();
-        let mut attempt = 0;
+        let (mut attempt, mut failures) = (0, Failures::default());
         loop {
             if call.cancelled() {
                 return Err(cancelled(&lock.resources));
@@ -584,15 +586,20 @@ impl Redlock {
             // A batch of one: one result.
             let result = (self.extend_all(&mut [(&mut *lock, options.ttl)], attempt)).pop();
             let result = result.unwrap_or(Ok(()));
-            let what = [What::ExtendFailed, What::Extended][usize::from(result.is_ok())];
-            let outcome = result.as_ref().map(|()| &lock.report);
-            self.observe(what, (&lock.resources, &lock.token), attempt, outcome);
             // Only too few nodes answering is worth another round; the
             // policy is asked for a pause only while retries are left.
-            let retry =
-                matches!(result, Err(LockError::NoQuorum { .. })) && attempt <= call.retries;
+            let retry = matches!(result, Err(LockError::NoQuorum { .. })) && attempt <= call.retries;
             let end = retry.then(|| later(Instant::now(), self.inner.config.retry.pause(attempt)));
-            match end.filter(|&end| retry_until.is_none_or(|until| end < until)) {
+            let end = end.filter(|&end| retry_until.is_none_or(|until| end < until));
+            // Told once a run of failures starts, and when the call ends.
+            let what = match &result {
+                Ok(()) => Some(What::Extended),
+                Err(e) => (failures.failed(e) || end.is_none()).then_some(What::ExtendFailed),
+            };
+            let outcome = result.as_ref().map(|()| &lock.report);
+            let counts = (attempt, failures.count());
+            self.observe_counted(what, (&lock.resources, &lock.token), counts, outcome);
+            match end {
                 Some(end) => call.sleep_until(end),
                 None => return result,
             }
@@ -670,8 +677,17 @@ impl Redlock {
                 return Err(tally.error(&resource, attempt, ttl, true));
             }
             self.clean_up(lock.kind, &lock.resources, &lock.token, ttl, &tally.report);
+            let reason = match (tally.refused_by_quorum_complement(), tally.taken) {
+                (false, _) => Loss::Expired,
+                (true, 0) => Loss::Gone(tally.report.refused()),
+                (true, nodes) => Loss::Taken(nodes),
+            };
             let report = tally.report;
-            Err(LockError::Lost { resource, report })
+            Err(LockError::Lost {
+                resource,
+                report,
+                reason,
+            })
         });
         let results = judged.collect();
         if !confirm.is_empty() {
@@ -728,7 +744,12 @@ impl Redlock {
         let result = if report.granted() >= report.quorum {
             Ok(report)
         } else if lost {
-            Err(LockError::Lost { resource, report })
+            let reason = Loss::Gone(report.refused());
+            Err(LockError::Lost {
+                resource,
+                report,
+                reason,
+            })
         } else {
             let attempts = 1;
             Err(LockError::NoQuorum {
@@ -831,10 +852,17 @@ impl Redlock {
         });
         let elapsed = start.elapsed();
         let retakes = cmd.script.is_some_and(|s| s.bit == script::EXTEND.bit);
+        let verb = match cmd.script.map(|s| s.bit) {
+            Some(bit) if bit == script::EXTEND.bit => "renewed",
+            Some(bit) if bit == script::RELEASE.bit => "deleted",
+            _ => "granted",
+        };
         let tallies = (ttls.iter().zip(counts).enumerate()).map(|(g, (&ttl, (yes, _, fence)))| {
+            let mut taken = 0;
             let nodes = (inner.nodes.iter().zip(&replies))
                 .map(|(node, reply)| {
                     let part = part(&reply.result, g);
+                    taken += usize::from(retakes && matches!(part, Ok(Value::Int(0))));
                     NodeReport {
                         node: Arc::clone(node.name()),
                         retook: retakes && matches!(part, Ok(Value::Int(2))),
@@ -849,11 +877,13 @@ impl Redlock {
                     nodes,
                     quorum,
                     elapsed,
+                    verb,
                 },
                 validity,
                 start,
                 too_slow: yes >= quorum && validity.is_none(),
                 fence,
+                taken,
             }
         });
         tallies.collect()

@@ -100,17 +100,19 @@ pub enum LockError {
         report: Report,
     },
 
-    /// The lock was lost: at release or extension, too few nodes still held
-    /// our token (it had expired, or another client took it after it
-    /// expired). The critical section may have overlapped another holder's.
-    /// No other client's key was touched.
-    #[error("the lock on `{resource}` was lost (it expired or was taken); last round: {report}")]
+    /// The lock was lost, for the `reason` given: another client may have
+    /// held it meanwhile, so the critical section may have overlapped
+    /// another holder's (see [the contract](crate::contract)). No other
+    /// client's key was touched.
+    #[error("the lock on `{resource}` was lost: {reason}; last round: {report}")]
     #[non_exhaustive]
     Lost {
         /// The resource of the lock (the first one, for a multi-resource lock).
         resource: String,
         /// What each node answered in the last round.
         report: Report,
+        /// Why it is lost.
+        reason: Loss,
     },
 
     /// Too few nodes are left for a quorum once those that failed with
@@ -219,6 +221,23 @@ impl LockError {
             _ => None,
         }
     }
+}
+
+/// Why a lock is lost ([`LockError::Lost`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Loss {
+    /// Its validity ran out before a quorum renewed it: too few nodes
+    /// answered in time, or the hold cap stopped the extensions.
+    #[error("its validity ran out before a quorum renewed it")]
+    Expired,
+    /// Another client's token held the key on this many nodes.
+    #[error("another token held it on {0} node(s)")]
+    Taken(usize),
+    /// The key was gone, or not as the acquisition stored it, on this many
+    /// nodes: a restart, a flush, eviction, or it had expired there.
+    #[error("its key was gone from {0} node(s)")]
+    Gone(usize),
 }
 
 /// An invalid client configuration, found when the client is built.
@@ -538,6 +557,8 @@ pub struct Report {
     pub quorum: usize,
     /// How long the round took.
     pub elapsed: Duration,
+    /// What a node that agreed did: granted, renewed, deleted.
+    pub(crate) verb: &'static str,
 }
 
 impl NodeError {
@@ -653,9 +674,13 @@ impl fmt::Display for NodeOutcome {
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (agreed, all, quorum) = (self.granted(), self.nodes.len(), self.quorum);
-        write!(f, "{agreed}/{all} agreed (quorum {quorum}), ")?;
-        if self.refused() > 0 {
-            write!(f, "{} refused, ", self.refused())?;
+        let verb = if self.verb.is_empty() { "agreed" } else { self.verb };
+        write!(f, "{agreed}/{all} {verb} (quorum {quorum}), ")?;
+        let retook = self.nodes.iter().filter(|n| n.retook).count();
+        match (self.refused(), retook) {
+            (0, _) => {}
+            (refused, 0) => write!(f, "{refused} refused, ")?,
+            (refused, retook) => write!(f, "{refused} refused ({retook} re-took), ")?,
         }
         write!(f, "in {:.1?}", self.elapsed)?;
         let failed: Vec<_> = (self.nodes.iter())

@@ -279,10 +279,11 @@ pub(crate) fn script_vote(value: &Value) -> Result<(bool, u64), &Value> {
 
 /// An extension's reply as a vote (see [`script::EXTEND`]): only a renewal
 /// grants; a re-take (2) tops up a node, but proves nothing of the time
-/// the key was missing there.
+/// the key was missing there, and a key missing where no re-take was
+/// allowed (3) refuses.
 pub(crate) fn extend_vote(value: &Value) -> Result<(bool, u64), &Value> {
     match value {
-        Value::Int(2) => Ok((false, 0)),
+        Value::Int(2 | 3) => Ok((false, 0)),
         other => script_vote(other),
     }
 }

@@ -284,8 +284,8 @@ pub use client::config::{RedlockBuilder, MAX_TIMEOUT, MAX_TTL};
 pub use client::fencing::FENCE_KEY_PREFIX;
 pub use client::Redlock;
 pub use error::{
-    ArgumentError, ConfigError, LockError, NodeError, NodeOutcome, NodeReport, ParseTokenError,
-    Report,
+    ArgumentError, ConfigError, LockError, Loss, NodeError, NodeOutcome, NodeReport,
+    ParseTokenError, Report,
 };
 pub use inspect::{Holding, Inspection, NodeView, Verdict};
 pub use kind::Kind;

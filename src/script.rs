@@ -75,8 +75,9 @@ pub(crate) const RELEASE: Script = Script {
 /// - 2, *re-taken*: no key holds another token, and some are absent or hold
 ///   a re-take not yet confirmed; with a re-take, every key is set to the
 ///   token marked with this round's mark (see [`CONFIRM`]) with the new TTL.
-/// - 0: a key holds another token, or a re-take was due but not allowed;
-///   nothing is written.
+/// - 0: a key holds another token; nothing is written.
+/// - 3: no key holds another token, and some are absent or hold a re-take
+///   not yet confirmed, but the lock may not re-take; nothing is written.
 ///
 /// A re-take above zero is a fenced lock's token: its last key is then its
 /// fencing counter, raised to at least that token (read before any write
@@ -91,12 +92,13 @@ pub(crate) const EXTEND: Script = Script {
              for i = k + 1, k + locks do\n    \
                local v = redis.call('get', KEYS[i])\n    \
                if v and string.sub(v, 1, 40) ~= token then vote = 0\n    \
-               elseif v ~= value and vote == 1 then vote = fence and 2 or 0 end\n  \
+               elseif v ~= value and vote == 1 then vote = fence and 2 or 3 end\n  \
              end\n  \
-             local counter = vote > 0 and locks < n and tonumber(redis.call('get', KEYS[k + n]) or '0')\n  \
+             local writes = vote == 1 or vote == 2\n  \
+             local counter = writes and locks < n and tonumber(redis.call('get', KEYS[k + n]) or '0')\n  \
              if counter == nil then\n    \
                vote = redis.error_reply('the fencing counter is not a number')\n  \
-             elseif vote > 0 then\n    \
+             elseif writes then\n    \
                if counter and counter < fence then redis.call('set', KEYS[k + n], ARGV[g + 3]) end\n    \
                local marked = token .. '~' .. mark .. string.sub(value, 41)\n    \
                for i = k + 1, k + locks do\n      \
@@ -107,7 +109,7 @@ pub(crate) const EXTEND: Script = Script {
              out[#out + 1], k = vote, k + n\n\
            end\n\
            return out",
-    sha: "0f5c1d7f6746addeaf8f9d62d1deea698bf667c0",
+    sha: "c9389e5729d0a60af56077d86a6b8932534f9540",
 };
 
 /// Confirms the re-takes of one round: each key that holds a value marked

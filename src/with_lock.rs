@@ -27,7 +27,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::client::Redlock;
-use crate::error::{LockError, Report};
+use crate::error::{LockError, Loss, Report};
 use crate::kind::Kind;
 use crate::lock::{Lock, Token};
 use crate::request::{Call, IntoResources, LockOptions};
@@ -132,6 +132,8 @@ struct State {
     failures: Failures,
     /// What panicked and ended the lease, if anything did.
     panic: Option<String>,
+    /// Why an extension found the lock lost (else its validity ran out).
+    loss: Option<Loss>,
     /// The loss callbacks, until the loss is told.
     on_lost: Vec<OnLost>,
     told: bool,
@@ -193,6 +195,7 @@ impl Lease {
             None => LockError::Lost {
                 resource: self.resources[0].clone(),
                 report: state.report.clone(),
+                reason: state.loss.unwrap_or(Loss::Expired),
             },
         }
     }
@@ -262,8 +265,9 @@ impl Lease {
                 state.deadline = state.deadline().map(|_| valid_until);
                 self.due(&mut state)
             }
-            Err(LockError::Lost { report, .. }) => {
+            Err(LockError::Lost { report, reason, .. }) => {
                 (state.report, state.deadline) = (report.clone(), None);
+                state.loss = Some(*reason);
                 None
             }
             Err(LockError::Panicked { message, .. }) => {

@@ -17,7 +17,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
-use redlock_sync::{Kind, Lock, LockError, LockOptions, NodeOutcome, Redlock};
+use redlock_sync::{Kind, Lock, LockError, LockOptions, Loss, NodeOutcome, Redlock};
 use redlock_sync_testing::{Cluster, Fault, Proxy};
 
 /// Whether no node holds a value of `token`'s (re-taken or not).
@@ -102,9 +102,10 @@ fn extending_a_lock_whose_key_a_majority_lost_is_lost_and_releases_what_it_re_to
     lose_data(&nodes, &[0, 1]);
     let result = locks.extend(&mut lock, Duration::from_secs(10));
     match &result {
-        Err(LockError::Lost { report, .. }) => {
+        Err(LockError::Lost { report, reason, .. }) => {
             let retook = report.nodes.iter().filter(|n| n.retook).count();
             assert_eq!(retook, 2, "{report:?}");
+            assert_eq!(*reason, Loss::Gone(2));
         }
         other => panic!("expected the lost error, got {other:?}"),
     }
@@ -114,6 +115,27 @@ fn extending_a_lock_whose_key_a_majority_lost_is_lost_and_releases_what_it_re_to
     wait_until(SETTLE, "nothing re-taken stays", || {
         none_holds(&nodes, "r", &token)
     });
+}
+
+#[test]
+fn extending_a_lock_another_token_holds_on_a_majority_is_lost_and_says_so() {
+    let nodes = cluster(3);
+    let locks = client(&nodes);
+    let mut lock = locks.acquire("r", Duration::from_secs(10)).unwrap();
+    wait_until_held_by(&nodes, &lock, 3);
+    for i in [0, 2] {
+        nodes.node(i).set("r", "another-client").unwrap();
+    }
+    let result = locks.extend(&mut lock, Duration::from_secs(10));
+    match &result {
+        Err(e @ LockError::Lost { reason, .. }) => {
+            assert_eq!(*reason, Loss::Taken(2));
+            assert!(e.to_string().contains("another token"), "{e}");
+        }
+        other => panic!("expected the lost error, got {other:?}"),
+    }
+    // Nothing of another client's was touched.
+    assert_eq!(values(&nodes, "r")[0].as_deref(), Some("another-client"));
 }
 
 #[test]

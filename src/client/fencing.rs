@@ -85,6 +85,7 @@ impl Redlock {
                 nodes,
                 quorum: first.report.quorum,
                 elapsed,
+                verb: first.report.verb,
             },
             validity,
             start: first.start,
@@ -93,6 +94,7 @@ impl Redlock {
             // attempt ran out of time; no other client made it fail.
             too_slow: validity.is_none(),
             fence: first.fence,
+            taken: 0,
         }
     }
 }
@@ -117,6 +119,7 @@ mod tests {
             nodes: (1..=3).map(node).collect(),
             quorum: 2,
             elapsed,
+            verb: "granted",
         }
     }
 
@@ -131,6 +134,7 @@ mod tests {
             start,
             too_slow: false,
             fence: 1,
+            taken: 0,
         };
         assert!(first.granted(), "round one won");
         let second = Tally {
@@ -139,6 +143,7 @@ mod tests {
             start: start + one_ms + gap,
             too_slow: false,
             fence: 0,
+            taken: 0,
         };
         locks.both_rounds(first, second, ttl)
     }
