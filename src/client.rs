@@ -11,8 +11,8 @@ use redis::Value;
 use config::{Config, RedlockBuilder, MAX_TTL};
 
 use crate::error::{
-    server_error_text, ArgumentError, Loss, ConfigError, Failure, LockError, NodeError, NodeOutcome,
-    NodeReport, Report,
+    server_error_text, ArgumentError, ConfigError, Failure, LockError, Loss, NodeError,
+    NodeOutcome, NodeReport, Report,
 };
 use crate::kind::{acquire_vote, extend_vote, release_vote, script_vote, Kind};
 use crate::lock::{Lock, Token};
@@ -588,7 +588,8 @@ impl Redlock {
             let result = result.unwrap_or(Ok(()));
             // Only too few nodes answering is worth another round; the
             // policy is asked for a pause only while retries are left.
-            let retry = matches!(result, Err(LockError::NoQuorum { .. })) && attempt <= call.retries;
+            let retry =
+                matches!(result, Err(LockError::NoQuorum { .. })) && attempt <= call.retries;
             let end = retry.then(|| later(Instant::now(), self.inner.config.retry.pause(attempt)));
             let end = end.filter(|&end| retry_until.is_none_or(|until| end < until));
             // Told once a run of failures starts, and when the call ends.

@@ -674,7 +674,11 @@ impl fmt::Display for NodeOutcome {
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (agreed, all, quorum) = (self.granted(), self.nodes.len(), self.quorum);
-        let verb = if self.verb.is_empty() { "agreed" } else { self.verb };
+        let verb = if self.verb.is_empty() {
+            "agreed"
+        } else {
+            self.verb
+        };
         write!(f, "{agreed}/{all} {verb} (quorum {quorum}), ")?;
         let retook = self.nodes.iter().filter(|n| n.retook).count();
         match (self.refused(), retook) {

@@ -256,3 +256,45 @@ fn a_leader_loop_through_a_ten_second_outage_of_three_of_five_nodes_is_told_in_a
     assert!(leader.join().unwrap() >= 2, "the leader led twice");
     assert!(started.elapsed() < Duration::from_secs(40));
 }
+
+#[test]
+fn an_extension_by_hand_tells_the_observer_its_re_takes_and_its_outcome() {
+    let nodes = cluster(3);
+    let seen: Arc<Mutex<Vec<(What, Option<String>, u32)>>> = Arc::default();
+    let record = Arc::clone(&seen);
+    let locks = common::builder(&nodes)
+        .retry_count(2)
+        .observer(move |event: &Event<'_>| {
+            let node = event.node.map(str::to_string);
+            record
+                .lock()
+                .unwrap()
+                .push((event.what, node, event.failures));
+        })
+        .build()
+        .unwrap();
+    let ttl = Duration::from_secs(10);
+    let mut lock = locks.acquire("by-hand", ttl).unwrap();
+    common::wait_until_held_by(&nodes, &lock, 3);
+    // Node 2 lost the key: the extension re-takes it, and says so.
+    nodes.node(2).flushall().unwrap();
+    seen.lock().unwrap().clear();
+    locks.extend(&mut lock, ttl).unwrap();
+    let told: Vec<_> = seen.lock().unwrap().drain(..).collect();
+    let node2 = format!("127.0.0.1:{}", nodes.node(2).port().unwrap());
+    let retook = (told.iter())
+        .filter(|(what, node, _)| *what == What::Retook && node.as_deref() == Some(&*node2));
+    assert_eq!(retook.count(), 1, "{told:?}");
+    assert_eq!(told.last().map(|t| t.0), Some(What::Extended), "{told:?}");
+    // Two nodes gone: every round fails for want of answers, and the
+    // observer hears of it once, then once more when the call gives up.
+    nodes.node(0).kill().unwrap();
+    nodes.node(1).kill().unwrap();
+    assert!(locks.extend(&mut lock, ttl).is_err());
+    let told: Vec<_> = seen.lock().unwrap().drain(..).collect();
+    let failed: Vec<u32> = (told.iter())
+        .filter(|(what, ..)| *what == What::ExtendFailed)
+        .map(|(.., failures)| *failures)
+        .collect();
+    assert_eq!(failed, [1, 3], "{told:?}");
+}
