@@ -8,24 +8,33 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use config::{Config, RedlockBuilder, MAX_TTL};
+use config::{Call, Config, RedlockBuilder, MAX_TTL};
+use observe::NodesSeen;
+use watchdog::Watchdog;
 
 use crate::error::{
     server_error_text, ArgumentError, ConfigError, Failure, LockError, Loss, NodeError,
     NodeOutcome, NodeReport, Report,
 };
+use crate::event::What;
 use crate::kind::{acquire_vote, extend_vote, release_vote, script_vote, Kind};
-use crate::lock::{Lock, Token};
+use crate::lock::{IntoResources, Lock};
 use crate::node::{Endpoint, Node};
-use crate::request::{Call, IntoResources, LockOptions};
-use crate::retry::{later, Pause};
+use crate::request::LockOptions;
+use crate::retry::Pause;
 use crate::round::{self, Reply};
 use crate::script::{self, Command};
+use crate::time::later;
+use crate::token::Token;
 use crate::wait::Waiters;
-use crate::watch::{Failures, Watch, What};
+use observe::Failures;
 
 pub(crate) mod config;
-pub(crate) mod fencing;
+mod fencing;
+pub(crate) mod guard;
+pub(crate) mod inspect;
+mod observe;
+mod watchdog;
 
 /// The fixed part of the drift term: 2 ms for the resolution of Redis'
 /// expiry and of the clocks.
@@ -64,7 +73,9 @@ struct Inner {
     /// The threads waiting for a release, and the line they listen on.
     waiters: Arc<Waiters>,
     /// The guards' watchdog and notifier.
-    watch: Arc<Watch>,
+    watchdog: Arc<Watchdog>,
+    /// What the observer was told of each node.
+    seen: NodesSeen,
 }
 
 /// The watchdog's handle on its client: it does not keep it alive.
@@ -79,7 +90,7 @@ impl WeakRedlock {
 /// The last handle is gone: so is the watchdog.
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.watch.close();
+        self.watchdog.close();
     }
 }
 
@@ -139,7 +150,8 @@ impl RedlockBuilder {
                 waiters: Arc::new(waiters),
                 nodes,
                 config,
-                watch: Arc::default(),
+                watchdog: Arc::default(),
+                seen: NodesSeen::default(),
             }),
         })
     }
@@ -392,7 +404,7 @@ impl Redlock {
         let kind = options.kind;
         kind.check_acquirable(&resources)?;
         let ttl_ms = self.check_ttl(options.ttl)?;
-        let mut call = options.resolve(&self.inner.config, Instant::now())?;
+        let mut call = self.inner.config.call(options, Instant::now())?;
         call.retries = if once { 0 } else { call.retries };
         let lock = self.acquire_loop(kind, resources, ttl_ms, &call)?;
         Ok((lock, call))
@@ -569,7 +581,7 @@ impl Redlock {
         options: impl Into<LockOptions>,
     ) -> Result<(), LockError> {
         let options = options.into();
-        let call = options.resolve(&self.inner.config, Instant::now())?;
+        let call = self.inner.config.call(&options, Instant::now())?;
         self.check_ttl(options.ttl)?;
         // No retry starts once the lock's validity is over (nor past the
         // call's deadline): a lock that could not be extended while it was
@@ -963,8 +975,8 @@ impl Redlock {
     }
 
     /// The guards' watchdog and notifier.
-    pub(crate) fn watch(&self) -> &Arc<Watch> {
-        &self.inner.watch
+    pub(crate) fn watchdog(&self) -> &Arc<Watchdog> {
+        &self.inner.watchdog
     }
 
     pub(crate) fn downgrade(&self) -> WeakRedlock {

@@ -5,10 +5,29 @@
 
 use redis::Value;
 
-use crate::client::fencing::FENCE_KEY_PREFIX;
 use crate::error::ArgumentError;
-use crate::lock::Token;
 use crate::script::{self, Command};
+use crate::token::Token;
+
+/// The prefix of the keys that hold the fencing counters: the counter of
+/// resource `R` is the key `redlock-sync:fence:R`, on every node.
+///
+/// A counter never expires: it has to outlive every lock, or a later
+/// acquisition could not be given a larger token. It is one small string
+/// key per resource ever locked with [`Kind::Fenced`]. The prefix is
+/// reserved: acquisitions (fenced or not) of resources that start with it
+/// are refused with
+/// [`ArgumentError::ReservedResource`](crate::ArgumentError::ReservedResource);
+/// a lock there would stand in the way of fenced locks on the rest of the
+/// name. Deleting a counter is safe but for the caveats on node clocks in
+/// [`Kind`].
+///
+/// ```
+/// use redlock_sync::FENCE_KEY_PREFIX;
+///
+/// assert_eq!(format!("{FENCE_KEY_PREFIX}invoice:42"), "redlock-sync:fence:invoice:42");
+/// ```
+pub const FENCE_KEY_PREFIX: &str = "redlock-sync:fence:";
 
 /// What kind of lock a call takes ([`LockOptions::kind`](crate::LockOptions::kind)),
 /// and which a [`Lock`](crate::Lock) or [`LockGuard`](crate::LockGuard) is.

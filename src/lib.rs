@@ -265,7 +265,7 @@
 
 mod client;
 mod error;
-mod inspect;
+mod event;
 mod kind;
 mod lock;
 mod node;
@@ -273,27 +273,28 @@ mod request;
 mod retry;
 mod round;
 mod script;
+mod setters;
+mod time;
+mod token;
 mod wait;
-mod watch;
-mod with_lock;
 
 #[doc = include_str!("../docs/contract.md")]
 pub mod contract {}
 
 pub use client::config::{RedlockBuilder, MAX_TIMEOUT, MAX_TTL};
-pub use client::fencing::FENCE_KEY_PREFIX;
+pub use client::guard::LockGuard;
+pub use client::inspect::{Holding, Inspection, NodeView, Verdict};
 pub use client::Redlock;
 pub use error::{
     ArgumentError, ConfigError, LockError, Loss, NodeError, NodeOutcome, NodeReport,
     ParseTokenError, Report,
 };
-pub use inspect::{Holding, Inspection, NodeView, Verdict};
-pub use kind::Kind;
-pub use lock::{Lock, Token};
-pub use request::{Cancel, IntoResources, LockOptions, Patience};
+pub use event::{Event, What};
+pub use kind::{Kind, FENCE_KEY_PREFIX};
+pub use lock::{IntoResources, Lock};
+pub use request::{Cancel, LockOptions, Patience};
 pub use retry::RetryPolicy;
-pub use watch::{Event, What};
-pub use with_lock::LockGuard;
+pub use token::Token;
 
 /// The crate's socket `write` and `read` calls so far, for its benchmark
 /// (`benches/redlock.rs`): a count, not part of the API.

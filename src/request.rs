@@ -1,74 +1,13 @@
-//! What one call locks and how: the resources ([`IntoResources`]), and the
-//! options ([`LockOptions`]: TTL, kind, patience, hold cap, cancellation).
+//! How one call locks: its options ([`LockOptions`]: TTL, kind, patience,
+//! hold cap, cancellation).
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::client::config::Config;
-use crate::error::{ArgumentError, LockError};
 use crate::kind::Kind;
-use crate::retry::later;
-
-/// What a call locks: one resource (`&str`, `String`, `&String`) or several
-/// held as one lock, all or nothing (`&[S]`, `[S; N]`, `&[S; N]`, `Vec<S>`,
-/// `&Vec<S>`, for any `S: AsRef<str>`).
-///
-/// ```no_run
-/// # use std::time::Duration;
-/// # use redlock_sync::Redlock;
-/// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-/// let ttl = Duration::from_secs(10);
-/// let one = locks.acquire("invoice:42", ttl)?;
-/// let both = locks.acquire(["account:alice", "account:bob"], ttl)?;
-/// let names = vec![format!("shelf:{}", 3), format!("shelf:{}", 4)];
-/// let shelves = locks.acquire(&names, ttl)?;
-/// # Ok::<(), redlock_sync::LockError>(())
-/// ```
-pub trait IntoResources {
-    /// The resource names, in the order given.
-    fn into_resources(self) -> Vec<String>;
-}
-
-/// One name (`&str`, `String`, `&String`), or a list: every element's name.
-macro_rules! resource_lists {
-    ($($one:ty),*; $([$($generics:tt)*] $list:ty),*) => {
-        $(impl IntoResources for $one {
-            fn into_resources(self) -> Vec<String> {
-                vec![self.into()]
-            }
-        })*
-        $(impl<$($generics)*> IntoResources for $list {
-            fn into_resources(self) -> Vec<String> {
-                self.iter().map(|s| s.as_ref().to_string()).collect()
-            }
-        })*
-    };
-}
-
-resource_lists!(
-    &str, String, &String;
-    [S: AsRef<str>] &[S],
-    [S: AsRef<str>, const N: usize] [S; N],
-    [S: AsRef<str>, const N: usize] &[S; N],
-    [S: AsRef<str>] Vec<S>,
-    [S: AsRef<str>] &Vec<S>
-);
-
-/// Builder setters: `$(#[doc])* name(arg: Type) => place = value;` is
-/// `pub fn name(mut self, arg: Type) -> Self`, which sets `self.place` to
-/// `value` and returns `self`.
-macro_rules! setters {
-    ($($(#[$doc:meta])* $name:ident($arg:ident: $ty:ty) => $($place:ident).+ = $value:expr;)*) => {$(
-        $(#[$doc])*
-        pub fn $name(mut self, $arg: $ty) -> Self {
-            self.$($place).+ = $value;
-            self
-        }
-    )*};
-}
-pub(crate) use setters;
+use crate::setters::setters;
 
 /// How long a waiting call goes on trying.
 ///
@@ -148,9 +87,9 @@ pub enum Patience {
 pub struct LockOptions {
     pub(crate) ttl: Duration,
     pub(crate) kind: Kind,
-    patience: Option<Patience>,
-    max_hold: Option<Duration>,
-    extend_when_left: Option<f64>,
+    pub(crate) patience: Option<Patience>,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) extend_when_left: Option<f64>,
     pub(crate) cancel: Option<Cancel>,
 }
 
@@ -194,59 +133,6 @@ impl LockOptions {
         /// Lets `cancel` end the wait (see [`Cancel`]). Defaults to none.
         cancel(cancel: &Cancel) => cancel = Some(cancel.clone());
     }
-
-    /// The options with every default filled in from `config`, for a call
-    /// that began at `started`.
-    pub(crate) fn resolve(&self, config: &Config, started: Instant) -> Result<Call, LockError> {
-        let when_left = self.extend_when_left.unwrap_or(config.extend_when_left);
-        if !(when_left > 0.0 && when_left < 1.0) {
-            return Err(ArgumentError::ExtendWhenLeft { value: when_left }.into());
-        }
-        let max_wait = config.max_wait.map(|wait| later(started, wait));
-        let (retries, deadline) = match self.patience {
-            None => (config.retry.retries, max_wait),
-            Some(Patience::Retries(n)) => (n, None),
-            Some(Patience::For(wait)) => (u32::MAX, Some(later(started, wait))),
-            Some(Patience::Until(deadline)) => (u32::MAX, Some(deadline)),
-            Some(Patience::Forever) => (u32::MAX, None),
-        };
-        Ok(Call {
-            retries,
-            deadline,
-            max_hold: self.max_hold.or(config.max_hold),
-            extend_when_left: when_left,
-            cancel: self.cancel.clone(),
-        })
-    }
-}
-
-/// A call's options with the client's defaults filled in (by default: one
-/// attempt, no deadline, nothing to cancel it).
-#[derive(Debug, Default)]
-pub(crate) struct Call {
-    /// How many retries the policy may plan.
-    pub(crate) retries: u32,
-    /// No attempt starts, and no pause is slept, past this.
-    pub(crate) deadline: Option<Instant>,
-    /// A guard's hold cap, from its acquisition.
-    pub(crate) max_hold: Option<Duration>,
-    pub(crate) extend_when_left: f64,
-    pub(crate) cancel: Option<Cancel>,
-}
-
-impl Call {
-    /// Whether the call was cancelled.
-    pub(crate) fn cancelled(&self) -> bool {
-        self.cancel.as_ref().is_some_and(Cancel::is_cancelled)
-    }
-
-    /// Sleeps until `until`, or until the call is cancelled.
-    pub(crate) fn sleep_until(&self, until: Instant) {
-        match &self.cancel {
-            Some(cancel) => cancel.sleep_until(until),
-            None => std::thread::sleep(until.saturating_duration_since(Instant::now())),
-        }
-    }
 }
 
 /// Ends a wait from another thread: cheap to clone, `Send + Sync`; every
@@ -257,7 +143,7 @@ impl Call {
 /// shutdown hook). A cancelled call starts no more rounds: a round under way
 /// runs to its end (at most `io_timeout`); if it won the lock, the lock is
 /// released; otherwise its clean-up goes to every node that did not refuse;
-/// then the call returns [`LockError::Cancelled`]. A cancelled `extend`
+/// then the call returns [`LockError::Cancelled`](crate::LockError::Cancelled). A cancelled `extend`
 /// leaves the lock as it was. Cancelling never touches a running closure of
 /// [`with_lock`](crate::Redlock::with_lock) or a guard's watchdog, and stays
 /// cancelled for good: later calls with it return `Cancelled` at once.
@@ -346,7 +232,7 @@ impl Cancel {
     }
 
     /// Sleeps until `until` or the cancellation, whichever comes first.
-    fn sleep_until(&self, until: Instant) {
+    pub(crate) fn sleep_until(&self, until: Instant) {
         let left = until.saturating_duration_since(Instant::now());
         let _ = (self.0.rang).wait_timeout_while(self.wakers(), left, |_| !self.is_cancelled());
     }

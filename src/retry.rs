@@ -6,8 +6,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::request::setters;
-use crate::wait::{random_below, Wake};
+use crate::setters::setters;
+use crate::time::{later, random_below};
+use crate::wait::Wake;
 
 /// The backoff of a [`RetryPolicy`]: the pause after a given attempt.
 #[derive(Clone)]
@@ -193,11 +194,4 @@ impl Pause {
         }
         !(last && Instant::now() >= until)
     }
-}
-
-/// `t + d`, or a year after `t` where that is past the clock's range (a
-/// `Duration::MAX` retry delay, wait budget or TTL).
-pub(crate) fn later(t: Instant, d: Duration) -> Instant {
-    t.checked_add(d)
-        .unwrap_or_else(|| t + Duration::from_secs(365 * 86_400))
 }

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use redis::Value;
 
-use crate::lock::Token;
+use crate::token::Token;
 
 /// One Lua script, its SHA1 (hex), and its bit in a connection's set of
 /// scripts known to be cached on the server.

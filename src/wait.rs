@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::Failure;
 use crate::node::{Event, Listener, Node, Sender};
+use crate::time::random_below;
 
 /// How long a channel stays subscribed, and the line open, after the last
 /// thread that waited on it left: back-to-back waits (the usual case under
@@ -534,12 +535,6 @@ impl Hints {
         }
         close
     }
-}
-
-/// A random duration in `[0, bound)`.
-pub(crate) fn random_below(bound: Duration) -> Duration {
-    let nanos = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX).max(1);
-    Duration::from_nanos(getrandom::u64().unwrap_or(0) % nanos)
 }
 
 #[cfg(test)]

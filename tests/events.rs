@@ -260,7 +260,9 @@ fn a_leader_loop_through_a_ten_second_outage_of_three_of_five_nodes_is_told_in_a
 #[test]
 fn an_extension_by_hand_tells_the_observer_its_re_takes_and_its_outcome() {
     let nodes = cluster(3);
-    let seen: Arc<Mutex<Vec<(What, Option<String>, u32)>>> = Arc::default();
+    // What the observer heard: the event, its node if any, its failures.
+    type Told = Vec<(What, Option<String>, u32)>;
+    let seen: Arc<Mutex<Told>> = Arc::default();
     let record = Arc::clone(&seen);
     let locks = common::builder(&nodes)
         .retry_count(2)

@@ -5,13 +5,15 @@
 //! `build`'s job, next to the client it builds.
 
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::error::ConfigError;
+use crate::error::{ArgumentError, ConfigError, LockError};
+use crate::event::{Event, Observer};
 use crate::node::Endpoint;
-use crate::request::setters;
+use crate::request::{Cancel, LockOptions, Patience};
 use crate::retry::RetryPolicy;
-use crate::watch::{Event, Observer};
+use crate::setters::setters;
+use crate::time::later;
 
 /// The largest TTL accepted: Redis rejects expiry times that overflow a
 /// signed 64-bit count of milliseconds since the epoch; half of that range
@@ -365,5 +367,61 @@ impl RedlockBuilder {
             return Err(ConfigError::NoNodes);
         }
         Ok((self.urls, config))
+    }
+}
+
+impl Config {
+    /// `options` with every default filled in from these settings, for a
+    /// call that began at `started`.
+    pub(crate) fn call(&self, options: &LockOptions, started: Instant) -> Result<Call, LockError> {
+        let config = self;
+        let when_left = (options.extend_when_left).unwrap_or(config.extend_when_left);
+        if !(when_left > 0.0 && when_left < 1.0) {
+            return Err(ArgumentError::ExtendWhenLeft { value: when_left }.into());
+        }
+        let max_wait = config.max_wait.map(|wait| later(started, wait));
+        let (retries, deadline) = match options.patience {
+            None => (config.retry.retries, max_wait),
+            Some(Patience::Retries(n)) => (n, None),
+            Some(Patience::For(wait)) => (u32::MAX, Some(later(started, wait))),
+            Some(Patience::Until(deadline)) => (u32::MAX, Some(deadline)),
+            Some(Patience::Forever) => (u32::MAX, None),
+        };
+        Ok(Call {
+            retries,
+            deadline,
+            max_hold: options.max_hold.or(config.max_hold),
+            extend_when_left: when_left,
+            cancel: options.cancel.clone(),
+        })
+    }
+}
+
+/// A call's options with the client's defaults filled in (by default: one
+/// attempt, no deadline, nothing to cancel it).
+#[derive(Debug, Default)]
+pub(crate) struct Call {
+    /// How many retries the policy may plan.
+    pub(crate) retries: u32,
+    /// No attempt starts, and no pause is slept, past this.
+    pub(crate) deadline: Option<Instant>,
+    /// A guard's hold cap, from its acquisition.
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) extend_when_left: f64,
+    pub(crate) cancel: Option<Cancel>,
+}
+
+impl Call {
+    /// Whether the call was cancelled.
+    pub(crate) fn cancelled(&self) -> bool {
+        self.cancel.as_ref().is_some_and(Cancel::is_cancelled)
+    }
+
+    /// Sleeps until `until`, or until the call is cancelled.
+    pub(crate) fn sleep_until(&self, until: Instant) {
+        match &self.cancel {
+            Some(cancel) => cancel.sleep_until(until),
+            None => std::thread::sleep(until.saturating_duration_since(Instant::now())),
+        }
     }
 }

@@ -14,28 +14,8 @@ use std::time::Duration;
 use super::{Ask, Redlock, Tally};
 use crate::error::{NodeOutcome, Report};
 use crate::kind::{acquire_vote, script_vote, Kind};
-use crate::lock::Token;
 use crate::script::Command;
-
-/// The prefix of the keys that hold the fencing counters: the counter of
-/// resource `R` is the key `redlock-sync:fence:R`, on every node.
-///
-/// A counter never expires: it has to outlive every lock, or a later
-/// acquisition could not be given a larger token. It is one small string
-/// key per resource ever locked with [`Kind::Fenced`]. The prefix is
-/// reserved: acquisitions (fenced or not) of resources that start with it
-/// are refused with
-/// [`ArgumentError::ReservedResource`](crate::ArgumentError::ReservedResource);
-/// a lock there would stand in the way of fenced locks on the rest of the
-/// name. Deleting a counter is safe but for the caveats on node clocks in
-/// [`Kind`].
-///
-/// ```
-/// use redlock_sync::FENCE_KEY_PREFIX;
-///
-/// assert_eq!(format!("{FENCE_KEY_PREFIX}invoice:42"), "redlock-sync:fence:invoice:42");
-/// ```
-pub const FENCE_KEY_PREFIX: &str = "redlock-sync:fence:";
+use crate::token::Token;
 
 impl Redlock {
     /// One fenced attempt: round one (`claim`), and round two if round one

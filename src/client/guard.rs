@@ -26,13 +26,16 @@ use std::mem;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::client::Redlock;
+use super::config::Call;
+use super::observe::{caught, Failures};
+use super::Redlock;
 use crate::error::{LockError, Loss, Report};
+use crate::event::What;
 use crate::kind::Kind;
-use crate::lock::{Lock, Token};
-use crate::request::{Call, IntoResources, LockOptions};
-use crate::retry::later;
-use crate::watch::{caught, Failures, What};
+use crate::lock::{IntoResources, Lock};
+use crate::request::LockOptions;
+use crate::time::later;
+use crate::token::Token;
 
 /// A loss callback ([`LockGuard::on_lost`]).
 type OnLost = Box<dyn FnOnce(&LockError) + Send>;
@@ -356,7 +359,7 @@ impl Lease {
     /// unless the guard is done by then.
     fn notify(self: &Arc<Self>, client: &Redlock, callback: OnLost) {
         let (lease, error) = (Arc::clone(self), self.lost());
-        client.watch().notify(Box::new(move || {
+        client.watchdog().notify(Box::new(move || {
             if !lease.state().done {
                 callback(&error);
             }
@@ -935,7 +938,7 @@ impl Redlock {
         // Out of validity already, or no watchdog: no guard (its drop
         // releases).
         let due = due.ok_or_else(|| lease.lost())?;
-        let watched = self.watch().add(self, (due, lease, lock));
+        let watched = self.watchdog().add(self, (due, lease, lock));
         watched.map(|()| guard).map_err(LockError::Thread)
     }
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::client::Redlock;
+use super::Redlock;
 use crate::error::{ArgumentError, LockError, NodeError, NodeOutcome};
 use crate::kind::fence_keys;
 use crate::script::{Command, Script};

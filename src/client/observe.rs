@@ -1,0 +1,151 @@
+//! What the observer hears: change, not every round. A node's failure
+//! when it starts and when the node answers again, an operation's failed
+//! rounds when they start failing (or fail otherwise) and when they end,
+//! each with a count ([`Failures`], and [`NodesSeen`] for the nodes). The
+//! observer, like all user code the client calls, runs under
+//! `catch_unwind` ([`caught`]).
+
+use std::mem::{self, Discriminant};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use super::Redlock;
+use crate::error::{LockError, NodeOutcome, NodeReport, Report};
+use crate::event::{Event, Observer, What};
+use crate::token::Token;
+
+/// Runs `f`; a panic in it comes back as its message.
+pub(crate) fn caught<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|panic| {
+        let text = (panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .or_else(|| panic.downcast_ref::<String>().cloned());
+        text.unwrap_or_else(|| "a panic".to_string())
+    })
+}
+
+/// For each node, the rounds it failed in a row, as the observer knows.
+#[derive(Default)]
+pub(crate) struct NodesSeen(Mutex<Vec<u32>>);
+
+/// The failed rounds of one operation in a row, as its observer is told
+/// of them: the first, and one that fails for another reason than the
+/// last (another error variant), each with the count so far; the count
+/// goes with the event that ends the run.
+#[derive(Debug, Default)]
+pub(crate) struct Failures {
+    count: u32,
+    reason: Option<Discriminant<LockError>>,
+}
+
+impl Failures {
+    /// Counts a failed round; whether the observer is to hear of it.
+    pub(crate) fn failed(&mut self, error: &LockError) -> bool {
+        self.count = self.count.saturating_add(1);
+        let reason = Some(mem::discriminant(error));
+        mem::replace(&mut self.reason, reason) != reason
+    }
+
+    /// The rounds failed in a row so far.
+    pub(crate) fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// A round succeeded: the run ends; returns how many had failed.
+    pub(crate) fn end(&mut self) -> u32 {
+        self.reason = None;
+        mem::take(&mut self.count)
+    }
+}
+
+impl Redlock {
+    /// [`observe_counted`](Self::observe_counted) with no failed rounds.
+    pub(crate) fn observe(
+        &self,
+        what: What,
+        ids: (&[String], &Token),
+        attempt: u32,
+        outcome: Result<&Report, &LockError>,
+    ) {
+        self.observe_counted(Some(what), ids, (attempt, 0), outcome);
+    }
+
+    /// Tells the observer, if any, about a round on `resources` by
+    /// `token`, the operation's attempt number and failed rounds so far
+    /// being `counts`, that ended in `outcome`: first each node whose state
+    /// changed (it failed after answering, or answered after failing) or
+    /// that re-took the key, then the round's outcome as `what`, if the
+    /// round is to be told. Every round the nodes answer comes here, told or
+    /// not: the nodes' state is kept on all of them. A panic in the
+    /// observer is caught.
+    pub(crate) fn observe_counted(
+        &self,
+        what: Option<What>,
+        (resources, token): (&[String], &Token),
+        (attempt, failures): (u32, u32),
+        outcome: Result<&Report, &LockError>,
+    ) {
+        let Some(Observer(observer)) = &self.config().observer else {
+            return;
+        };
+        let (report, error) = outcome.map_or_else(|e| (e.report(), Some(e)), |r| (Some(r), None));
+        let hex = token.hex();
+        let event = Event {
+            what: What::NodeFailed,
+            resource: &resources[0],
+            token: std::str::from_utf8(&hex[..8]).unwrap_or_default(),
+            attempt,
+            failures,
+            elapsed: report.map_or(Duration::ZERO, |r| r.elapsed),
+            node: None,
+            node_outcome: None,
+            error,
+        };
+        let tell = |event: &Event<'_>| drop(catch_unwind(AssertUnwindSafe(|| observer(event))));
+        // A loss repeats the report of a round seen already.
+        let report = report.filter(|_| what != Some(What::Lost));
+        for (what, node, failures) in self.inner.seen.changes(report.map_or(&[], |r| &r.nodes)) {
+            tell(&Event {
+                what,
+                attempt: 0,
+                failures,
+                elapsed: node.elapsed,
+                node: Some(&*node.node),
+                node_outcome: Some(&node.outcome),
+                error: None,
+                ..event
+            });
+        }
+        if let Some(what) = what {
+            tell(&Event { what, ..event });
+        }
+    }
+}
+
+impl NodesSeen {
+    /// The nodes of a round whose state changed for the observer, with
+    /// what to tell and the rounds they failed; and those that re-took
+    /// the key.
+    fn changes<'a>(&self, nodes: &'a [NodeReport]) -> Vec<(What, &'a NodeReport, u32)> {
+        let mut down = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if down.len() < nodes.len() {
+            down.resize(nodes.len(), 0);
+        }
+        let mut changes = Vec::new();
+        for (node, down) in nodes.iter().zip(down.iter_mut()) {
+            let change = match node.outcome {
+                NodeOutcome::TimedOut | NodeOutcome::Failed(_) => {
+                    *down = down.saturating_add(1);
+                    (*down == 1).then_some((What::NodeFailed, 1))
+                }
+                NodeOutcome::NotAwaited => None,
+                _ => (*down > 0).then(|| (What::NodeRecovered, mem::take(down))),
+            };
+            changes.extend(change.map(|(what, n)| (what, node, n)));
+            if node.retook {
+                changes.push((What::Retook, node, 0));
+            }
+        }
+        changes
+    }
+}

@@ -1,0 +1,159 @@
+//! What the client tells its observer: [`Event`] and [`What`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{LockError, NodeOutcome};
+
+/// What an [`Event`] reports.
+///
+/// The observer hears of change, not of every round. An acquisition tells
+/// [`Contended`](Self::Contended) or [`AttemptFailed`](Self::AttemptFailed)
+/// when its rounds start failing and it waits to try again, and again only
+/// if they fail for another reason; it ends with
+/// [`Acquired`](Self::Acquired) or [`GaveUp`](Self::GaveUp). A guard's
+/// watchdog tells [`ExtendFailed`](Self::ExtendFailed) in the same way,
+/// then [`Extended`](Self::Extended) or [`Lost`](Self::Lost). A node's
+/// failure is told once, [`NodeFailed`](Self::NodeFailed), until
+/// [`NodeRecovered`](Self::NodeRecovered). [`Event::failures`] counts the
+/// rounds that were not told one by one.
+///
+/// ```
+/// use redlock_sync::{Event, What};
+///
+/// fn is_trouble(event: &Event<'_>) -> bool {
+///     matches!(event.what, What::NodeFailed | What::ExtendFailed | What::Lost | What::GaveUp)
+/// }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum What {
+    /// An attempt won the lock ([`Event::failures`]: the rounds that
+    /// failed before it).
+    Acquired,
+    /// An acquisition found the lock held by another client, and waits to
+    /// try again.
+    Contended,
+    /// An acquisition failed otherwise (too few nodes answered, too slow),
+    /// and waits to try again.
+    AttemptFailed,
+    /// An acquisition gave up ([`Event::error`] is what it returns).
+    GaveUp,
+    /// A node failed or timed out in a round, after answering until then
+    /// ([`Event::node`] says which).
+    NodeFailed,
+    /// A node answered again ([`Event::failures`]: the rounds it had failed).
+    NodeRecovered,
+    /// An extension succeeded ([`Event::failures`]: the rounds that
+    /// failed before it).
+    Extended,
+    /// In an extension, a node that had lost the key (a restart, an
+    /// eviction) set it again ([`Event::node`] says which; see
+    /// [`Redlock::extend`](crate::Redlock::extend)).
+    Retook,
+    /// A guard's extensions started failing; its watchdog retries them
+    /// while validity is left.
+    ExtendFailed,
+    /// A guard's lock is lost (refused, or its validity ran out), or its
+    /// guard released it ([`LockError::Panicked`]).
+    Lost,
+    /// A release round ended ([`Event::error`] says if it failed).
+    Released,
+}
+
+impl What {
+    /// The event of an acquisition's attempt that failed with `error`.
+    pub(crate) fn attempt_failed(error: &LockError) -> What {
+        match error {
+            LockError::Contended { .. } => What::Contended,
+            _ => What::AttemptFailed,
+        }
+    }
+}
+
+/// Something the client did, for logs and metrics: what the builder's
+/// [`observer`](crate::RedlockBuilder::observer) gets (see [`What`] for
+/// when). It carries the resource, the token's first 8 characters, the
+/// node's address where there is one (never a password), timings and the
+/// outcome; never a whole token. Its `Debug` output is a log line: the
+/// error shows as its variant and the round's counts, since the nodes'
+/// failures have events of their own.
+///
+/// ```
+/// use redlock_sync::{Event, What};
+///
+/// fn log(event: &Event<'_>) {
+///     if event.what == What::NodeFailed {
+///         eprintln!("{} on {:?}: {:?}", event.resource, event.node, event.node_outcome);
+///     }
+/// }
+/// ```
+#[derive(Clone, Copy)]
+#[non_exhaustive]
+pub struct Event<'a> {
+    /// What happened.
+    pub what: What,
+    /// The (first) resource.
+    pub resource: &'a str,
+    /// The token's first 8 characters.
+    pub token: &'a str,
+    /// The attempt's number, for the acquisition's events; else 0.
+    pub attempt: u32,
+    /// The rounds that failed in a row, this one included: for a node's
+    /// events its own, for the others the operation's (0 when none did).
+    /// The events that end a run ([`What::Acquired`], [`What::GaveUp`],
+    /// [`What::Extended`], [`What::Lost`], [`What::NodeRecovered`]) count
+    /// all of its rounds, told or not: a metric of failed rounds adds
+    /// theirs up.
+    pub failures: u32,
+    /// How long the round took, or the node's part of it.
+    pub elapsed: Duration,
+    /// The node, for the node's events.
+    pub node: Option<&'a str>,
+    /// What the node did, for the node's events.
+    pub node_outcome: Option<&'a NodeOutcome>,
+    /// The error, for the events of a failure.
+    pub error: Option<&'a LockError>,
+}
+
+/// One line: the fields that are set, the node's outcome and the error
+/// as text, the error without the nodes' failures.
+impl std::fmt::Debug for Event<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut event = f.debug_struct("Event");
+        let event = (event.field("what", &self.what))
+            .field("resource", &self.resource)
+            .field("token", &self.token);
+        for (name, n) in [("attempt", self.attempt), ("failures", self.failures)] {
+            if n > 0 {
+                event.field(name, &n);
+            }
+        }
+        event.field("elapsed", &self.elapsed);
+        if let (Some(node), Some(outcome)) = (self.node, self.node_outcome) {
+            event
+                .field("node", &node)
+                .field("outcome", &format_args!("{outcome}"));
+        }
+        if let Some(error) = self.error {
+            // The variant's name is the first word of its `Debug` output.
+            let debug = format!("{error:?}");
+            let name = debug.split(|c: char| !c.is_alphanumeric()).next();
+            match (name, error.report()) {
+                (Some(name), Some(r)) => event.field("error", &format_args!("{name} ({r:#})")),
+                _ => event.field("error", &format_args!("{error}")),
+            };
+        }
+        event.finish()
+    }
+}
+
+/// The builder's observer.
+#[derive(Clone)]
+pub(crate) struct Observer(pub(crate) Arc<dyn Fn(&Event<'_>) + Send + Sync>);
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Observer")
+    }
+}
