@@ -17,7 +17,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
-use redlock_sync::{Kind, Lock, LockError, LockOptions, Loss, NodeOutcome, Redlock};
+use redlock_sync::{Kind, Lock, LockError, LockOptions, Loss, NodeOutcome, Redlock, RetryPolicy};
 use redlock_sync_testing::{Cluster, Fault, Proxy};
 
 /// Whether no node holds a value of `token`'s (re-taken or not).
@@ -301,4 +301,71 @@ fn a_lock_rebuilt_from_its_token_counts_only_the_keys_that_were_never_lost() {
     // Nothing was written where the key was not ours all along.
     thread::sleep(Duration::from_millis(100));
     assert_eq!(nodes.node(1).get("r").unwrap(), None);
+}
+
+/// A client through proxies, one round per call but for the retries of
+/// `policy`.
+fn through_proxies(nodes: &Cluster, policy: RetryPolicy) -> (Vec<Proxy>, Redlock) {
+    let proxies = nodes.proxies().unwrap();
+    let locks = Redlock::builder(proxies.iter().map(|p| p.url()))
+        .retry_policy(policy)
+        .io_timeout(Duration::from_millis(200))
+        .connect_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    (proxies, locks)
+}
+
+#[test]
+fn an_extension_nobody_answers_is_not_retried_past_the_locks_validity() {
+    let nodes = cluster(3);
+    // Retries 10 s apart: one would outlive the lock's 1 s validity.
+    let policy = RetryPolicy::default()
+        .retries(3)
+        .delay(Duration::from_secs(10));
+    let (proxies, locks) = through_proxies(&nodes, policy);
+    let ttl = Duration::from_secs(1);
+    let mut lock = locks.acquire("r", ttl).unwrap();
+    for proxy in &proxies {
+        proxy.set_fault(Fault::Partition);
+    }
+    let start = Instant::now();
+    let result = locks.extend(&mut lock, ttl);
+    assert!(
+        matches!(result, Err(LockError::NoQuorum { .. })),
+        "{result:?}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "extend slept a retry pause past the lock's validity: {:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn an_extension_too_few_answered_is_retried_while_the_validity_lasts() {
+    let nodes = cluster(3);
+    let policy = RetryPolicy::default()
+        .retries(50)
+        .delay(Duration::from_millis(50));
+    let (proxies, locks) = through_proxies(&nodes, policy);
+    let ttl = Duration::from_secs(10);
+    let mut lock = locks.acquire("r", ttl).unwrap();
+    for proxy in &proxies[..2] {
+        proxy.set_fault(Fault::Partition);
+    }
+    let heal = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(600));
+        for proxy in &proxies {
+            proxy.set_fault(Fault::None);
+        }
+        proxies
+    });
+    let result = locks.extend(&mut lock, ttl);
+    let _proxies = heal.join().unwrap();
+    assert!(
+        result.is_ok(),
+        "not retried until the partition healed: {result:?}"
+    );
+    locks.release(lock).unwrap();
 }
