@@ -17,14 +17,14 @@ use crate::error::{
     NodeOutcome, NodeReport, Report,
 };
 use crate::event::What;
-use crate::kind::{acquire_vote, extend_vote, release_vote, script_vote, Kind};
+use crate::kind::{acquire_vote, extend_vote, release_vote, script_vote, Kind, Release};
 use crate::lock::{IntoResources, Lock};
 use crate::node::{Endpoint, Node};
 use crate::request::LockOptions;
-use crate::retry::Pause;
+use crate::retry::{Pause, Retries};
 use crate::round::{self, Reply};
 use crate::script::{self, Command};
-use crate::time::later;
+use crate::time::{later, Ttl};
 use crate::token::Token;
 use crate::wait::Waiters;
 use observe::Failures;
@@ -168,6 +168,22 @@ pub(crate) enum Ask<'a> {
     Only(&'a [bool]),
 }
 
+/// How many attempts an acquisition makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tries {
+    /// One (the `try_` doors).
+    Once,
+    /// As the call's patience allows.
+    Patient,
+}
+
+/// What a round did, for the error it ends in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Acquire,
+    Extend,
+}
+
 /// What the nodes of one round said, counted.
 pub(crate) struct Tally {
     pub(crate) report: Report,
@@ -202,24 +218,19 @@ impl Tally {
     /// to tell); else contended (a node refused, and it was that refusal
     /// that made the difference). Judged on the nodes read, whether or not
     /// the round stopped early.
-    pub(crate) fn error(
-        self,
-        resource: &str,
-        attempts: u32,
-        ttl: Duration,
-        held: bool,
-    ) -> LockError {
+    pub(crate) fn error(self, resource: &str, attempts: u32, ttl: Ttl, op: Op) -> LockError {
         let (resource, report) = (resource.to_string(), self.report);
         let spare = report.nodes.len() - report.quorum;
         if report.unusable().count() > spare {
             LockError::Unusable { resource, report }
         } else if self.too_slow {
+            let ttl = ttl.duration();
             LockError::TooSlow {
                 resource,
                 ttl,
                 report,
             }
-        } else if report.failed() <= spare && !held {
+        } else if report.failed() <= spare && op == Op::Acquire {
             LockError::Contended {
                 resource,
                 attempts,
@@ -362,7 +373,7 @@ impl Redlock {
         resources: impl IntoResources,
         options: impl Into<LockOptions>,
     ) -> Result<Lock, LockError> {
-        self.acquire_with(resources.into_resources(), &options.into(), false)
+        self.acquire_with(resources.into_resources(), &options.into(), Tries::Patient)
             .map(|(lock, _)| lock)
     }
 
@@ -389,24 +400,27 @@ impl Redlock {
         resources: impl IntoResources,
         options: impl Into<LockOptions>,
     ) -> Result<Lock, LockError> {
-        self.acquire_with(resources.into_resources(), &options.into(), true)
+        self.acquire_with(resources.into_resources(), &options.into(), Tries::Once)
             .map(|(lock, _)| lock)
     }
 
     /// Every acquisition: checks the call, then waits per its options (one
-    /// attempt if `once`). Returns the lock and the call's resolved options.
+    /// attempt if [`Tries::Once`]). Returns the lock and the call's
+    /// resolved options.
     pub(crate) fn acquire_with(
         &self,
         resources: Vec<String>,
         options: &LockOptions,
-        once: bool,
+        tries: Tries,
     ) -> Result<(Lock, Call), LockError> {
         let kind = options.kind;
         kind.check_acquirable(&resources)?;
-        let ttl_ms = self.check_ttl(options.ttl)?;
+        let ttl = self.check_ttl(options.ttl)?;
         let mut call = self.inner.config.call(options, Instant::now())?;
-        call.retries = if once { 0 } else { call.retries };
-        let lock = self.acquire_loop(kind, resources, ttl_ms, &call)?;
+        if tries == Tries::Once {
+            call.retries = 0;
+        }
+        let lock = self.acquire_loop(kind, resources, ttl, &call)?;
         Ok((lock, call))
     }
 
@@ -417,12 +431,10 @@ impl Redlock {
         &self,
         kind: Kind,
         resources: Vec<String>,
-        ttl_ms: u64,
+        ttl: Ttl,
         call: &Call,
     ) -> Result<Lock, LockError> {
         let inner = &*self.inner;
-        // Redis is given whole milliseconds: measure validity on the same.
-        let ttl = Duration::from_millis(ttl_ms);
         let waiters = Arc::clone(&inner.waiters);
         let _wakes_waiters =
             (call.cancel.as_ref()).map(|c| c.on_cancel(Arc::new(move || waiters.nudge())));
@@ -440,15 +452,14 @@ impl Redlock {
             // it, after the acquisition returned: see Kind).
             attempts = attempts.saturating_add(pause.counts_next_attempt().into());
             let token = Token::random()?;
-            let watch = inner.waiters.watch(&resources);
-            let tally = self.attempt(kind, &resources, &token, ttl, ttl_ms);
+            let listening = inner.waiters.listen(&resources);
+            let tally = self.attempt(kind, &resources, &token, ttl);
             if tally.granted() {
                 let (report, counts) = (Ok(&tally.report), (attempts, failures.end()));
                 let told = Some(What::Acquired);
                 self.observe_counted(told, (&resources, &token), counts, report);
                 let lock = Lock {
-                    valid_until: tally.start + tally.validity.unwrap_or_default(),
-                    timed: true,
+                    valid_until: Some(tally.start + tally.validity.unwrap_or_default()),
                     kind,
                     resources,
                     token,
@@ -468,7 +479,7 @@ impl Redlock {
             self.clean_up(kind, &resources, &token, ttl, &tally.report);
             // Plan the pause with the policy, unless waiting cannot help or
             // the call was cancelled.
-            let error = tally.error(&resources[0], attempts, ttl, false);
+            let error = tally.error(&resources[0], attempts, ttl, Op::Acquire);
             let new = failures.failed(&error);
             let (ids, counts) = ((&resources[..], &token), (attempts, failures.count()));
             let (config, budget) = (&inner.config, (attempts, call.retries));
@@ -486,7 +497,8 @@ impl Redlock {
             // pause goes on, or the next attempt counts, unless the wait
             // budget is used up or the call was cancelled.
             let cancelled = || call.cancelled();
-            let wake = (inner.waiters).wait(watch, &inner.nodes, &resources, wake_at, &cancelled);
+            let wake =
+                (inner.waiters).wait(listening, &inner.nodes, &resources, wake_at, &cancelled);
             if !pause.woken(wake) || call.cancelled() {
                 return Err(self.gave_up(ids, counts, error, call));
             }
@@ -513,19 +525,12 @@ impl Redlock {
 
     /// One attempt by the kind's round plan: one round, or a fenced
     /// acquisition's two.
-    fn attempt(
-        &self,
-        kind: Kind,
-        resources: &[String],
-        token: &Token,
-        ttl: Duration,
-        ttl_ms: u64,
-    ) -> Tally {
-        let cmd = kind.acquire(resources, token, ttl_ms);
+    fn attempt(&self, kind: Kind, resources: &[String], token: &Token, ttl: Ttl) -> Tally {
+        let cmd = kind.acquire(resources, token, ttl);
         if kind.confirms() {
-            return self.fenced_rounds(kind, &cmd, resources, token, ttl);
+            return self.fenced_rounds(kind, &cmd, resources, token, ttl.duration());
         }
-        self.round(kind, &cmd, ttl, acquire_vote, Ask::UntilDecided)
+        self.round(kind, &cmd, ttl.duration(), acquire_vote, Ask::UntilDecided)
     }
 
     /// Extends `lock` to expire the options' TTL from now, if a quorum of
@@ -582,13 +587,12 @@ impl Redlock {
     ) -> Result<(), LockError> {
         let options = options.into();
         let call = self.inner.config.call(&options, Instant::now())?;
-        self.check_ttl(options.ttl)?;
+        let ttl = self.check_ttl(options.ttl)?;
         // No retry starts once the lock's validity is over (nor past the
         // call's deadline): a lock that could not be extended while it was
         // valid is not held any more, whatever a later round may find. A
         // lock rebuilt from its token has no validity known here.
-        let valid = lock.timed.then_some(lock.valid_until);
-        let retry_until = valid.into_iter().chain(call.deadline).min();
+        let retry_until = lock.valid_until.into_iter().chain(call.deadline).min();
         let (mut attempt, mut failures) = (0, Failures::default());
         loop {
             if call.cancelled() {
@@ -596,14 +600,13 @@ impl Redlock {
             }
             attempt += 1;
             // A batch of one: one result.
-            let result = (self.extend_all(&mut [(&mut *lock, options.ttl)], attempt)).pop();
+            let result = (self.extend_all(&mut [(&mut *lock, ttl)], attempt)).pop();
             let result = result.unwrap_or(Ok(()));
-            // Only too few nodes answering is worth another round; the
-            // policy is asked for a pause only while retries are left.
-            let retry =
-                matches!(result, Err(LockError::NoQuorum { .. })) && attempt <= call.retries;
-            let end = retry.then(|| later(Instant::now(), self.inner.config.retry.pause(attempt)));
-            let end = end.filter(|&end| retry_until.is_none_or(|until| end < until));
+            // Only too few nodes answering is worth another round.
+            let (policy, retries) = (&self.inner.config.retry, Retries::Counted(call.retries));
+            let end = matches!(result, Err(LockError::NoQuorum { .. }))
+                .then(|| policy.next_extension(attempt, retries, retry_until))
+                .flatten();
             // Told once a run of failures starts, and when the call ends.
             let what = match &result {
                 Ok(()) => Some(What::Extended),
@@ -635,7 +638,7 @@ impl Redlock {
     /// answered to tell (see `docs/contract.md`).
     pub(crate) fn extend_all(
         &self,
-        locks: &mut [(&mut Lock, Duration)],
+        locks: &mut [(&mut Lock, Ttl)],
         attempt: u32,
     ) -> Vec<Result<(), LockError>> {
         if locks.is_empty() {
@@ -653,21 +656,20 @@ impl Redlock {
             }
         };
         let (mut keys, mut args, mut ttls) = (vec![], vec![mark.clone()], vec![]);
-        for (lock, ttl) in locks.iter() {
-            // Redis is given whole milliseconds: measure validity on the same.
-            let ttl_ms = ttl.as_millis() as u64;
-            ttls.push(Duration::from_millis(ttl_ms));
+        for &mut (ref lock, ttl) in locks.iter_mut() {
+            ttls.push(ttl);
             // Keys gone from a node are set again while the validity this
             // process measured lasts (and a fenced lock knows its token).
-            let retake = (lock.timed && Instant::now() < lock.valid_until)
+            let retake = (lock.valid_until.is_some_and(|until| Instant::now() < until))
                 .then(|| lock.fencing_token.unwrap_or(0));
-            let (own, parts) = (lock.kind).extend(&lock.resources, &lock.token, ttl_ms, retake);
+            let (own, parts) = (lock.kind).extend(&lock.resources, &lock.token, ttl, retake);
             keys.extend(own);
             args.extend(parts);
         }
         let args: Vec<&[u8]> = args.iter().map(String::as_bytes).collect();
         let cmd = Command::script(&script::EXTEND, &keys, &args);
-        let tallies = self.rounds(Kind::Plain, &cmd, &ttls, extend_vote, Ask::EveryReply);
+        let durations: Vec<Duration> = ttls.iter().map(|ttl| ttl.duration()).collect();
+        let tallies = self.rounds(Kind::Plain, &cmd, &durations, extend_vote, Ask::EveryReply);
         let (mut confirm, mut retook) = (Vec::new(), vec![false; self.inner.nodes.len()]);
         let judged = locks.iter_mut().zip(ttls).zip(tallies);
         let judged = judged.map(|(((lock, _), ttl), tally)| {
@@ -679,15 +681,15 @@ impl Redlock {
                 if tally.report.nodes.iter().any(|n| n.retook) {
                     confirm.extend(lock.resources.iter().cloned());
                 }
-                lock.valid_until = tally.start + tally.validity.unwrap_or_default();
-                lock.timed = true;
+                lock.valid_until = Some(tally.start + tally.validity.unwrap_or_default());
                 lock.report = tally.report;
                 return Ok(());
             }
             // (Its end, not the time this lock's turn comes after the others'.)
-            let late = lock.timed && tally.start + tally.report.elapsed >= lock.valid_until;
+            let end = tally.start + tally.report.elapsed;
+            let late = lock.valid_until.is_some_and(|until| end >= until);
             if !late && !tally.refused_by_quorum_complement() {
-                return Err(tally.error(&resource, attempt, ttl, true));
+                return Err(tally.error(&resource, attempt, ttl, Op::Extend));
             }
             self.clean_up(lock.kind, &lock.resources, &lock.token, ttl, &tally.report);
             let reason = match (tally.refused_by_quorum_complement(), tally.taken) {
@@ -745,7 +747,7 @@ impl Redlock {
         token: &Token,
     ) -> Result<Report, LockError> {
         self.inner.waiters.close_if_idle();
-        let cmd = kind.release(resources, token, false);
+        let cmd = kind.release(resources, token, Release::Holder);
         let vote = release_vote(resources.len());
         let tally = self.round(kind, &cmd, Duration::ZERO, vote, Ask::UntilDecided);
         if tally.report.granted() > 0 {
@@ -781,21 +783,14 @@ impl Redlock {
     /// follows it on the same connections. A node it cannot reach now gets
     /// it first thing when next reached, while a key set with `ttl` could
     /// still be there.
-    fn clean_up(
-        &self,
-        kind: Kind,
-        resources: &[String],
-        token: &Token,
-        ttl: Duration,
-        report: &Report,
-    ) {
-        let cmd = kind.release(resources, token, true);
+    fn clean_up(&self, kind: Kind, resources: &[String], token: &Token, ttl: Ttl, report: &Report) {
+        let cmd = kind.release(resources, token, Release::CleanUp);
         // Not a node that refused: unless it re-took, it holds no key of ours.
         let may_hold = |i: usize| {
             let node = &report.nodes[i];
             node.outcome != NodeOutcome::Refused || node.retook
         };
-        self.send_only(&cmd, ttl, may_hold);
+        self.send_only(&cmd, ttl.duration(), may_hold);
     }
 
     /// Writes `cmd` to the nodes `ask` names without awaiting the replies;
@@ -851,7 +846,11 @@ impl Redlock {
         let start = Instant::now();
         // The fewest replies that can decide: a quorum of grants, or
         // enough refusals that no quorum is left.
-        let to_decide = [quorum.min(n - quorum + 1), n][usize::from(every_reply)];
+        let to_decide = if every_reply {
+            n
+        } else {
+            quorum.min(n - quorum + 1)
+        };
         let asked = |i: usize| !matches!(ask, Ask::Only(asked) if !asked[i]);
         let replies = self.run(cmd, start, asked, to_decide, |result| {
             for (g, (yes, no, fence)) in counts.iter_mut().enumerate() {
@@ -953,20 +952,21 @@ impl Redlock {
         ttl.mul_f64(self.inner.config.drift_factor) + DRIFT_FLOOR
     }
 
-    /// Checks a TTL and returns it in whole milliseconds (Redis' unit).
-    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<u64, ArgumentError> {
+    /// Checks a TTL: not above [`MAX_TTL`], at least 1 ms, longer than the
+    /// drift term.
+    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<Ttl, ArgumentError> {
         if ttl > MAX_TTL {
             return Err(ArgumentError::TtlTooLarge { ttl, max: MAX_TTL });
         }
-        let ttl_ms = ttl.as_millis() as u64;
-        if ttl_ms == 0 {
+        let checked = Ttl::whole_ms(ttl);
+        if checked.ms() == 0 {
             return Err(ArgumentError::ZeroTtl);
         }
         let drift = self.drift(ttl);
-        if Duration::from_millis(ttl_ms) <= drift {
+        if checked.duration() <= drift {
             return Err(ArgumentError::TtlBelowDrift { ttl, drift });
         }
-        Ok(ttl_ms)
+        Ok(checked)
     }
 
     /// The settings.
@@ -1047,6 +1047,7 @@ mod tests {
         cluster.node(0).query(&["DEL", "retaken:b"]).unwrap();
         let counter = &crate::kind::fence_keys("garbled")[1];
         cluster.node(1).set(counter, "not a number").unwrap();
+        let ttl = Ttl::whole_ms(ttl);
         let mut batch = [
             (&mut kept, ttl),
             (&mut taken, ttl),

@@ -7,6 +7,7 @@ use redis::Value;
 
 use crate::error::ArgumentError;
 use crate::script::{self, Command};
+use crate::time::Ttl;
 use crate::token::Token;
 
 /// The prefix of the keys that hold the fencing counters: the counter of
@@ -206,14 +207,14 @@ impl Kind {
 
     /// The command of a one-round acquisition, and the lock keys of a
     /// fenced one (the resource and its counter).
-    pub(crate) fn acquire(self, resources: &[String], token: &Token, ttl_ms: u64) -> Command {
-        let (hex, number) = (token.hex(), ttl_ms.to_string());
+    pub(crate) fn acquire(self, resources: &[String], token: &Token, ttl: Ttl) -> Command {
+        let (hex, number) = (token.hex(), ttl.ms().to_string());
         let args: &[&[u8]] = &[&hex, number.as_bytes()];
         match (self, resources) {
             (Kind::Fenced, [one]) => {
                 Command::script(&script::FENCE_ACQUIRE, &fence_keys(one), args)
             }
-            (_, [one]) => Command::acquire(one, token, ttl_ms),
+            (_, [one]) => Command::acquire(one, token, ttl.ms()),
             (_, many) => Command::script(&script::ACQUIRE_MANY, many, args),
         }
     }
@@ -230,9 +231,9 @@ impl Kind {
     /// The release of the lock `token` holds on `resources`; a clean-up
     /// after a failed attempt is quiet: it publishes nothing, so waiters
     /// hear only a holder's release.
-    pub(crate) fn release(self, resources: &[String], token: &Token, clean_up: bool) -> Command {
+    pub(crate) fn release(self, resources: &[String], token: &Token, by: Release) -> Command {
         let hex = token.hex();
-        let args: &[&[u8]] = if clean_up {
+        let args: &[&[u8]] = if by == Release::CleanUp {
             &[&hex, script::QUIET]
         } else {
             &[&hex]
@@ -252,7 +253,7 @@ impl Kind {
         self,
         resources: &[String],
         token: &Token,
-        ttl_ms: u64,
+        ttl: Ttl,
         retake: Option<u64>,
     ) -> (Vec<String>, [String; 4]) {
         let fence = retake.filter(|&f| (self == Kind::Fenced) == (f > 0));
@@ -262,9 +263,16 @@ impl Kind {
         };
         let fence = fence.map(|f| f.to_string()).unwrap_or_default();
         let count = keys.len().to_string();
-        let args = [count, token.to_string(), ttl_ms.to_string(), fence];
+        let args = [count, token.to_string(), ttl.ms().to_string(), fence];
         (keys, args)
     }
+}
+
+/// Who releases: the holder, or the clean-up after a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Release {
+    Holder,
+    CleanUp,
 }
 
 /// The keys of a fenced lock's scripts: the lock, and its counter.

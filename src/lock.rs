@@ -33,10 +33,9 @@ pub struct Lock {
     pub(crate) resources: Vec<String>,
     pub(crate) token: Token,
     pub(crate) kind: Kind,
-    pub(crate) valid_until: Instant,
-    /// Whether a round of this process measured `valid_until`: false for a
-    /// lock rebuilt from its token until an extension succeeds.
-    pub(crate) timed: bool,
+    /// When its validity runs out, as a round of this process measured it:
+    /// none for a lock rebuilt from its token until an extension succeeds.
+    pub(crate) valid_until: Option<Instant>,
     pub(crate) report: Report,
     /// Set by the fenced acquisitions only.
     pub(crate) fencing_token: Option<u64>,
@@ -87,8 +86,7 @@ impl Lock {
             resources,
             token,
             kind,
-            valid_until: Instant::now(),
-            timed: false,
+            valid_until: None,
             report: Report::default(),
             fencing_token: None,
         })
@@ -158,7 +156,9 @@ impl Lock {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn validity(&self) -> Duration {
-        self.valid_until.saturating_duration_since(Instant::now())
+        let now = Instant::now();
+        self.valid_until
+            .map_or(Duration::ZERO, |until| until.saturating_duration_since(now))
     }
 
     /// Whether some validity is left.
@@ -174,7 +174,8 @@ impl Lock {
         !self.validity().is_zero()
     }
 
-    /// The instant (monotonic clock) at which the validity runs out.
+    /// The instant (monotonic clock) at which the validity runs out: now,
+    /// for a lock rebuilt from its token that no extension measured yet.
     ///
     /// ```
     /// # use redlock_sync::{Kind, Lock, Token};
@@ -184,7 +185,7 @@ impl Lock {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn valid_until(&self) -> Instant {
-        self.valid_until
+        self.valid_until.unwrap_or_else(Instant::now)
     }
 
     /// What each node answered in the round that acquired or last extended

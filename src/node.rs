@@ -38,8 +38,8 @@ pub(crate) use endpoint::Endpoint;
 use pace::{Pace, SpinWait, RECHECK};
 pub(crate) use servers::Servers;
 pub(crate) use shared::{Bounds, Ticket};
-use shared::{Shared, Waiter};
-pub(crate) use subscription::{Event, Listener, Sender};
+use shared::{Shared, Sleeper};
+pub(crate) use subscription::{Listener, Message, Sender};
 pub use transport::counts::{io_counts, IoCounts};
 
 use crate::error::Failure;
@@ -289,7 +289,7 @@ impl<'a> Turn<'a> {
     /// caller polls after.
     pub(crate) fn sleep_on(&mut self, pending: &[usize], need: usize) {
         self.let_go(false, false);
-        let waiter = Waiter::new(need);
+        let waiter = Sleeper::new(need);
         let mut enlisted = Vec::with_capacity(pending.len());
         let ready = pending.iter().any(|&i| {
             let Some(ticket) = self.awaited[i] else {

@@ -91,11 +91,34 @@ impl RetryPolicy {
         backoff(backoff: impl Fn(u32) -> Duration + Send + Sync + 'static) => backoff = Some(Backoff(Arc::new(backoff)));
     }
 
-    /// The pause of a caller that goes on trying past the retry count (a
-    /// guard's watchdog, while validity is left): after attempt `attempt`,
-    /// or after the last retry once past it. `None` with no retries.
-    pub(crate) fn pause_capped(&self, attempt: u32) -> Option<Duration> {
-        (self.retries > 0).then(|| self.pause(attempt.min(self.retries)))
+    /// When an extension that failed `failures` times in a row tries
+    /// again, never at or past `until` (the lock's validity, the call's
+    /// deadline). [`Retries::Counted`] (`extend`): after the pause for
+    /// `failures`, while `retries` are left and the pause ends before
+    /// `until`. [`Retries::WhileValid`] (a guard's watchdog): after the pause,
+    /// asked at most for the retry count (with none, not asked), cut to half
+    /// the time left, so that more tries fit; never at once.
+    pub(crate) fn next_extension(
+        &self,
+        failures: u32,
+        retries: Retries,
+        until: Option<Instant>,
+    ) -> Option<Instant> {
+        let now = Instant::now();
+        let left = until.map(|until| until.saturating_duration_since(now));
+        let pause = match retries {
+            Retries::Counted(n) if failures > n => return None,
+            Retries::Counted(_) => self.pause(failures),
+            Retries::WhileValid => {
+                let half = left.filter(|left| !left.is_zero())? / 2;
+                let asked = (self.retries > 0).then(|| self.pause(failures.min(self.retries)));
+                asked
+                    .map_or(half, |pause| pause.min(half))
+                    .max(Duration::from_millis(1))
+            }
+        };
+        let at = later(now, pause);
+        until.is_none_or(|until| at < until).then_some(at)
     }
 
     /// The pause after attempt number `attempt` (from 1): the backoff's, or
@@ -113,6 +136,15 @@ impl RetryPolicy {
             None => self.delay.saturating_add(random_below(self.jitter)),
         }
     }
+}
+
+/// How long a failed extension is retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Retries {
+    /// Up to this many retries (`extend`).
+    Counted(u32),
+    /// While validity is left (a guard's watchdog).
+    WhileValid,
 }
 
 /// The pause of a waiting acquisition, as news of releases cuts it short:
@@ -193,5 +225,92 @@ impl Pause {
             self.under_way = None;
         }
         !(last && Instant::now() >= until)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// A policy whose backoff records what it is asked, and answers `n` ms.
+    fn recording(retries: u32) -> (RetryPolicy, Arc<Mutex<Vec<u32>>>) {
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let record = Arc::clone(&asked);
+        let policy = RetryPolicy::default().retries(retries).backoff(move |n| {
+            record.lock().unwrap().push(n);
+            MS * n
+        });
+        (policy, asked)
+    }
+
+    #[test]
+    fn extend_retries_while_its_count_lasts_and_the_pause_ends_before_the_validity() {
+        let (policy, asked) = recording(2);
+        let far = Some(Instant::now() + Duration::from_secs(60));
+        assert!(policy.next_extension(2, Retries::Counted(2), far).is_some());
+        assert_eq!(policy.next_extension(3, Retries::Counted(2), far), None);
+        assert_eq!(*asked.lock().unwrap(), [2], "not asked past the count");
+        let soon = Some(Instant::now() + MS);
+        assert_eq!(policy.next_extension(2, Retries::Counted(2), soon), None);
+    }
+
+    #[test]
+    fn the_watchdog_retries_while_valid_within_half_the_time_left_asking_at_most_the_retry_count() {
+        let (policy, asked) = recording(3);
+        let until = Instant::now() + Duration::from_secs(60);
+        let at = policy
+            .next_extension(9, Retries::WhileValid, Some(until))
+            .unwrap();
+        assert!(at <= Instant::now() + 3 * MS, "the pause for attempt 3");
+        assert_eq!(*asked.lock().unwrap(), [3], "never past the retry count");
+        // Half the time left, whatever the pause; never at once.
+        let slow = RetryPolicy::default()
+            .delay(Duration::from_secs(100))
+            .jitter(Duration::ZERO);
+        let until = Instant::now() + Duration::from_millis(400);
+        let at = slow
+            .next_extension(1, Retries::WhileValid, Some(until))
+            .unwrap();
+        assert!(at <= Instant::now() + Duration::from_millis(200));
+        let now = Instant::now();
+        let at = recording(0)
+            .0
+            .next_extension(1, Retries::WhileValid, Some(now + 4 * MS));
+        assert!(
+            at.is_some_and(|at| at > now),
+            "no retries: half the time left"
+        );
+        assert_eq!(
+            policy.next_extension(1, Retries::WhileValid, Some(now)),
+            None
+        );
+    }
+
+    #[test]
+    fn an_acquisitions_pause_goes_on_when_news_wakes_it_and_ends_at_the_deadline() {
+        let policy = RetryPolicy::default()
+            .retries(5)
+            .backoff(|_| Duration::from_secs(60));
+        let mut pause = Pause::default();
+        assert!(pause.counts_next_attempt(), "the first attempt counts");
+        let end = pause.plan(&policy, (1, 5), None, MS).unwrap();
+        // News within the pause: the next attempt comes on top, and the
+        // wait after it is the rest of the same pause, or sooner.
+        assert!(pause.woken(Wake::Heard));
+        assert!(!pause.counts_next_attempt());
+        assert!(pause
+            .plan(&policy, (1, 5), None, MS)
+            .is_some_and(|again| again <= end));
+        // Past the retries, no pause.
+        assert_eq!(Pause::default().plan(&policy, (6, 5), None, MS), None);
+        // A deadline before the pause's end ends the wait, and then the call.
+        let mut capped = Pause::default();
+        let deadline = Instant::now() + Duration::from_micros(1);
+        let _ = capped.plan(&policy, (1, 5), Some(deadline), MS);
+        std::thread::sleep(MS);
+        assert!(!capped.woken(Wake::TimedOut), "the wait budget is used up");
     }
 }

@@ -1,5 +1,5 @@
-//! Two helpers of time: a deadline that never overflows, and a random
-//! pause.
+//! Helpers of time: a checked TTL, a deadline that never overflows, and a
+//! random pause.
 
 use std::time::{Duration, Instant};
 
@@ -14,4 +14,24 @@ pub(crate) fn later(t: Instant, d: Duration) -> Instant {
 pub(crate) fn random_below(bound: Duration) -> Duration {
     let nanos = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX).max(1);
     Duration::from_nanos(getrandom::u64().unwrap_or(0) % nanos)
+}
+
+/// A TTL that passed the client's checks, in whole milliseconds (Redis'
+/// unit, on which validity is measured too): converted once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Ttl(u64);
+
+impl Ttl {
+    /// `ttl` cut to whole milliseconds.
+    pub(crate) fn whole_ms(ttl: Duration) -> Ttl {
+        Ttl(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    pub(crate) fn ms(self) -> u64 {
+        self.0
+    }
+
+    pub(crate) fn duration(self) -> Duration {
+        Duration::from_millis(self.0)
+    }
 }

@@ -15,7 +15,7 @@
 //! before the attempt, this client's own release heard back) costs an
 //! attempt.
 //!
-//! - A waiter counts from the start of its attempt ([`Waiters::watch`]): a
+//! - A waiter counts from the start of its attempt ([`Waiters::listen`]): a
 //!   message that comes during the attempt ends the wait after it at once.
 //! - A message on a resource's channel wakes one of its waiters (the first
 //!   registered): one lock to take, no stampede. The confirmation of a
@@ -41,7 +41,7 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::error::Failure;
-use crate::node::{Event, Listener, Node, Sender};
+use crate::node::{Listener, Message, Node, Sender};
 use crate::time::random_below;
 
 /// How long a channel stays subscribed, and the line open, after the last
@@ -64,7 +64,7 @@ const WAKE_SPREAD: Duration = Duration::from_micros(500);
 
 /// The waiting threads of one client, and its line.
 pub(crate) struct Waiters {
-    state: Mutex<State>,
+    state: Mutex<Waiting>,
     /// Signalled when a waiter is woken, the reading role or the line frees
     /// up, or a line opens.
     changed: Condvar,
@@ -90,12 +90,12 @@ pub(crate) enum Wake {
 
 /// A waiter registered as its attempt started: the wait after the attempt
 /// takes it over; dropped unused (the attempt won), it unregisters.
-pub(crate) struct Watch<'a> {
+pub(crate) struct Listening<'a> {
     waiters: &'a Waiters,
     id: Option<u64>,
 }
 
-impl Drop for Watch<'_> {
+impl Drop for Listening<'_> {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
             self.waiters.lock().hints.unregister(id, Instant::now());
@@ -104,7 +104,7 @@ impl Drop for Watch<'_> {
     }
 }
 
-struct State {
+struct Waiting {
     hints: Hints,
     /// The line: its sender, and its listener unless a thread reads with
     /// it. Only that thread drops the line while it reads (whoever else
@@ -121,7 +121,7 @@ type Out = Vec<(&'static str, String)>;
 #[derive(Debug, Default)]
 struct Hints {
     nodes: usize,
-    waiters: Vec<Entry>,
+    waiters: Vec<Waiter>,
     next_id: u64,
     /// The resources the line listens (or asked to) for, by name: when a
     /// waiter last came or left.
@@ -151,7 +151,7 @@ enum LineState {
 }
 
 #[derive(Debug)]
-struct Entry {
+struct Waiter {
     id: u64,
     resources: Vec<String>,
     woken: Option<Wake>,
@@ -162,7 +162,7 @@ impl Waiters {
     /// `io_timeout` to answer and `connect_timeout` to connect.
     pub(crate) fn new(nodes: usize, io_timeout: Duration, connect_timeout: Duration) -> Waiters {
         Waiters {
-            state: Mutex::new(State {
+            state: Mutex::new(Waiting {
                 hints: Hints::new(nodes),
                 line: None,
             }),
@@ -173,15 +173,15 @@ impl Waiters {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, Waiting> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Called as an attempt on `resources` starts: while the line listens
     /// for all of them, a message from now on counts for the wait after
     /// it. Costs nothing while the client has no line.
-    pub(crate) fn watch(&self, resources: &[String]) -> Watch<'_> {
-        let mut watch = Watch {
+    pub(crate) fn listen(&self, resources: &[String]) -> Listening<'_> {
+        let mut listening = Listening {
             waiters: self,
             id: None,
         };
@@ -190,10 +190,10 @@ impl Waiters {
             let now = Instant::now();
             self.tidy(&mut st, now);
             if st.hints.listens_for(resources) {
-                watch.id = Some(self.register(&mut st, resources, now));
+                listening.id = Some(self.register(&mut st, resources, now));
             }
         }
-        watch
+        listening
     }
 
     /// This client released `resources`: wakes one of its waiters of each.
@@ -203,14 +203,14 @@ impl Waiters {
         }
     }
 
-    /// Waits, after the attempt that `watch` began, until a release of one
+    /// Waits, after the attempt that `listening` began, until a release of one
     /// of `resources` is heard of, or until `until`, or until `stop` says so
     /// (then as if timed out; whoever makes `stop` true calls
     /// [`nudge`](Self::nudge) after). Never past `until`, give or take a
     /// read's socket timeout.
     pub(crate) fn wait(
         &self,
-        mut watch: Watch<'_>,
+        mut listening: Listening<'_>,
         nodes: &[Node],
         resources: &[String],
         until: Instant,
@@ -218,8 +218,8 @@ impl Waiters {
     ) -> Wake {
         let mut st = self.lock();
         self.active.store(true, Ordering::Release);
-        let id =
-            *(watch.id).get_or_insert_with(|| self.register(&mut st, resources, Instant::now()));
+        let id = *(listening.id)
+            .get_or_insert_with(|| self.register(&mut st, resources, Instant::now()));
         loop {
             if let Some(wake) = st.hints.woken(id) {
                 drop(st);
@@ -259,10 +259,10 @@ impl Waiters {
     /// at most, and records what it heard.
     fn read<'a>(
         &'a self,
-        st: MutexGuard<'a, State>,
+        st: MutexGuard<'a, Waiting>,
         mut listener: Listener,
         until: Instant,
-    ) -> MutexGuard<'a, State> {
+    ) -> MutexGuard<'a, Waiting> {
         let read_until = st
             .hints
             .read_deadline(Instant::now(), until, self.io_timeout);
@@ -271,7 +271,7 @@ impl Waiters {
         let mut st = self.lock();
         let now = Instant::now();
         let news = match heard {
-            Ok(event) => st.hints.on_event(event, now),
+            Ok(message) => st.hints.on_message(message, now),
             Err(Failure::TimedOut) if !st.hints.overdue(now) => false,
             Err(_) => {
                 st.hints.line_failed(now);
@@ -293,10 +293,10 @@ impl Waiters {
     /// waiter's own pause cut short says nothing about the node.
     fn connect<'a>(
         &'a self,
-        mut st: MutexGuard<'a, State>,
+        mut st: MutexGuard<'a, Waiting>,
         nodes: &[Node],
         until: Instant,
-    ) -> MutexGuard<'a, State> {
+    ) -> MutexGuard<'a, Waiting> {
         st.hints.line = LineState::Connecting;
         let node = st.hints.node;
         drop(st);
@@ -321,7 +321,7 @@ impl Waiters {
 
     /// Adds a waiter for `resources`, and sends what the line needs for
     /// it. Returns its id.
-    fn register(&self, st: &mut State, resources: &[String], now: Instant) -> u64 {
+    fn register(&self, st: &mut Waiting, resources: &[String], now: Instant) -> u64 {
         let (id, out) = st.hints.register(resources, now, self.io_timeout);
         self.send(st, &out, now);
         id
@@ -329,7 +329,7 @@ impl Waiters {
 
     /// Sends `out`, if anything, on the line, if there is one. A failed
     /// write leaves the line overdue: its next read fails it.
-    fn send(&self, st: &mut State, out: &Out, now: Instant) {
+    fn send(&self, st: &mut Waiting, out: &Out, now: Instant) {
         if let Some((sender, _)) = st.line.as_mut().filter(|_| !out.is_empty()) {
             if sender.send(out, now + self.io_timeout).is_err() {
                 st.hints.due = Some(now);
@@ -338,7 +338,7 @@ impl Waiters {
     }
 
     /// Closes the line if no thread has waited for [`LINGER`]: for the
-    /// client's operations that do not [`watch`](Self::watch) (extensions
+    /// client's operations that do not [`listen`](Self::listen) (extensions
     /// and releases), so that a client that stopped waiting and goes on
     /// only holding its locks does not keep the line open. Costs nothing
     /// while the client has no line.
@@ -348,7 +348,7 @@ impl Waiters {
         }
     }
 
-    fn tidy(&self, st: &mut State, now: Instant) {
+    fn tidy(&self, st: &mut Waiting, now: Instant) {
         if st.hints.close_if_idle(now) {
             st.line = None;
             self.active.store(false, Ordering::Release);
@@ -375,7 +375,7 @@ impl Hints {
     fn register(&mut self, resources: &[String], now: Instant, io: Duration) -> (u64, Out) {
         let id = self.next_id;
         self.next_id += 1;
-        self.waiters.push(Entry {
+        self.waiters.push(Waiter {
             id,
             resources: resources.to_vec(),
             woken: None,
@@ -455,15 +455,15 @@ impl Hints {
     }
 
     /// What the line said. Returns whether other threads should look.
-    fn on_event(&mut self, event: Event, now: Instant) -> bool {
+    fn on_message(&mut self, message: Message, now: Instant) -> bool {
         (self.heard, self.due) = (Some(now), None);
-        match event {
-            Event::Released(resource) => self.wake(&resource, Wake::Heard, false),
-            Event::Subscribed(resource) => {
+        match message {
+            Message::Released(resource) => self.wake(&resource, Wake::Heard, false),
+            Message::Subscribed(resource) => {
                 (self.failed_in_row, self.backoff) = (0, BACKOFF);
                 self.wake(&resource, Wake::Heard, true)
             }
-            Event::Answer => false,
+            Message::Answer => false,
         }
     }
 
@@ -547,12 +547,12 @@ mod tests {
         list.iter().map(|s| s.to_string()).collect()
     }
 
-    fn subscribed(resource: &str) -> Event {
-        Event::Subscribed(resource.to_string())
+    fn subscribed(resource: &str) -> Message {
+        Message::Subscribed(resource.to_string())
     }
 
-    fn message(resource: &str) -> Event {
-        Event::Released(resource.to_string())
+    fn message(resource: &str) -> Message {
+        Message::Released(resource.to_string())
     }
 
     /// Hints with a line up and `resource` confirmed on it.
@@ -560,7 +560,7 @@ mod tests {
         let mut hints = Hints::new(3);
         let (id, _) = hints.register(&names(&[resource]), now, IO);
         hints.line_opened(now, IO);
-        hints.on_event(subscribed(resource), now);
+        hints.on_message(subscribed(resource), now);
         hints.unregister(id, now);
         hints
     }
@@ -572,13 +572,16 @@ mod tests {
         let (first, _) = hints.register(&names(&["a"]), now, IO);
         let (second, _) = hints.register(&names(&["a"]), now, IO);
         let (other, _) = hints.register(&names(&["b"]), now, IO);
-        assert!(hints.on_event(message("a"), now));
+        assert!(hints.on_message(message("a"), now));
         assert_eq!(hints.woken(first), Some(Wake::Heard));
         assert_eq!(hints.woken(second), None, "one lock to take, one waiter");
         assert_eq!(hints.woken(other), None);
-        assert!(hints.on_event(message("a"), now));
+        assert!(hints.on_message(message("a"), now));
         assert_eq!(hints.woken(second), Some(Wake::Heard));
-        assert!(!hints.on_event(message("zzz"), now), "nobody waits for it");
+        assert!(
+            !hints.on_message(message("zzz"), now),
+            "nobody waits for it"
+        );
     }
 
     #[test]
@@ -591,7 +594,7 @@ mod tests {
         let mut out = hints.line_opened(now, IO);
         out.sort();
         assert_eq!(out, [("SUBSCRIBE", "a".into()), ("SUBSCRIBE", "b".into())]);
-        assert!(hints.on_event(subscribed("a"), now));
+        assert!(hints.on_message(subscribed("a"), now));
         assert_eq!(hints.woken(a1), Some(Wake::Heard));
         assert_eq!(hints.woken(a2), Some(Wake::Heard));
         assert_eq!(hints.woken(b), None);
@@ -657,7 +660,7 @@ mod tests {
         let secs: Vec<u64> = backoffs.iter().map(Duration::as_secs).collect();
         assert_eq!(secs, [1, 2, 4, 8, 16, 32, 60, 60]);
         hints.line_opened(now, IO);
-        hints.on_event(subscribed("a"), now);
+        hints.on_message(subscribed("a"), now);
         assert_eq!(hints.woken(id), Some(Wake::Heard));
         assert_eq!(hints.backoff, BACKOFF, "a confirmed subscription resets it");
     }
@@ -677,7 +680,7 @@ mod tests {
         assert!(!hints.overdue(quiet));
         assert_eq!(hints.read_deadline(quiet, quiet + IO * 10, IO), quiet + IO);
         assert!(hints.overdue(quiet + IO));
-        hints.on_event(Event::Answer, quiet);
+        hints.on_message(Message::Answer, quiet);
         assert!(!hints.overdue(quiet + IO));
     }
 

@@ -85,7 +85,9 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
+    use crate::client::Op;
     use crate::error::{LockError, NodeReport};
+    use crate::time::Ttl;
 
     /// A report of three nodes that all answered `outcome` after `elapsed`.
     fn report(outcome: NodeOutcome, elapsed: Duration) -> Report {
@@ -145,7 +147,7 @@ mod tests {
         let ttl = Duration::from_millis(4);
         let both = won_then_refused(&locks, ttl, ttl);
         assert!(!both.granted());
-        match both.error("r", 1, ttl, false) {
+        match both.error("r", 1, Ttl::whole_ms(ttl), Op::Acquire) {
             LockError::TooSlow {
                 resource, ttl: t, ..
             } => assert_eq!((&*resource, t), ("r", ttl)),
@@ -162,7 +164,7 @@ mod tests {
         let both = won_then_refused(&locks, ttl, Duration::from_millis(1));
         assert!(!both.granted());
         assert!(!matches!(
-            both.error("r", 1, ttl, false),
+            both.error("r", 1, Ttl::whole_ms(ttl), Op::Acquire),
             LockError::TooSlow { .. }
         ));
     }

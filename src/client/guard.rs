@@ -28,13 +28,14 @@ use std::time::{Duration, Instant};
 
 use super::config::Call;
 use super::observe::{caught, Failures};
-use super::Redlock;
+use super::{Redlock, Tries};
 use crate::error::{LockError, Loss, Report};
 use crate::event::What;
 use crate::kind::Kind;
 use crate::lock::{IntoResources, Lock};
 use crate::request::LockOptions;
-use crate::time::later;
+use crate::retry::Retries;
+use crate::time::{later, Ttl};
 use crate::token::Token;
 
 /// A loss callback ([`LockGuard::on_lost`]).
@@ -109,16 +110,16 @@ pub(crate) struct Lease {
     resources: Vec<String>,
     token: Token,
     fencing_token: Option<u64>,
-    ttl: Duration,
+    ttl: Ttl,
     when_left: f64,
-    state: Mutex<State>,
+    state: Mutex<LeaseState>,
     /// Wakes the guard when an extension ends or the lock is lost.
     wake: Condvar,
 }
 
 /// The lease's state.
 #[derive(Default)]
-struct State {
+struct LeaseState {
     /// The validity deadline; `None` once the lock is lost, for good. It
     /// only moves forward, and only while it has not passed.
     deadline: Option<Instant>,
@@ -142,7 +143,7 @@ struct State {
     told: bool,
 }
 
-impl State {
+impl LeaseState {
     /// The validity deadline while the lock is held; marks the lock lost
     /// for good once its deadline has passed.
     fn deadline(&mut self) -> Option<Instant> {
@@ -154,7 +155,7 @@ impl State {
 impl Lease {
     /// The lease of `lock`, which a guard keeps as `call` says, extending it
     /// by `ttl`.
-    fn new(lock: &Lock, call: &Call, ttl: Duration) -> Arc<Lease> {
+    fn new(lock: &Lock, call: &Call, ttl: Ttl) -> Arc<Lease> {
         let hold_deadline = (call.max_hold).and_then(|cap| Instant::now().checked_add(cap));
         Arc::new(Lease {
             hold_deadline,
@@ -164,23 +165,27 @@ impl Lease {
             fencing_token: lock.fencing_token,
             ttl,
             when_left: call.extend_when_left,
-            state: Mutex::new(State {
-                deadline: Some(lock.valid_until),
+            state: Mutex::new(LeaseState {
+                deadline: lock.valid_until,
                 // A cap the acquisition's validity already reaches leaves
                 // no extension to come.
-                ending: hold_deadline.is_some_and(|hold| hold <= lock.valid_until),
+                ending: hold_deadline.is_some_and(|hold| hold <= lock.valid_until()),
                 report: lock.report.clone(),
-                ..State::default()
+                ..LeaseState::default()
             }),
             wake: Condvar::new(),
         })
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    fn state(&self) -> MutexGuard<'_, LeaseState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn wait<'a>(&self, state: MutexGuard<'a, State>, timeout: Duration) -> MutexGuard<'a, State> {
+    fn wait<'a>(
+        &self,
+        state: MutexGuard<'a, LeaseState>,
+        timeout: Duration,
+    ) -> MutexGuard<'a, LeaseState> {
         let waited = self.wake.wait_timeout(state, timeout);
         waited.unwrap_or_else(PoisonError::into_inner).0
     }
@@ -214,7 +219,7 @@ impl Lease {
     /// it is due next (`None` when the watchdog is done with it: the guard
     /// is done, or the loss was told). A lease that is not extended any
     /// more is due at its deadline, to tell the loss then.
-    pub(crate) fn claim(self: &Arc<Self>, client: &Redlock) -> Result<Duration, Option<Instant>> {
+    pub(crate) fn claim(self: &Arc<Self>, client: &Redlock) -> Result<Ttl, Option<Instant>> {
         let mut state = self.state();
         // Lost, the lease is due no more once the loss is told; done, at
         // once (its loss is not told).
@@ -223,15 +228,18 @@ impl Lease {
             return Err(self.tell(client));
         };
         let now = Instant::now();
-        let room = (self.hold_deadline).map_or(self.ttl, |h| h.saturating_duration_since(now));
+        let full = self.ttl.duration();
+        let room = (self.hold_deadline).map_or(full, |h| h.saturating_duration_since(now));
         // A TTL shortened to end at the cap may be too short to extend
         // anything: then the last extension is past.
-        let ttl = room.min(self.ttl);
-        let short = client.check_ttl(ttl).is_err();
-        if state.ending || room <= deadline.saturating_duration_since(now) || short {
-            state.ending = true;
-            return Err(Some(deadline));
-        }
+        let checked = client.check_ttl(room.min(full));
+        let ttl = match checked {
+            Ok(ttl) if !state.ending && room > deadline.saturating_duration_since(now) => ttl,
+            _ => {
+                state.ending = true;
+                return Err(Some(deadline));
+            }
+        };
         state.extending = true;
         Ok(ttl)
     }
@@ -247,7 +255,7 @@ impl Lease {
         self: &Arc<Self>,
         client: &Redlock,
         lock: &Lock,
-        ttl: Duration,
+        ttl: Ttl,
         result: Result<(), LockError>,
     ) -> Option<Instant> {
         let mut state = self.state();
@@ -264,7 +272,7 @@ impl Lease {
                 // The shortened TTL was measured before the round began:
                 // never let the validity run past the cap.
                 let valid_until = (self.hold_deadline)
-                    .map_or(lock.valid_until, |hold| hold.min(lock.valid_until));
+                    .map_or(lock.valid_until(), |hold| hold.min(lock.valid_until()));
                 state.deadline = state.deadline().map(|_| valid_until);
                 self.due(&mut state)
             }
@@ -298,15 +306,11 @@ impl Lease {
     /// retries, half the validity left), and never at once. `None` once the
     /// validity ran out, or if the backoff panicked: the lease then ends,
     /// with the panic as its error.
-    fn retry(&self, client: &Redlock, state: &mut State) -> Option<Instant> {
-        let (deadline, now) = (state.deadline()?, Instant::now());
-        let left = deadline.saturating_duration_since(now) / 2;
-        let failures = state.failures.count();
-        match caught(|| client.config().retry.pause_capped(failures)) {
-            Ok(pause) => {
-                let pause = pause.map_or(left, |pause| pause.min(left));
-                Some(later(now, pause.max(Duration::from_millis(1))))
-            }
+    fn retry(&self, client: &Redlock, state: &mut LeaseState) -> Option<Instant> {
+        let (deadline, failures) = (state.deadline()?, state.failures.count());
+        let policy = &client.config().retry;
+        match caught(|| policy.next_extension(failures, Retries::WhileValid, Some(deadline))) {
+            Ok(due) => due,
             Err(panic) => {
                 let message = format!("the retry policy's backoff panicked: {panic}");
                 (state.panic, state.deadline) = (Some(message), None);
@@ -320,9 +324,13 @@ impl Lease {
     /// once only the share `when_left` of the validity is left. Measured on
     /// the validity each round leaves, not on the TTL: the next extension
     /// is always some time away, whatever the fraction and the drift term.
-    fn due(&self, state: &mut State) -> Option<Instant> {
+    fn due(&self, state: &mut LeaseState) -> Option<Instant> {
         let (deadline, now) = (state.deadline()?, Instant::now());
-        let share = [1.0 - self.when_left, 1.0][usize::from(state.ending)];
+        let share = if state.ending {
+            1.0
+        } else {
+            1.0 - self.when_left
+        };
         let wait = deadline.saturating_duration_since(now).mul_f64(share);
         Some(later(now, wait).min(deadline))
     }
@@ -768,7 +776,7 @@ impl Redlock {
         resources: impl IntoResources,
         options: impl Into<LockOptions>,
     ) -> Result<LockGuard, LockError> {
-        self.keep_alive(resources.into_resources(), &options.into(), false)
+        self.keep_alive(resources.into_resources(), &options.into(), Tries::Patient)
     }
 
     /// Like [`lock`](Self::lock), but one attempt only, as
@@ -794,7 +802,7 @@ impl Redlock {
         resources: impl IntoResources,
         options: impl Into<LockOptions>,
     ) -> Result<LockGuard, LockError> {
-        self.keep_alive(resources.into_resources(), &options.into(), true)
+        self.keep_alive(resources.into_resources(), &options.into(), Tries::Once)
     }
 
     /// Acquires a lock as [`lock`](Self::lock) does, runs `f` under it
@@ -926,10 +934,10 @@ impl Redlock {
         &self,
         resources: Vec<String>,
         options: &LockOptions,
-        once: bool,
+        tries: Tries,
     ) -> Result<LockGuard, LockError> {
-        let (lock, call) = self.acquire_with(resources, options, once)?;
-        let lease = Lease::new(&lock, &call, options.ttl);
+        let (lock, call) = self.acquire_with(resources, options, tries)?;
+        let lease = Lease::new(&lock, &call, Ttl::whole_ms(options.ttl));
         let guard = LockGuard {
             lease: Arc::clone(&lease),
             client: self.clone(),
@@ -959,5 +967,69 @@ where
     match guard.unlock() {
         Err(lost @ (LockError::Lost { .. } | LockError::Panicked { .. })) => Err(lost.into()),
         _ => Ok(value),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::token::Token;
+
+    /// A lease of a lock valid for `valid`, extended at a third left, with
+    /// a hold cap of `max_hold` if any; and a client over nodes nobody
+    /// listens on (no round is run).
+    fn lease(valid: Duration, max_hold: Option<Duration>) -> (Arc<Lease>, Redlock) {
+        let client = Redlock::new(["redis://127.0.0.1:1"]).unwrap();
+        let mut lock = Lock::from_token("r", Token::random().unwrap(), Kind::Plain).unwrap();
+        lock.valid_until = Some(Instant::now() + valid);
+        let call = Call {
+            max_hold,
+            extend_when_left: 1.0 / 3.0,
+            ..Call::default()
+        };
+        (Lease::new(&lock, &call, Ttl::whole_ms(valid)), client)
+    }
+
+    #[test]
+    fn a_lease_is_lost_for_good_once_its_deadline_passed() {
+        let (lease, _) = lease(Duration::from_millis(20), None);
+        assert!(lease.held());
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(!lease.held());
+        // Nothing brings a passed deadline back.
+        assert_eq!(lease.state().deadline(), None);
+    }
+
+    #[test]
+    fn a_lease_is_due_when_a_third_of_its_validity_is_left_and_claims_its_ttl() {
+        let valid = Duration::from_secs(30);
+        let (lease, client) = lease(valid, None);
+        let due = lease.due(&mut lease.state()).unwrap();
+        let after = due.saturating_duration_since(Instant::now());
+        assert!(
+            after > Duration::from_secs(19) && after <= Duration::from_secs(20),
+            "{after:?}"
+        );
+        assert_eq!(lease.claim(&client).ok(), Some(Ttl::whole_ms(valid)));
+        assert!(
+            lease.state().extending,
+            "a claim marks the extension in flight"
+        );
+    }
+
+    #[test]
+    fn a_lease_whose_hold_cap_the_validity_reaches_claims_no_extension_and_is_due_at_its_deadline()
+    {
+        let (lease, client) = lease(Duration::from_secs(30), Some(Duration::from_secs(10)));
+        let deadline = lease.state().deadline().unwrap();
+        assert_eq!(lease.claim(&client), Err(Some(deadline)));
+        assert!(lease.state().ending);
+    }
+
+    #[test]
+    fn a_lease_that_is_done_claims_nothing_and_is_due_no_more() {
+        let (lease, client) = lease(Duration::from_secs(30), None);
+        lease.state().done = true;
+        assert_eq!(lease.claim(&client), Err(None));
     }
 }

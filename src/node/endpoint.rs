@@ -48,23 +48,7 @@ impl Endpoint {
             url: redact(url),
             reason,
         };
-        let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
-        let known = matches!(
-            scheme,
-            "redis" | "rediss" | "valkey" | "valkeys" | "redis+unix" | "valkey+unix" | "unix"
-        );
-        if !known {
-            return Err(bad(
-                "expected redis://host:port[/db], redis+unix:///path, or rediss://host:port \
-                 (or the same with valkey in place of redis)"
-                    .to_string(),
-            ));
-        }
-        if matches!(scheme, "rediss" | "valkeys") && !cfg!(feature = "tls") {
-            return Err(bad(format!(
-                "{scheme}:// needs the crate's `tls` feature: redlock-sync = {{ features = [\"tls\"] }}"
-            )));
-        }
+        check_scheme(url).map_err(bad)?;
         let info: ConnectionInfo = url
             .into_connection_info()
             .map_err(|e| bad(diagnose(url).unwrap_or_else(|| e.to_string())))?;
@@ -75,22 +59,7 @@ impl Endpoint {
                 redis.db()
             )));
         }
-        let route = match info.addr() {
-            ConnectionAddr::Tcp(_, 0) | ConnectionAddr::TcpTls { port: 0, .. } => {
-                return Err(bad("the port `0` is not a number from 1 to 65535".into()));
-            }
-            ConnectionAddr::Tcp(host, port) => match host.parse::<IpAddr>() {
-                Ok(ip) => Route::Ip(SocketAddr::new(ip, *port)),
-                Err(_) => Route::Name(Resolver::new(host, *port)),
-            },
-            ConnectionAddr::TcpTls { .. } => Route::Unsplit,
-            // Our own socket where the OS has them, else the redis crate's.
-            #[cfg(unix)]
-            ConnectionAddr::Unix(path) => Route::Unix(path.clone()),
-            #[cfg(not(unix))]
-            ConnectionAddr::Unix(_) => Route::Unsplit,
-            other => return Err(bad(format!("unsupported address {other:?}"))),
-        };
+        let route = route(info.addr()).map_err(bad)?;
         // `host:port` or the socket path; a TLS node is the same server as
         // a plain one at its address.
         let addr = info.addr().to_string();
@@ -103,21 +72,7 @@ impl Endpoint {
             true => format!("unix {addr}"),
             false => format!("tcp {}", addr.to_ascii_lowercase()),
         };
-        let mut handshake = redis::pipe();
-        if let Some(password) = redis.password() {
-            handshake.cmd("AUTH").arg(redis.username()).arg(password);
-        }
-        if redis.db() != 0 {
-            handshake.cmd("SELECT").arg(redis.db());
-        }
-        let checked_replies = handshake.len();
-        // Loaded scripts, unlike those that come in by `EVAL`, are not
-        // evicted from the server's cache (Redis 7.4 evicts `EVAL` scripts).
-        for script in script::SCRIPTS {
-            handshake.cmd("SCRIPT").arg("LOAD").arg(script.body);
-        }
-        // Last: the server's run_id (and uptime, for the restart guard).
-        handshake.cmd("INFO").arg("server");
+        let (handshake, checked_replies) = handshake(redis);
         let bare = info
             .clone()
             .set_redis_settings(RedisConnectionInfo::default().set_skip_set_lib_name())
@@ -128,7 +83,7 @@ impl Endpoint {
             identity,
             client,
             route,
-            handshake: handshake.get_packed_pipeline(),
+            handshake,
             checked_replies,
             sends_auth: redis.password().is_some(),
             auth_hint: auth_hint(redis.username().is_some(), redis.password().is_some(), unix),
@@ -301,6 +256,70 @@ pub(crate) fn redact(url: &str) -> String {
         from = from.max(r.end);
     }
     shown + &url[from..]
+}
+
+/// Refuses a scheme this crate does not speak, or TLS without the feature.
+fn check_scheme(url: &str) -> Result<(), String> {
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    let known = matches!(
+        scheme,
+        "redis" | "rediss" | "valkey" | "valkeys" | "redis+unix" | "valkey+unix" | "unix"
+    );
+    if !known {
+        return Err(
+            "expected redis://host:port[/db], redis+unix:///path, or rediss://host:port \
+                    (or the same with valkey in place of redis)"
+                .to_string(),
+        );
+    }
+    if matches!(scheme, "rediss" | "valkeys") && !cfg!(feature = "tls") {
+        return Err(format!(
+            "{scheme}:// needs the crate's `tls` feature: redlock-sync = {{ features = [\"tls\"] }}"
+        ));
+    }
+    Ok(())
+}
+
+/// How to reach `addr`: by address, by name (resolved with a timeout), or
+/// through the redis crate (TLS, and Unix sockets where the OS has none).
+fn route(addr: &ConnectionAddr) -> Result<Route, String> {
+    Ok(match addr {
+        ConnectionAddr::Tcp(_, 0) | ConnectionAddr::TcpTls { port: 0, .. } => {
+            return Err("the port `0` is not a number from 1 to 65535".into());
+        }
+        ConnectionAddr::Tcp(host, port) => match host.parse::<IpAddr>() {
+            Ok(ip) => Route::Ip(SocketAddr::new(ip, *port)),
+            Err(_) => Route::Name(Resolver::new(host, *port)),
+        },
+        ConnectionAddr::TcpTls { .. } => Route::Unsplit,
+        // Our own socket where the OS has them, else the redis crate's.
+        #[cfg(unix)]
+        ConnectionAddr::Unix(path) => Route::Unix(path.clone()),
+        #[cfg(not(unix))]
+        ConnectionAddr::Unix(_) => Route::Unsplit,
+        other => return Err(format!("unsupported address {other:?}")),
+    })
+}
+
+/// A new connection's handshake, packed: `AUTH` and `SELECT` as the URL
+/// asks (their replies checked: how many), every script loaded (loaded
+/// scripts, unlike those that come in by `EVAL`, are not evicted from the
+/// server's cache), and last `INFO server` (its run_id, and its uptime for
+/// the restart guard).
+fn handshake(redis: &RedisConnectionInfo) -> (Vec<u8>, usize) {
+    let mut handshake = redis::pipe();
+    if let Some(password) = redis.password() {
+        handshake.cmd("AUTH").arg(redis.username()).arg(password);
+    }
+    if redis.db() != 0 {
+        handshake.cmd("SELECT").arg(redis.db());
+    }
+    let checked_replies = handshake.len();
+    for script in script::SCRIPTS {
+        handshake.cmd("SCRIPT").arg("LOAD").arg(script.body);
+    }
+    handshake.cmd("INFO").arg("server");
+    (handshake.get_packed_pipeline(), checked_replies)
 }
 
 #[cfg(test)]

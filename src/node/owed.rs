@@ -24,10 +24,10 @@ pub(super) struct Owed {
 #[derive(Default)]
 struct Entries {
     next_id: u64,
-    list: Vec<Entry>,
+    list: Vec<Debt>,
 }
 
-struct Entry {
+struct Debt {
     id: u64,
     /// Past this, the key the release is for has expired.
     until: Instant,
@@ -59,7 +59,7 @@ impl Owed {
         }
         let id = entries.next_id;
         entries.next_id += 1;
-        entries.list.push(Entry { id, until, bytes });
+        entries.list.push(Debt { id, until, bytes });
     }
 
     /// The clean-ups still worth sending. They stay owed until

@@ -10,7 +10,7 @@
 //! its request by sequence number and handed to the thread that asked (or
 //! discarded, if that thread stopped waiting). A reader hands out every
 //! reply one read brought. A round sleeps once, on all its nodes at a time
-//! (a [`Waiter`]): readers count its replies, and the one that stores as
+//! (a [`Sleeper`]): readers count its replies, and the one that stores as
 //! many as could decide the round wakes it. A reader that lets the reading
 //! role go with replies due wakes a sleeper to read on only when no thread
 //! is awake to poll the node, and one sleeper woken to read serves every
@@ -73,7 +73,7 @@ pub(crate) struct Shared {
 /// reading role of one of them is free: one wake-up per round, not one per
 /// node. Readers count its replies; the one that stores the `need`th
 /// wakes it.
-pub(crate) struct Waiter {
+pub(crate) struct Sleeper {
     thread: Thread,
     need: usize,
     stored: AtomicUsize,
@@ -89,11 +89,11 @@ const AWAKE_REPLY: u8 = 1;
 /// Woken to take a reading role over, or because an epoch ended.
 const AWAKE_OTHER: u8 = 2;
 
-impl Waiter {
+impl Sleeper {
     /// A waiter for this thread, woken once `need` of its replies are
     /// stored (at least one).
-    pub(crate) fn new(need: usize) -> Arc<Waiter> {
-        Arc::new(Waiter {
+    pub(crate) fn new(need: usize) -> Arc<Sleeper> {
+        Arc::new(Sleeper {
             thread: thread::current(),
             need: need.max(1),
             stored: AtomicUsize::new(0),
@@ -141,7 +141,7 @@ struct Link {
     /// sleeper to take it over; the end of an epoch wakes all. Nobody else
     /// is woken: every thread woken for nothing costs a context switch and
     /// two syscalls.
-    sleepers: Vec<(Ticket, Arc<Waiter>)>,
+    sleepers: Vec<(Ticket, Arc<Sleeper>)>,
     /// The last connection ended in a timeout, and no reply came since.
     slow: bool,
     /// No connect before this, after one timed out.
@@ -353,7 +353,7 @@ impl Shared {
     /// stored, the reading role is free with replies due, or the epoch
     /// ended. Every enlisted ticket must be [`delist`](Self::delist)ed once
     /// the waiter wakes.
-    pub(super) fn enlist(&self, ticket: Ticket, waiter: &Arc<Waiter>) -> bool {
+    pub(super) fn enlist(&self, ticket: Ticket, waiter: &Arc<Sleeper>) -> bool {
         let mut link = self.lock();
         let conn = &link.conn;
         if link.epoch != ticket.epoch
@@ -634,7 +634,7 @@ fn store(link: &mut Link, value: Value, pace: &Pace) -> Option<Thread> {
 /// replies one round awaits, not one per node. The lock is let go before
 /// the woken thread is unparked, as after a read.
 fn hand_off(link: Guard<'_>, pace: &Pace) {
-    let woken = |w: &Waiter| w.woken.load(Ordering::Acquire) == AWAKE_OTHER;
+    let woken = |w: &Sleeper| w.woken.load(Ordering::Acquire) == AWAKE_OTHER;
     if !can_read(&link.conn) || pace.others_awake() || link.sleepers.iter().any(|(_, w)| woken(w)) {
         return;
     }
@@ -712,7 +712,7 @@ mod tests {
     /// gets its thread to unpark and says why it woke it.
     #[test]
     fn a_waiter_is_woken_once_and_says_why() {
-        let waiter = Waiter::new(1);
+        let waiter = Sleeper::new(1);
         assert!(!waiter.woken());
         let thread = waiter.wake(AWAKE_REPLY).expect("not woken before");
         assert_eq!(thread.id(), thread::current().id());

@@ -27,7 +27,7 @@ pub(crate) struct Listener(Reader);
 
 /// One thing the server pushed.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Event {
+pub(crate) enum Message {
     /// A release of this resource was published.
     Released(String),
     /// The connection listens for this resource's releases from now on.
@@ -73,21 +73,21 @@ impl Sender {
 impl Listener {
     /// The next thing the server pushes, waiting until `deadline` at most;
     /// an error reply (a subscription refused) fails.
-    pub(crate) fn next(&mut self, deadline: Instant) -> Result<Event, Failure> {
+    pub(crate) fn next(&mut self, deadline: Instant) -> Result<Message, Failure> {
         let value = self.0.recv(deadline)?.extract_error();
-        value.map(event).map_err(failure)
+        value.map(message).map_err(failure)
     }
 }
 
-/// A pushed value as an event.
-fn event(value: Value) -> Event {
+/// A pushed value as a message.
+fn message(value: Value) -> Message {
     let Ok((kind, channel, _)) = redis::from_redis_value::<(String, String, Value)>(value) else {
-        return Event::Answer;
+        return Message::Answer;
     };
     match (kind.as_str(), channel.strip_prefix(RELEASED_CHANNEL_PREFIX)) {
-        ("message", Some(resource)) => Event::Released(resource.to_string()),
-        ("subscribe", Some(resource)) => Event::Subscribed(resource.to_string()),
-        _ => Event::Answer,
+        ("message", Some(resource)) => Message::Released(resource.to_string()),
+        ("subscribe", Some(resource)) => Message::Subscribed(resource.to_string()),
+        _ => Message::Answer,
     }
 }
 
@@ -100,20 +100,20 @@ mod tests {
     }
 
     #[test]
-    fn pushed_values_read_as_events_on_resources() {
+    fn pushed_values_read_as_messages_on_resources() {
         let channel = format!("{RELEASED_CHANNEL_PREFIX}r");
-        let message = Value::Array(vec![bulk("message"), bulk(&channel), bulk("tok")]);
-        assert_eq!(event(message), Event::Released("r".to_string()));
+        let released = Value::Array(vec![bulk("message"), bulk(&channel), bulk("tok")]);
+        assert_eq!(message(released), Message::Released("r".to_string()));
         let subscribed = Value::Array(vec![bulk("subscribe"), bulk(&channel), Value::Int(1)]);
-        assert_eq!(event(subscribed), Event::Subscribed("r".to_string()));
+        assert_eq!(message(subscribed), Message::Subscribed("r".to_string()));
         let gone = Value::Array(vec![bulk("unsubscribe"), bulk(&channel), Value::Int(0)]);
-        assert_eq!(event(gone), Event::Answer);
+        assert_eq!(message(gone), Message::Answer);
         assert_eq!(
-            event(Value::Array(vec![bulk("pong"), bulk("")])),
-            Event::Answer
+            message(Value::Array(vec![bulk("pong"), bulk("")])),
+            Message::Answer
         );
-        assert_eq!(event(Value::SimpleString("PONG".into())), Event::Answer);
+        assert_eq!(message(Value::SimpleString("PONG".into())), Message::Answer);
         let other = Value::Array(vec![bulk("message"), bulk("other"), bulk("tok")]);
-        assert_eq!(event(other), Event::Answer, "not a channel of ours");
+        assert_eq!(message(other), Message::Answer, "not a channel of ours");
     }
 }
