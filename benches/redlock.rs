@@ -46,21 +46,9 @@ const NODES: usize = 5;
 /// The thread counts of the throughput table.
 const THREADS: [usize; 6] = [1, 2, 4, 8, 16, 32];
 
-/// The crate's release script, for the floor (same text, so same SHA1).
-const RELEASE: &str = "local n = 0\n\
-for _, key in ipairs(KEYS) do\n  \
-local v = redis.call('get', key)\n  \
-if v == ARGV[1] then\n    \
-local d = redis.call('del', key)\n    \
-if d == 1 then\n      \
-redis.pcall('publish', 'redlock-sync:released:' .. key, (ARGV[2] or '') .. ARGV[1])\n    \
-end\n    \
-n = n + d\n  \
-elseif v == false and ARGV[2] == nil then\n    \
-redis.pcall('publish', 'redlock-sync:released:' .. key, ARGV[1])\n  \
-end\n\
-end\n\
-return n";
+/// The crate's release script, for the floor: the same text, so the same
+/// SHA1 and the same work on the nodes.
+const RELEASE: &str = redlock_sync::RELEASE_SCRIPT;
 
 fn main() -> ExitCode {
     common::exit_code(run())

@@ -301,6 +301,11 @@ pub use token::Token;
 #[doc(hidden)]
 pub use node::{io_counts, IoCounts};
 
+/// The crate's release script, for its benchmark's floor: not part of the
+/// API.
+#[doc(hidden)]
+pub const RELEASE_SCRIPT: &str = script::RELEASE.body;
+
 /// The README's code blocks, compiled (and, where they need no servers, run)
 /// as doctests, so that `cargo test` fails when the README and the API part
 /// ways.

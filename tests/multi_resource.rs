@@ -1,6 +1,6 @@
 //! Locks over several resources, all or nothing on each node: exclusion,
 //! nothing left behind by a failed acquisition, extend and release as one,
-//! and `with_lock_many` moving credit between accounts.
+//! and `with_lock` over several accounts moving credit between them.
 
 mod common;
 
@@ -168,7 +168,7 @@ fn a_multi_resource_lock_is_extended_and_released_as_one() {
 }
 
 #[test]
-fn with_lock_many_moves_credit_between_accounts_and_loses_none() {
+fn with_lock_over_several_accounts_moves_credit_between_them_and_loses_none() {
     const ACCOUNTS: [&str; 3] = ["alice", "bob", "carol"];
     const TRANSFERS: usize = 20;
     let nodes = cluster(5);
