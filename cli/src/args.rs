@@ -5,6 +5,7 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use redlock_sync::Kind;
 
 /// One exit-code line of a help text; the codes are padded to five
 /// characters so the texts line up (help is wrapped at the terminal's
@@ -189,6 +190,17 @@ pub struct Acquisition {
     /// and why it was not had (in full, with each node's answer).
     #[arg(short, long, help_heading = TAKING)]
     pub verbose: bool,
+}
+
+impl Acquisition {
+    /// The kind of lock `--fenced` asks for.
+    pub fn kind(&self) -> Kind {
+        if self.fenced {
+            Kind::Fenced
+        } else {
+            Kind::Plain
+        }
+    }
 }
 
 /// `redlock run`.

@@ -143,12 +143,3 @@ fn rebuilt(nodes: &NodeArgs, named: &LockRef) -> Result<(Redlock, Lock), Failure
     let lock = Lock::from_token(named.resource.as_str(), token, Kind::Plain)?;
     Ok((locks, lock))
 }
-
-/// The kind of lock `--fenced` asks for.
-pub fn kind(fenced: bool) -> Kind {
-    if fenced {
-        Kind::Fenced
-    } else {
-        Kind::Plain
-    }
-}

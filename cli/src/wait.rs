@@ -77,7 +77,7 @@ impl Patience {
             deadline: args.wait.and_then(|wait| Instant::now().checked_add(wait)),
             once: args.no_wait,
             delay: args.retry_delay,
-            options: LockOptions::new(args.ttl).kind(crate::explicit::kind(args.fenced)),
+            options: LockOptions::new(args.ttl).kind(args.kind()),
             conflict: args.conflict_exit_code,
             verbose: args.verbose,
         }
