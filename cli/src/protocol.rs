@@ -1,6 +1,6 @@
 //! What `redlock run` and its supervisor (`supervisor.rs`) say to each
 //! other: `run` sends [`Message`]s on the control pipe, the supervisor
-//! answers with the lines that make a [`Report`]. Both read the same
+//! answers with the lines that make a [`SupervisorReport`]. Both read the same
 //! monotonic clock ([`monotonic_ns`]), in which the deadlines they exchange
 //! are given. A leaf: `run` and the supervisor import it, and neither
 //! imports the other.
@@ -110,7 +110,7 @@ impl Kill {
 
 /// What the supervisor reports, read by `run` line by line as it comes.
 #[derive(Debug, Default)]
-pub struct Report {
+pub struct SupervisorReport {
     /// The command could not start: its exit code (126, 127; 76 if the
     /// lock was about to run out; 71) and why.
     pub cannot_run: Option<(u8, String)>,
@@ -124,7 +124,7 @@ pub struct Report {
     pub ended: Option<ExitStatus>,
 }
 
-impl Report {
+impl SupervisorReport {
     /// Reads one line of the report.
     pub fn take(&mut self, line: &str) {
         let (word, value) = line.split_once(' ').unwrap_or((line, ""));
@@ -173,16 +173,16 @@ mod tests {
             assert_eq!(back.line(), line);
         }
         for term in [Term::Asked, Term::Expiring, Term::ToolGone, Term::Leftover] {
-            let mut report = Report::default();
+            let mut report = SupervisorReport::default();
             report.take(&format!("term {}", term.word()));
             assert_eq!(report.term, Some(term));
         }
         for kill in [Kill::After, Kill::Deadline] {
-            let mut report = Report::default();
+            let mut report = SupervisorReport::default();
             report.take(&format!("kill {}", kill.word()));
             assert_eq!(report.kill, Some(kill));
         }
-        let mut report = Report::default();
+        let mut report = SupervisorReport::default();
         for line in ["pgid 7", "ended 256", "cannot-run 127 no such file"] {
             report.take(line);
         }

@@ -3,7 +3,7 @@
 //!
 //! The command runs under a supervisor (`supervisor.rs`), which owns every
 //! process the command starts (see `tree.rs`). `run` goes through named
-//! phases ([`Command::supervise`]): may it start, start the supervisor,
+//! phases ([`Runner::supervise`]): may it start, start the supervisor,
 //! watch (the lock's deadlines and loss, signals, the supervisor's report,
 //! what SIGKILL did not end), conclude. The lock is released only once
 //! the supervisor has exited with none of the command's processes left;
@@ -30,12 +30,12 @@ use nix::unistd::Pid;
 use redlock_sync::{LockError, LockGuard};
 
 use crate::args::RunArgs;
-use crate::events::{Event, Events};
+use crate::events::{Events, Happening, Role};
 use crate::exit::{self, say, Failure};
 use crate::nodes;
-use crate::protocol::{monotonic_ns, Kill, Message, Report, Term, KILL_GRACE};
+use crate::protocol::{monotonic_ns, Kill, Message, SupervisorReport, Term, KILL_GRACE};
 use crate::tree;
-use crate::wait::{keep_trying, paced, round_ms, warn_refusals, Form, Patience};
+use crate::wait::{keep_trying, paced, round_ms, warn_refusals, Form, WaitPlan};
 
 /// Runs `redlock run`; returns the exit code.
 pub fn run(args: &RunArgs) -> Result<u8, Failure> {
@@ -49,9 +49,9 @@ pub fn run(args: &RunArgs) -> Result<u8, Failure> {
             None => builder,
         }
     })?;
-    let events = Events::listen()?;
-    let patience = Patience::new(take);
-    let command = Command {
+    let events = Events::listen(Role::Tool)?;
+    let plan = WaitPlan::new(take);
+    let runner = Runner {
         argv: args.argv(),
         warn: warning(take.ttl, args.max_hold, args.kill_after),
         resource: &args.resource,
@@ -64,11 +64,11 @@ pub fn run(args: &RunArgs) -> Result<u8, Failure> {
     let resource = args.resource.as_str();
 
     // The library's wait, which a signal cancels and a release wakes.
-    let guard = keep_trying(&patience, &events, resource, |form| match form {
+    let guard = keep_trying(&plan, &events, resource, |form| match form {
         Form::Once(options) => locks.try_lock(resource, options),
         Form::Wait(options) => locks.lock(resource, options),
     })?;
-    let status = command.supervise(&guard, &events);
+    let status = runner.supervise(&guard, &events);
     // Released before any message is printed: whatever happened, the lock
     // is not kept a moment longer than the command.
     let released = guard.unlock();
@@ -102,7 +102,7 @@ fn lost_at_the_end(resource: &str, reason: &str) -> Failure {
 }
 
 /// The command to run, and how to watch over it.
-struct Command<'a> {
+struct Runner<'a> {
     argv: Vec<OsString>,
     resource: &'a str,
     kill_after: Duration,
@@ -114,7 +114,7 @@ struct Command<'a> {
 }
 
 /// The lock was seen lost while the command ran.
-struct Loss {
+struct Lapse {
     /// When, by the wall clock (for the message).
     at: SystemTime,
     /// How long after the command started.
@@ -182,11 +182,11 @@ impl Supervisor {
 }
 
 /// What `run` learns while the supervisor watches over the command.
-struct Watch {
+struct Vigil {
     started: Instant,
     /// The supervisor's report, line by line.
-    report: Report,
-    loss: Option<Loss>,
+    report: SupervisorReport,
+    lapse: Option<Lapse>,
     /// Seen no longer extended while still held: the hold cap, not a
     /// loss, will end it.
     capped: bool,
@@ -196,7 +196,7 @@ struct Watch {
     notice: Option<Instant>,
 }
 
-impl Command<'_> {
+impl Runner<'_> {
     /// Starts the supervisor (see `supervisor.rs`), which starts the
     /// command with the lock's token in its environment and owns every
     /// process it starts; keeps it told of the lock's validity, and of a
@@ -207,8 +207,8 @@ impl Command<'_> {
     fn supervise(&self, guard: &LockGuard, events: &Events) -> Result<ExitStatus, Failure> {
         self.may_start(guard, events)?;
         let mut supervisor = self.start(guard, events)?;
-        let watch = self.watch(guard, events, &mut supervisor)?;
-        self.conclude(guard, events, supervisor, watch)
+        let vigil = self.watch(guard, events, &mut supervisor)?;
+        self.conclude(guard, events, supervisor, vigil)
     }
 
     /// Nothing starts after a stop signal, or once the lock is lost.
@@ -274,7 +274,7 @@ impl Command<'_> {
         events.read_lines(report)?;
         // Told by the library the moment the lock is lost (on its notifier
         // thread): the command is stopped at once, not at the next tick.
-        // The watch sees the loss too, and records it.
+        // The vigil sees the lapse too, and records it.
         if let Ok(mut on_loss) = control.try_clone() {
             guard.on_lost(move |_| drop(on_loss.write_all(Message::Stop.line().as_bytes())));
         }
@@ -294,47 +294,47 @@ impl Command<'_> {
         guard: &LockGuard,
         events: &Events,
         supervisor: &mut Supervisor,
-    ) -> Result<Watch, Failure> {
-        let mut watch = Watch {
+    ) -> Result<Vigil, Failure> {
+        let mut vigil = Vigil {
             started: Instant::now(),
-            report: Report::default(),
-            loss: None,
+            report: SupervisorReport::default(),
+            lapse: None,
             capped: false,
             killed: None,
             notice: None,
         };
         loop {
-            self.look_at_lock(guard, &mut watch, supervisor);
-            self.survivors(&mut watch, supervisor)?;
+            self.look_at_lock(guard, &mut vigil, supervisor);
+            self.survivors(&mut vigil, supervisor)?;
             match events.next(self.tick) {
-                Some(Event::Stop(signal)) => supervisor.tell(&Message::Signal(signal)),
-                Some(Event::Line(line)) => {
-                    watch.report.take(&line);
-                    if watch.report.kill.is_some() && watch.killed.is_none() {
-                        watch.killed = Some(Instant::now());
+                Some(Happening::Stop(signal)) => supervisor.tell(&Message::Signal(signal)),
+                Some(Happening::Line(line)) => {
+                    vigil.report.take(&line);
+                    if vigil.report.kill.is_some() && vigil.killed.is_none() {
+                        vigil.killed = Some(Instant::now());
                     }
                 }
-                Some(Event::Closed) => return Ok(watch),
+                Some(Happening::Closed) => return Ok(vigil),
                 _ => {}
             }
         }
     }
 
     /// Sends the supervisor a later deadline once the lock was extended,
-    /// or `stop` (and records the loss) once it is no longer held.
-    fn look_at_lock(&self, guard: &LockGuard, watch: &mut Watch, supervisor: &mut Supervisor) {
-        if watch.loss.is_some() {
+    /// or `stop` (and records the lapse) once it is no longer held.
+    fn look_at_lock(&self, guard: &LockGuard, vigil: &mut Vigil, supervisor: &mut Supervisor) {
+        if vigil.lapse.is_some() {
             return;
         }
         if guard.is_held() {
-            watch.capped = watch.capped || guard.is_ending();
+            vigil.capped = vigil.capped || guard.is_ending();
             let deadline = deadline(guard);
             if deadline > supervisor.sent.saturating_add(1_000_000) {
                 supervisor.tell(&Message::Deadline(deadline));
             }
         } else {
             supervisor.tell(&Message::Stop);
-            watch.loss = Some(self.loss(guard, watch));
+            vigil.lapse = Some(self.lapse(guard, vigil));
         }
     }
 
@@ -343,12 +343,12 @@ impl Command<'_> {
     /// for it (extended; up to --max-hold, which still ends the hold).
     /// Once the lock is lost, fails, naming them, and tells the supervisor
     /// to leave them.
-    fn survivors(&self, watch: &mut Watch, supervisor: &mut Supervisor) -> Result<(), Failure> {
-        let Some(killed) = watch.killed else {
+    fn survivors(&self, vigil: &mut Vigil, supervisor: &mut Supervisor) -> Result<(), Failure> {
+        let Some(killed) = vigil.killed else {
             return Ok(());
         };
         let now = Instant::now();
-        let waiting = watch.loss.is_none() && watch.notice.is_some_and(|at| now < at);
+        let waiting = vigil.lapse.is_none() && vigil.notice.is_some_and(|at| now < at);
         if now < killed + KILL_GRACE || waiting {
             return Ok(());
         }
@@ -356,9 +356,9 @@ impl Command<'_> {
         if left.is_empty() {
             return Ok(());
         }
-        if let Some(loss) = &watch.loss {
+        if let Some(lapse) = &vigil.lapse {
             supervisor.tell(&Message::Quit);
-            return Err(self.lost_with_survivors(loss, &left));
+            return Err(self.lost_with_survivors(lapse, &left));
         }
         say(format_args!(
             "SIGKILL did not end {} of the command under `{}`: {}; the lock is kept (extended) \
@@ -368,7 +368,7 @@ impl Command<'_> {
             tree::list(&left),
             if left.len() == 1 { "it is" } else { "they are" },
         ));
-        watch.notice = Some(now + NOTICE_EVERY);
+        vigil.notice = Some(now + NOTICE_EVERY);
         Ok(())
     }
 
@@ -380,10 +380,10 @@ impl Command<'_> {
         guard: &LockGuard,
         events: &Events,
         mut supervisor: Supervisor,
-        mut watch: Watch,
+        mut vigil: Vigil,
     ) -> Result<ExitStatus, Failure> {
         let waited = supervisor.process.wait();
-        let report = &watch.report;
+        let report = &vigil.report;
         if let Some((code, why)) = &report.cannot_run {
             let kind = match *code {
                 exit::NOT_FOUND => "not_found",
@@ -394,18 +394,18 @@ impl Command<'_> {
             return Err(Failure::new(*code, kind, why));
         }
         let Some(ended) = report.ended else {
-            return Err(self.supervisor_died(guard, events, &watch, &waited));
+            return Err(self.supervisor_died(guard, events, &vigil, &waited));
         };
         // The supervisor stopped the command itself: the lock was about to
         // run out unextended, or ran out (`run` was stopped meanwhile).
         let ran_out = matches!(report.term, Some(Term::Expiring | Term::ToolGone))
             || report.kill == Some(Kill::Deadline);
-        let loss = match watch.loss.take() {
-            Some(loss) => Some(loss),
-            None => ran_out.then(|| self.loss(guard, &watch)),
+        let lapse = match vigil.lapse.take() {
+            Some(lapse) => Some(lapse),
+            None => ran_out.then(|| self.lapse(guard, &vigil)),
         };
-        match loss {
-            Some(loss) => Err(self.lost(&loss, &watch.report, ended)),
+        match lapse {
+            Some(lapse) => Err(self.lost(&lapse, &vigil.report, ended)),
             None => {
                 if report.term == Some(Term::Leftover) && self.verbose {
                     say("the command ended and left processes running: they got SIGTERM");
@@ -417,11 +417,11 @@ impl Command<'_> {
 
     /// The lock is no longer held (or about to run out unextended): when,
     /// and why.
-    fn loss(&self, guard: &LockGuard, watch: &Watch) -> Loss {
-        Loss {
+    fn lapse(&self, guard: &LockGuard, vigil: &Vigil) -> Lapse {
+        Lapse {
             at: SystemTime::now(),
-            after: watch.started.elapsed(),
-            reason: self.reason(guard, watch.capped),
+            after: vigil.started.elapsed(),
+            reason: self.reason(guard, vigil.capped),
         }
     }
 
@@ -433,19 +433,19 @@ impl Command<'_> {
         &self,
         guard: &LockGuard,
         events: &Events,
-        watch: &Watch,
+        vigil: &Vigil,
         waited: &io::Result<ExitStatus>,
     ) -> Failure {
         let how = match waited {
             Ok(status) => status.to_string(),
             Err(e) => format!("cannot wait for it: {e}"),
         };
-        let ended = match self.end_tree(guard, events, watch.report.pgid) {
+        let ended = match self.end_tree(guard, events, vigil.report.pgid) {
             Ok(ended) => ended,
             Err(left) => {
-                return match &watch.loss {
-                    Some(loss) => self.lost_with_survivors(loss, &left),
-                    None => self.lost_with_survivors(&self.loss(guard, watch), &left),
+                return match &vigil.lapse {
+                    Some(lapse) => self.lost_with_survivors(lapse, &left),
+                    None => self.lost_with_survivors(&self.lapse(guard, vigil), &left),
                 }
             }
         };
@@ -543,8 +543,8 @@ impl Command<'_> {
         }
     }
 
-    /// The failure that reports a loss, once the command has ended.
-    fn lost(&self, loss: &Loss, report: &Report, status: ExitStatus) -> Failure {
+    /// The failure that reports a lapse, once the command has ended.
+    fn lost(&self, lapse: &Lapse, report: &SupervisorReport, status: ExitStatus) -> Failure {
         let kill = match report.kill {
             Some(Kill::After) => format!(
                 ", and SIGKILL {} later",
@@ -565,16 +565,16 @@ impl Command<'_> {
                 "the lock on `{}` was lost at {}, {} after the command started: {}; \
                  sent the command's processes {term}{kill}; the command ended with {status}",
                 self.resource,
-                humantime::format_rfc3339_millis(loss.at),
-                humantime::format_duration(round_ms(loss.after)),
-                loss.reason,
+                humantime::format_rfc3339_millis(lapse.at),
+                humantime::format_duration(round_ms(lapse.after)),
+                lapse.reason,
             ),
         )
     }
 
-    /// The failure that reports a loss while processes of the command
+    /// The failure that reports a lapse while processes of the command
     /// outlive SIGKILL.
-    fn lost_with_survivors(&self, loss: &Loss, left: &[tree::Process]) -> Failure {
+    fn lost_with_survivors(&self, lapse: &Lapse, left: &[tree::Process]) -> Failure {
         Failure::new(
             exit::LOST,
             "lost",
@@ -583,9 +583,9 @@ impl Command<'_> {
                  the command's processes got SIGKILL, but {} still {}, and may overlap the \
                  next holder: {}",
                 self.resource,
-                humantime::format_rfc3339_millis(loss.at),
-                humantime::format_duration(round_ms(loss.after)),
-                loss.reason,
+                humantime::format_rfc3339_millis(lapse.at),
+                humantime::format_duration(round_ms(lapse.after)),
+                lapse.reason,
                 processes(left.len()),
                 if left.len() == 1 { "runs" } else { "run" },
                 tree::list(left),

@@ -68,7 +68,7 @@ use nix::sys::wait::WaitStatus;
 use nix::unistd::{getpgid, getppid, Pid};
 
 use crate::args::SuperviseArgs;
-use crate::events::{Event, Events};
+use crate::events::{Events, Happening, Role};
 use crate::exit::{self, say};
 use crate::protocol::{monotonic_ns, Kill, Message, Term, KILL_GRACE};
 use crate::tree;
@@ -85,7 +85,7 @@ const SWEEP_SLOWLY: Duration = Duration::from_secs(1);
 pub fn supervise(args: &SuperviseArgs) -> u8 {
     // Its own end of the report pipe first: without it, `run` could not
     // learn of the command, so none is started.
-    let mut report = match open_inherited(args.report_fd, true) {
+    let mut report = match open_inherited(args.report_fd, PipeEnd::Write) {
         Ok(file) => Reporter(file),
         Err(e) => {
             say(format_args!("supervise: cannot open the report pipe: {e}"));
@@ -136,8 +136,8 @@ pub fn supervise(args: &SuperviseArgs) -> u8 {
 /// Listens to signals and to `run`'s messages, checks that the command may
 /// start, and starts it; or says why not (an exit code and a message).
 fn start(args: &SuperviseArgs, parent: Pid) -> Result<(Events, Child), (u8, String)> {
-    let events = Events::listen_waking().map_err(|f| (exit::SYSTEM, f.message))?;
-    let control = open_inherited(args.control_fd, false)
+    let events = Events::listen(Role::Supervisor).map_err(|f| (exit::SYSTEM, f.message))?;
+    let control = open_inherited(args.control_fd, PipeEnd::Read)
         .map_err(|e| (exit::SYSTEM, format!("cannot open the control pipe: {e}")))?;
     events
         .read_lines(control)
@@ -187,13 +187,21 @@ impl Reporter {
     }
 }
 
+/// Which end of a pipe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PipeEnd {
+    Read,
+    Write,
+}
+
 /// Opens the pipe end that `run` left open as descriptor `fd`, as a file
-/// of our own (closed on exec, so the command does not get it), and
-/// closes `fd`. Opening `/dev/fd/N` gives the same pipe, without `unsafe`.
-fn open_inherited(fd: i32, write: bool) -> io::Result<File> {
+/// of our own, and closes `fd`. The file is closed on exec, so the command
+/// does not get it. Opening `/dev/fd/N` gives the same pipe, without
+/// `unsafe`.
+fn open_inherited(fd: i32, end: PipeEnd) -> io::Result<File> {
     let file = OpenOptions::new()
-        .read(!write)
-        .write(write)
+        .read(end == PipeEnd::Read)
+        .write(end == PipeEnd::Write)
         .open(format!("/dev/fd/{fd}"));
     let _ = nix::unistd::close(fd);
     file
@@ -408,8 +416,8 @@ impl Job {
                 }
                 return None;
             }
-            let event = events.next(self.next_wake());
-            self.on_event(event, report);
+            let happening = events.next(self.next_wake());
+            self.on_happening(happening, report);
         }
     }
 
@@ -452,9 +460,9 @@ impl Job {
         .fold(POLL, Duration::min)
     }
 
-    fn on_event(&mut self, event: Option<Event>, report: &mut Reporter) {
-        match event {
-            Some(Event::Line(line)) => match Message::parse(&line) {
+    fn on_happening(&mut self, happening: Option<Happening>, report: &mut Reporter) {
+        match happening {
+            Some(Happening::Line(line)) => match Message::parse(&line) {
                 Some(Message::Deadline(ns)) => self.extend(ns),
                 Some(Message::Stop) => self.term(Term::Asked, report),
                 Some(Message::Signal(signal)) => {
@@ -469,7 +477,7 @@ impl Job {
                 None => {}
             },
             // `run` is gone: nobody keeps the lock alive any more.
-            Some(Event::Closed) => {
+            Some(Happening::Closed) => {
                 self.tool_gone = true;
                 self.term(Term::ToolGone, report);
             }
