@@ -63,8 +63,8 @@ pub fn acquire(args: &AcquireArgs) -> Result<u8, Failure> {
 /// printed nowhere would leave a lock that nobody can release.
 ///
 /// The standard library puts `/dev/null`, opened for reading and writing,
-/// in place of a standard descriptor that was closed at start (`>&-`);
-/// `> /dev/null` opens it for writing only, and is taken at its word.
+/// in place of a standard descriptor closed at start (`>&-`). `> /dev/null`
+/// opens it for writing only, and is taken at its word.
 fn stdout_is_open() -> Result<(), Failure> {
     #[cfg(unix)]
     {

@@ -4,12 +4,13 @@
 //! The command runs under a supervisor (`supervisor.rs`), which owns every
 //! process the command starts (see `tree.rs`). `run` goes through named
 //! phases ([`Runner::supervise`]): may it start, start the supervisor,
-//! watch (the lock's deadlines and loss, signals, the supervisor's report,
-//! what SIGKILL did not end), conclude. The lock is released only once
-//! the supervisor has exited with none of the command's processes left;
-//! or, if the supervisor died, once `run` has stopped them itself (it is a
-//! subreaper too, so they come to it); or, with the lock lost, once `run`
-//! has named what SIGKILL did not end.
+//! watch, conclude. Watching covers the lock's deadlines and loss, signals,
+//! the supervisor's report, and what SIGKILL did not end.
+//!
+//! The lock is released only once none of the command's processes is left:
+//! the supervisor exits only then. If the supervisor died, `run` stops them
+//! itself, as it is a subreaper too. The one exception is a lock already
+//! lost: then `run` names what SIGKILL did not end, and leaves it.
 
 use std::ffi::OsString;
 use std::io::{self, PipeReader, PipeWriter, Write};
@@ -123,11 +124,11 @@ struct Lapse {
 }
 
 /// How long before the lock runs out (or reaches --max-hold) the command
-/// gets SIGTERM if the lock was not extended by then: --kill-after, but at
-/// most a sixth of the TTL or of --max-hold, whichever is shorter (the
-/// watchdog extends the lock when a third is left, and SIGTERM must not
-/// race a healthy extension; a short cap leaves the command most of it).
-/// SIGKILL follows when the lock runs out, or at the cap.
+/// gets SIGTERM, if the lock was not extended by then. SIGKILL follows
+/// when the lock runs out, or at the cap. It is --kill-after, but at most a
+/// sixth of the shorter of the TTL and --max-hold. The watchdog extends the
+/// lock when a third is left, and SIGTERM must not race a healthy
+/// extension; a short cap leaves the command most of it.
 fn warning(ttl: Duration, max_hold: Option<Duration>, kill_after: Duration) -> Duration {
     kill_after.min(max_hold.map_or(ttl, |cap| cap.min(ttl)) / 6)
 }
@@ -137,14 +138,14 @@ fn warning(ttl: Duration, max_hold: Option<Duration>, kill_after: Duration) -> D
 const NOTICE_EVERY: Duration = Duration::from_secs(5);
 
 /// Where the command's tree cannot be found (not Linux): how long `run`
-/// waits, after the supervisor ended abnormally, for the command's group to
-/// be gone once it got SIGKILL.
+/// waits for the command's group to be gone, once it got SIGKILL after the
+/// supervisor ended abnormally.
 #[cfg(not(target_os = "linux"))]
 const GROUP_GONE: Duration = Duration::from_secs(5);
 
 /// The deadline the supervisor goes by, in nanoseconds of the monotonic
-/// clock: the lock's validity, or the --max-hold cap if that comes first
-/// (a cap shorter than the TTL is never reached by the validity).
+/// clock: the lock's validity, or the --max-hold cap if that comes first.
+/// The validity never reaches a cap shorter than the TTL.
 fn deadline(guard: &LockGuard) -> u64 {
     let now = monotonic_ns();
     let valid = now.saturating_add(nanos(guard.validity()));
@@ -197,13 +198,11 @@ struct Vigil {
 }
 
 impl Runner<'_> {
-    /// Starts the supervisor (see `supervisor.rs`), which starts the
-    /// command with the lock's token in its environment and owns every
-    /// process it starts; keeps it told of the lock's validity, and of a
-    /// loss (then the command's processes get SIGTERM, and SIGKILL
-    /// `kill_after` later or when the lock runs out); passes stop signals
-    /// on; waits until none of the command's processes is left. A loss is
-    /// a [`Failure`] with the lock-lost code.
+    /// Runs the command under the supervisor, and waits until none of its
+    /// processes is left. The supervisor starts the command with the lock's
+    /// token in its environment, and owns every process it starts. `run`
+    /// keeps it told of the lock's validity, of a loss, and of stop
+    /// signals. A loss is a [`Failure`] with the lock-lost code.
     fn supervise(&self, guard: &LockGuard, events: &Events) -> Result<ExitStatus, Failure> {
         self.may_start(guard, events)?;
         let mut supervisor = self.start(guard, events)?;
@@ -338,11 +337,10 @@ impl Runner<'_> {
         }
     }
 
-    /// Once SIGKILL was sent and [`KILL_GRACE`] has passed: names what is
-    /// left of the command every [`NOTICE_EVERY`] while the lock is kept
-    /// for it (extended; up to --max-hold, which still ends the hold).
-    /// Once the lock is lost, fails, naming them, and tells the supervisor
-    /// to leave them.
+    /// Once SIGKILL was sent and [`KILL_GRACE`] has passed, names what is
+    /// left of the command every [`NOTICE_EVERY`]. Meanwhile the lock is
+    /// kept for it, up to --max-hold. Once the lock is lost, fails, naming
+    /// them, and tells the supervisor to leave them.
     fn survivors(&self, vigil: &mut Vigil, supervisor: &mut Supervisor) -> Result<(), Failure> {
         let Some(killed) = vigil.killed else {
             return Ok(());
@@ -425,10 +423,10 @@ impl Runner<'_> {
         }
     }
 
-    /// The supervisor ended without saying how the command ended (killed,
-    /// say, at any moment: also before it said the command's group):
-    /// whatever is left of the command got SIGKILL, and is gone before the
-    /// lock is released; or the lock was lost while some outlived it.
+    /// The supervisor ended without saying how the command ended: killed,
+    /// say, at any moment, also before it said the command's group. What
+    /// is left of the command gets SIGKILL, and is gone before the lock is
+    /// released. Or the lock is lost while some of it outlives SIGKILL.
     fn supervisor_died(
         &self,
         guard: &LockGuard,
@@ -457,10 +455,10 @@ impl Runner<'_> {
     }
 
     /// Stops what is left of the command after its supervisor died: its
-    /// processes came to `run`, their subreaper. SIGKILL to each, again
-    /// until none is left, reaping them; what outlives it is named every
+    /// processes came to `run`, their subreaper. Each gets SIGKILL, again
+    /// until none is left, and is reaped. What outlives it is named every
     /// [`NOTICE_EVERY`] while the lock is kept, and returned once the lock
-    /// is lost. Says what was done.
+    /// is lost. Returns what was done.
     #[cfg(target_os = "linux")]
     fn end_tree(
         &self,
@@ -632,9 +630,9 @@ fn nanos(d: Duration) -> u64 {
 }
 
 /// The two pipes between `run` and its supervisor. The supervisor's ends
-/// are left open across exec (they are named on its command line); ours
-/// are not, so that the supervisor sees the control pipe close when `run`
-/// dies, and the report pipe ends when the supervisor does.
+/// stay open across exec: they are named on its command line. Ours do not.
+/// So the supervisor sees the control pipe close when `run` dies, and the
+/// report pipe ends when the supervisor does.
 struct Pipes {
     control: PipeWriter,
     control_fd: i32,

@@ -1,7 +1,7 @@
 //! `redlock status`: what each node holds for a resource, read with the
-//! library's read-only [`inspect`](redlock_sync::Redlock::inspect), through
-//! its connections and checks (a server named twice answers once, the
-//! restart grace, the timeouts).
+//! library's read-only [`inspect`](redlock_sync::Redlock::inspect). It goes
+//! through the library's connections and checks: a server named twice
+//! answers once, the restart grace, the timeouts.
 
 use std::fmt::Write as _;
 
