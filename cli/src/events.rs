@@ -52,13 +52,13 @@ pub enum Role {
 pub struct Events {
     rx: Receiver<Happening>,
     /// For [`read_lines`](Self::read_lines); also keeps the channel open
-    /// where no listener holds it.
+    /// where no signal thread holds it.
     tx: Sender<Happening>,
     /// Cancelled by the first stop signal, after its [`Happening::Stop`] is
     /// sent.
     cancel: Cancel,
     #[cfg(unix)]
-    listener: Option<unix::Listener>,
+    signal_thread: Option<unix::SignalThread>,
 }
 
 impl Events {
@@ -69,13 +69,13 @@ impl Events {
         let (tx, rx) = mpsc::channel();
         let cancel = Cancel::new();
         #[cfg(unix)]
-        let listener = Some(unix::Listener::start(tx.clone(), cancel.clone(), role)?);
+        let signal_thread = Some(unix::SignalThread::start(tx.clone(), cancel.clone(), role)?);
         Ok(Events {
             rx,
             tx,
             cancel,
             #[cfg(unix)]
-            listener,
+            signal_thread,
         })
     }
 
@@ -124,8 +124,8 @@ impl Events {
 impl Drop for Events {
     fn drop(&mut self) {
         #[cfg(unix)]
-        if let Some(listener) = self.listener.take() {
-            listener.stop();
+        if let Some(signal_thread) = self.signal_thread.take() {
+            signal_thread.stop();
         }
     }
 }
@@ -145,19 +145,19 @@ mod unix {
     use crate::exit::Failure;
 
     /// The thread that turns signals into events.
-    pub struct Listener {
+    pub struct SignalThread {
         handle: Handle,
         thread: JoinHandle<()>,
     }
 
-    impl Listener {
+    impl SignalThread {
         /// Forwards each signal to `tx`; a stop signal also cancels
         /// `cancel` (once sent, so that the waiter it wakes finds it).
         pub fn start(
             tx: Sender<Happening>,
             cancel: Cancel,
             role: Role,
-        ) -> Result<Listener, Failure> {
+        ) -> Result<SignalThread, Failure> {
             // For `run`, USR1 is one more signal to pass on.
             let more: &[i32] = match role {
                 Role::Tool => &[SIGQUIT, SIGUSR1, SIGUSR2],
@@ -187,7 +187,7 @@ mod unix {
                     }
                 })
                 .map_err(|e| Failure::system(format!("cannot start the signal thread: {e}")))?;
-            Ok(Listener { handle, thread })
+            Ok(SignalThread { handle, thread })
         }
 
         pub fn stop(self) {

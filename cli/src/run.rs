@@ -34,7 +34,7 @@ use crate::args::RunArgs;
 use crate::events::{Events, Happening, Role};
 use crate::exit::{self, say, Failure};
 use crate::nodes;
-use crate::protocol::{monotonic_ns, Kill, Message, SupervisorReport, Term, KILL_GRACE};
+use crate::protocol::{monotonic_ns, Control, Kill, SupervisorReport, Term, KILL_GRACE};
 use crate::tree;
 use crate::wait::{keep_trying, paced, round_ms, warn_refusals, Form, WaitPlan};
 
@@ -169,12 +169,12 @@ struct Supervisor {
 }
 
 impl Supervisor {
-    fn tell(&mut self, message: &Message) {
-        if let Message::Deadline(ns) = message {
+    fn tell(&mut self, control: &Control) {
+        if let Control::Deadline(ns) = control {
             self.sent = *ns;
         }
         // Gone already: its report says why.
-        let _ = self.control.write_all(message.line().as_bytes());
+        let _ = self.control.write_all(control.line().as_bytes());
     }
 
     fn pid(&self) -> i32 {
@@ -275,7 +275,7 @@ impl Runner<'_> {
         // thread): the command is stopped at once, not at the next tick.
         // The vigil sees the lapse too, and records it.
         if let Ok(mut on_loss) = control.try_clone() {
-            guard.on_lost(move |_| drop(on_loss.write_all(Message::Stop.line().as_bytes())));
+            guard.on_lost(move |_| drop(on_loss.write_all(Control::Stop.line().as_bytes())));
         }
         Ok(Supervisor {
             process,
@@ -306,7 +306,7 @@ impl Runner<'_> {
             self.look_at_lock(guard, &mut vigil, supervisor);
             self.survivors(&mut vigil, supervisor)?;
             match events.next(self.tick) {
-                Some(Happening::Stop(signal)) => supervisor.tell(&Message::Signal(signal)),
+                Some(Happening::Stop(signal)) => supervisor.tell(&Control::Signal(signal)),
                 Some(Happening::Line(line)) => {
                     vigil.report.take(&line);
                     if vigil.report.kill.is_some() && vigil.killed.is_none() {
@@ -329,10 +329,10 @@ impl Runner<'_> {
             vigil.capped = vigil.capped || guard.is_ending();
             let deadline = deadline(guard);
             if deadline > supervisor.sent.saturating_add(1_000_000) {
-                supervisor.tell(&Message::Deadline(deadline));
+                supervisor.tell(&Control::Deadline(deadline));
             }
         } else {
-            supervisor.tell(&Message::Stop);
+            supervisor.tell(&Control::Stop);
             vigil.lapse = Some(self.lapse(guard, vigil));
         }
     }
@@ -355,7 +355,7 @@ impl Runner<'_> {
             return Ok(());
         }
         if let Some(lapse) = &vigil.lapse {
-            supervisor.tell(&Message::Quit);
+            supervisor.tell(&Control::Quit);
             return Err(self.lost_with_survivors(lapse, &left));
         }
         say(format_args!(

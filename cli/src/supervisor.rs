@@ -70,7 +70,7 @@ use nix::unistd::{getpgid, getppid, Pid};
 use crate::args::SuperviseArgs;
 use crate::events::{Events, Happening, Role};
 use crate::exit::{self, say};
-use crate::protocol::{monotonic_ns, Kill, Message, Term, KILL_GRACE};
+use crate::protocol::{monotonic_ns, Control, Kill, Term, KILL_GRACE};
 use crate::tree;
 
 /// How often the parent pid is looked at (where no parent-death signal
@@ -461,15 +461,15 @@ impl Job {
 
     fn on_happening(&mut self, happening: Option<Happening>, report: &mut Reporter) {
         match happening {
-            Some(Happening::Line(line)) => match Message::parse(&line) {
-                Some(Message::Deadline(ns)) => self.extend(ns),
-                Some(Message::Stop) => self.term(Term::Asked, report),
-                Some(Message::Signal(signal)) => {
+            Some(Happening::Line(line)) => match Control::parse(&line) {
+                Some(Control::Deadline(ns)) => self.extend(ns),
+                Some(Control::Stop) => self.term(Term::Asked, report),
+                Some(Control::Signal(signal)) => {
                     if let Ok(signal) = Signal::try_from(signal) {
                         self.pass_on(signal);
                     }
                 }
-                Some(Message::Quit) => {
+                Some(Control::Quit) => {
                     self.quit = true;
                     self.tool_gone = true;
                 }
