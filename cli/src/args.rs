@@ -5,10 +5,11 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use redlock_sync::Kind;
 
-/// One exit-code line of a help text; the codes are padded to five
-/// characters so the texts line up (help is wrapped at the terminal's
-/// width, so each text stays short).
+/// One exit-code line of a help text. The codes are padded to five
+/// characters so the texts line up; each text stays short, as help is
+/// wrapped at the terminal's width.
 macro_rules! code_line {
     ($code:literal, $what:literal) => {
         concat!("  ", $code, "  ", $what, "\n")
@@ -36,10 +37,10 @@ fault tolerance. Passwords are never printed."
     };
 }
 
-/// The help headings of the options. Each option names its own: a
-/// struct's `next_help_heading` would carry over to everything declared
-/// after the struct is flattened, the positional arguments too, which
-/// then leave clap's "Arguments" heading (and its order).
+/// The help headings of the options. Each option names its own. A struct's
+/// `next_help_heading` would carry over to everything declared after the
+/// struct is flattened. The positional arguments would then leave clap's
+/// "Arguments" heading, and its order.
 const NODES: &str = "Nodes";
 const TAKING: &str = "Taking the lock";
 const RUNNING: &str = "Running the command";
@@ -189,6 +190,17 @@ pub struct Acquisition {
     /// and why it was not had (in full, with each node's answer).
     #[arg(short, long, help_heading = TAKING)]
     pub verbose: bool,
+}
+
+impl Acquisition {
+    /// The kind of lock `--fenced` asks for.
+    pub fn kind(&self) -> Kind {
+        if self.fenced {
+            Kind::Fenced
+        } else {
+            Kind::Plain
+        }
+    }
 }
 
 /// `redlock run`.

@@ -1,16 +1,13 @@
-//! Signals to the tool, as events its loops can wait for with a timeout:
-//! INT, TERM, HUP, QUIT, USR1 and USR2 (to end a wait, or to pass on to
-//! the command), CHLD (a child may have ended); for the supervisor, INT,
-//! TERM, HUP, CHLD, USR1 (its parent-death signal) and TSTP, TTIN, TTOU
-//! (caught, so that they never stop it); and the lines of a pipe
-//! ([`Events::read_lines`]).
+//! Signals to the tool, and the lines of a pipe, as [`Happening`]s that its
+//! loops wait for with a timeout.
 //!
-//! A stop signal also cancels [`Events::cancel`], the handle that the
-//! library's waiting calls are given: a wait for a lock ends at once.
+//! Which signals depends on the [`Role`]. A stop signal also cancels
+//! [`Events::cancel`], the handle given to the library's waiting calls: a
+//! wait for a lock ends at once.
 //!
 //! A thread blocks on `signal-hook`'s iterator and sends each signal down a
-//! channel, so that waiting for "the next signal, or this much time" is one
-//! `recv_timeout`, with no polling and no `unsafe`.
+//! channel. So "the next signal, or this much time" is one `recv_timeout`,
+//! with no polling and no `unsafe`.
 
 use std::io::{BufRead, BufReader, Read};
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -22,15 +19,15 @@ use crate::exit::Failure;
 
 /// Something that happened to the tool.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
-    /// A signal for the command: INT, TERM, HUP, QUIT, USR1 or USR2 (each
-    /// of which ends a process by default). It ends a wait; `run` passes
-    /// it on to the command's group.
+pub enum Happening {
+    /// A signal that ends a process by default: INT, TERM, HUP, and for
+    /// the tool QUIT, USR1 and USR2. It ends a wait; `run` passes it on to
+    /// the command's group.
     Stop(i32),
     /// A child changed state: reap it.
     Child,
-    /// For the supervisor, SIGUSR1 (its parent may have died), or a stop
-    /// signal (TSTP, TTIN, TTOU), caught so that it does not stop it.
+    /// For the supervisor: SIGUSR1 (its parent may have died), or TSTP,
+    /// TTIN or TTOU, caught so that they never stop it.
     Wake,
     /// A line read by [`Events::read_lines`].
     Line(String),
@@ -38,51 +35,52 @@ pub enum Event {
     Closed,
 }
 
-/// The signals asked for, delivered as [`Event`]s until dropped.
+/// Whose signals to listen to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(unix), allow(dead_code))] // only Unix has a supervisor
+pub enum Role {
+    /// `run`, `acquire`: INT, TERM, HUP, QUIT, USR1, USR2 and CHLD.
+    Tool,
+    /// The supervisor: INT, TERM, HUP and CHLD, and USR1 (its parent-death
+    /// signal), TSTP, TTIN and TTOU as [`Happening::Wake`]. QUIT and USR2
+    /// keep their default action: `run` sees the supervisor die, and ends
+    /// the command's group.
+    Supervisor,
+}
+
+/// The signals asked for, delivered as [`Happening`]s until dropped.
 pub struct Events {
-    events: Receiver<Event>,
+    rx: Receiver<Happening>,
     /// For [`read_lines`](Self::read_lines); also keeps the channel open
-    /// where no listener holds it.
-    tx: Sender<Event>,
-    /// Cancelled by the first stop signal, after its [`Event::Stop`] is
+    /// where no signal thread holds it.
+    tx: Sender<Happening>,
+    /// Cancelled by the first stop signal, after its [`Happening::Stop`] is
     /// sent.
     cancel: Cancel,
     #[cfg(unix)]
-    listener: Option<unix::Listener>,
+    signal_thread: Option<unix::SignalThread>,
 }
 
 impl Events {
-    /// Starts listening. From now on INT, TERM, HUP, QUIT, USR1 and USR2
-    /// no longer end the tool by themselves: the tool decides.
-    pub fn listen() -> Result<Events, Failure> {
-        Events::start(false)
-    }
-
-    /// For the supervisor: INT, TERM, HUP and CHLD as [`listen`](Self::listen)
-    /// has them, SIGUSR1, TSTP, TTIN and TTOU as [`Event::Wake`]; QUIT and USR2 keep their
-    /// default action (`run` sees the supervisor die, and ends the
-    /// command's group).
-    #[cfg(unix)]
-    pub fn listen_waking() -> Result<Events, Failure> {
-        Events::start(true)
-    }
-
-    fn start(#[allow(unused_variables)] wake: bool) -> Result<Events, Failure> {
-        let (tx, events) = mpsc::channel();
+    /// Starts listening. From now on the signals of `role` no longer end
+    /// the process by themselves: the tool decides.
+    #[cfg_attr(not(unix), allow(unused_variables))]
+    pub fn listen(role: Role) -> Result<Events, Failure> {
+        let (tx, rx) = mpsc::channel();
         let cancel = Cancel::new();
         #[cfg(unix)]
-        let listener = Some(unix::Listener::start(tx.clone(), cancel.clone(), wake)?);
+        let signal_thread = Some(unix::SignalThread::start(tx.clone(), cancel.clone(), role)?);
         Ok(Events {
-            events,
+            rx,
             tx,
             cancel,
             #[cfg(unix)]
-            listener,
+            signal_thread,
         })
     }
 
     /// Reads `from` line by line on a thread of its own, each line an
-    /// [`Event::Line`], and [`Event::Closed`] at its end.
+    /// [`Happening::Line`], and [`Happening::Closed`] at its end.
     #[cfg_attr(not(unix), allow(dead_code))] // only `run` and the supervisor read
     pub fn read_lines(&self, from: impl Read + Send + 'static) -> Result<(), Failure> {
         let tx = self.tx.clone();
@@ -91,20 +89,20 @@ impl Events {
             .spawn(move || {
                 for line in BufReader::new(from).lines() {
                     let Ok(line) = line else { break };
-                    if tx.send(Event::Line(line)).is_err() {
+                    if tx.send(Happening::Line(line)).is_err() {
                         return;
                     }
                 }
-                let _ = tx.send(Event::Closed);
+                let _ = tx.send(Happening::Closed);
             })
             .map(drop)
             .map_err(|e| Failure::system(format!("cannot start a thread: {e}")))
     }
 
-    /// The next event within `timeout`, if any.
-    pub fn next(&self, timeout: Duration) -> Option<Event> {
+    /// The next happening within `timeout`, if any.
+    pub fn next(&self, timeout: Duration) -> Option<Happening> {
         // `self.tx` keeps the channel open: only a timeout ends the wait.
-        self.events.recv_timeout(timeout).ok()
+        self.rx.recv_timeout(timeout).ok()
     }
 
     /// The handle that a stop signal cancels, for the library's waiting
@@ -116,8 +114,8 @@ impl Events {
 
     /// A stop signal that has already arrived, if any.
     pub fn pending_stop(&self) -> Option<i32> {
-        self.events.try_iter().find_map(|event| match event {
-            Event::Stop(signal) => Some(signal),
+        self.rx.try_iter().find_map(|happening| match happening {
+            Happening::Stop(signal) => Some(signal),
             _ => None,
         })
     }
@@ -126,8 +124,8 @@ impl Events {
 impl Drop for Events {
     fn drop(&mut self) {
         #[cfg(unix)]
-        if let Some(listener) = self.listener.take() {
-            listener.stop();
+        if let Some(signal_thread) = self.signal_thread.take() {
+            signal_thread.stop();
         }
     }
 }
@@ -143,28 +141,29 @@ mod unix {
     };
     use signal_hook::iterator::{Handle, Signals};
 
-    use super::Event;
+    use super::{Happening, Role};
     use crate::exit::Failure;
 
     /// The thread that turns signals into events.
-    pub struct Listener {
+    pub struct SignalThread {
         handle: Handle,
         thread: JoinHandle<()>,
     }
 
-    impl Listener {
+    impl SignalThread {
         /// Forwards each signal to `tx`; a stop signal also cancels
         /// `cancel` (once sent, so that the waiter it wakes finds it).
-        pub fn start(tx: Sender<Event>, cancel: Cancel, wake: bool) -> Result<Listener, Failure> {
-            // SIGUSR1 is the supervisor's parent-death signal; the stop
-            // signals are caught so that they never stop the supervisor.
-            // For `run`, USR1 is one more signal to pass on, as QUIT and
-            // USR2.
-            let more: &[i32] = if wake {
-                &[SIGUSR1, SIGTSTP, SIGTTIN, SIGTTOU]
-            } else {
-                &[SIGQUIT, SIGUSR1, SIGUSR2]
+        pub fn start(
+            tx: Sender<Happening>,
+            cancel: Cancel,
+            role: Role,
+        ) -> Result<SignalThread, Failure> {
+            // For `run`, USR1 is one more signal to pass on.
+            let more: &[i32] = match role {
+                Role::Tool => &[SIGQUIT, SIGUSR1, SIGUSR2],
+                Role::Supervisor => &[SIGUSR1, SIGTSTP, SIGTTIN, SIGTTOU],
             };
+            let wake = role == Role::Supervisor;
             let mut signals =
                 Signals::new([SIGINT, SIGTERM, SIGHUP, SIGCHLD].iter().chain(more))
                     .map_err(|e| Failure::system(format!("cannot handle signals: {e}")))?;
@@ -173,13 +172,13 @@ mod unix {
                 .name("redlock-signals".into())
                 .spawn(move || {
                     for signal in signals.forever() {
-                        let event = match signal {
-                            SIGCHLD => Event::Child,
-                            SIGUSR1 | SIGTSTP | SIGTTIN | SIGTTOU if wake => Event::Wake,
-                            stop => Event::Stop(stop),
+                        let happening = match signal {
+                            SIGCHLD => Happening::Child,
+                            SIGUSR1 | SIGTSTP | SIGTTIN | SIGTTOU if wake => Happening::Wake,
+                            stop => Happening::Stop(stop),
                         };
-                        let stop = matches!(event, Event::Stop(_));
-                        if tx.send(event).is_err() {
+                        let stop = matches!(happening, Happening::Stop(_));
+                        if tx.send(happening).is_err() {
                             return;
                         }
                         if stop {
@@ -188,7 +187,7 @@ mod unix {
                     }
                 })
                 .map_err(|e| Failure::system(format!("cannot start the signal thread: {e}")))?;
-            Ok(Listener { handle, thread })
+            Ok(SignalThread { handle, thread })
         }
 
         pub fn stop(self) {

@@ -1,9 +1,9 @@
 //! The tool's exit codes, and the failures that end it: what they print
-//! (one line on standard error, and with `--json` one object on standard
-//! output) and which code they exit with.
+//! and which code they exit with. A failure prints one line on standard
+//! error, and with `--json` one object on standard output.
 //!
 //! The codes follow `sysexits.h` where one fits, and the shell for a
-//! command that cannot run or died of a signal, so that scripts can tell
+//! command that cannot run or died of a signal. So scripts can tell
 //! "someone else holds it" from "the nodes are down" from "a typo".
 
 use std::fmt::Display;

@@ -8,10 +8,10 @@ use redlock_sync::{Kind, Lock, Redlock, Token};
 use serde_json::json;
 
 use crate::args::{AcquireArgs, ExtendArgs, LockRef, NodeArgs, ReleaseArgs};
-use crate::events::Events;
+use crate::events::{Events, Role};
 use crate::exit::{millis, nodes_json, print_line, Failure};
 use crate::nodes;
-use crate::wait::{keep_trying, paced, warn_refusals, Form, Patience};
+use crate::wait::{keep_trying, paced, warn_refusals, Form, WaitPlan};
 
 /// Runs `redlock acquire`: prints the token; returns the exit code.
 pub fn acquire(args: &AcquireArgs) -> Result<u8, Failure> {
@@ -20,10 +20,10 @@ pub fn acquire(args: &AcquireArgs) -> Result<u8, Failure> {
     stdout_is_open()?;
     let take = &args.acquisition;
     let locks = nodes::client(&args.nodes, |builder| paced(builder, take))?;
-    let events = Events::listen()?;
+    let events = Events::listen(Role::Tool)?;
     let resource = args.resource.as_str();
     // The library's wait, which a signal cancels and a release wakes.
-    let lock = keep_trying(&Patience::new(take), &events, resource, |form| match form {
+    let lock = keep_trying(&WaitPlan::new(take), &events, resource, |form| match form {
         Form::Once(options) => locks.try_acquire(resource, options),
         Form::Wait(options) => locks.acquire(resource, options),
     })?;
@@ -63,8 +63,8 @@ pub fn acquire(args: &AcquireArgs) -> Result<u8, Failure> {
 /// printed nowhere would leave a lock that nobody can release.
 ///
 /// The standard library puts `/dev/null`, opened for reading and writing,
-/// in place of a standard descriptor that was closed at start (`>&-`);
-/// `> /dev/null` opens it for writing only, and is taken at its word.
+/// in place of a standard descriptor closed at start (`>&-`). `> /dev/null`
+/// opens it for writing only, and is taken at its word.
 fn stdout_is_open() -> Result<(), Failure> {
     #[cfg(unix)]
     {
@@ -142,13 +142,4 @@ fn rebuilt(nodes: &NodeArgs, named: &LockRef) -> Result<(Redlock, Lock), Failure
     })?;
     let lock = Lock::from_token(named.resource.as_str(), token, Kind::Plain)?;
     Ok((locks, lock))
-}
-
-/// The kind of lock `--fenced` asks for.
-pub fn kind(fenced: bool) -> Kind {
-    if fenced {
-        Kind::Fenced
-    } else {
-        Kind::Plain
-    }
 }

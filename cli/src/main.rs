@@ -11,12 +11,16 @@
 //! ```
 //!
 //! An example of embedding the library in a command-line tool, built on
-//! its public API only: one-round attempts (`try_lock`, `try_acquire` and
-//! their fenced forms) in a loop whose pauses a signal cuts short wait for
-//! the lock ([`wait`]), the `LockGuard` and its watchdog keep it alive
-//! while the command runs and say when it is lost ([`run`]), and explicit
-//! tokens carry a lock across invocations ([`explicit`]). The exit codes are in
-//! [`exit`] and in each subcommand's `--help`.
+//! its public API only. [`wait`] waits for the lock through the library's
+//! cancellable wait. In [`run`], the `LockGuard` and its watchdog keep the
+//! lock alive while the command runs, and say when it is lost. In
+//! [`explicit`], tokens carry a lock across invocations. The exit codes
+//! are in [`exit`] and in each subcommand's `--help`.
+//!
+//! The files import only downwards, in these layers: `main`; the
+//! subcommands (`run`, `supervisor`, `status`, `explicit`); what they
+//! share (`wait`, `nodes`); the mechanisms (`protocol`, `tree`, `events`);
+//! the leaves (`args`, `exit`).
 
 #![forbid(unsafe_code)]
 
@@ -138,7 +142,7 @@ fn write_out(bytes: &[u8], what: &str) -> Result<u8, Failure> {
     Ok(0)
 }
 
-/// Help and version go to standard output with code 0; a command line
+/// Help and version go to standard output with code 0. A command line
 /// that does not parse gets clap's message and the usage code (not clap's
 /// own 2), with `--json` also as an object.
 fn usage_error(e: &clap::Error) -> ExitCode {

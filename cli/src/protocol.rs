@@ -1,9 +1,8 @@
 //! What `redlock run` and its supervisor (`supervisor.rs`) say to each
-//! other: `run` sends [`Message`]s on the control pipe, the supervisor
-//! answers with the lines that make a [`Report`]. Both read the same
-//! monotonic clock ([`monotonic_ns`]), in which the deadlines they exchange
-//! are given. A leaf: `run` and the supervisor import it, and neither
-//! imports the other.
+//! other. `run` sends [`Control`] lines on the control pipe; the supervisor
+//! answers with the lines of a [`SupervisorReport`]. Deadlines are in
+//! nanoseconds of the monotonic clock both read ([`monotonic_ns`]). A leaf:
+//! `run` and the supervisor import it, and neither imports the other.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
@@ -27,8 +26,8 @@ pub fn monotonic_ns() -> u64 {
 /// another user's process), and is named.
 pub const KILL_GRACE: Duration = Duration::from_secs(1);
 
-/// A message from `run` to the supervisor, one line each.
-pub enum Message {
+/// A line from `run` to the supervisor on the control pipe.
+pub enum Control {
     /// The lock is valid until this monotonic instant (nanoseconds).
     Deadline(u64),
     /// The lock is lost, or --max-hold reached: stop the command.
@@ -40,23 +39,23 @@ pub enum Message {
     Quit,
 }
 
-impl Message {
+impl Control {
     pub fn line(&self) -> String {
         match self {
-            Message::Deadline(ns) => format!("deadline {ns}\n"),
-            Message::Stop => "stop\n".to_string(),
-            Message::Signal(signal) => format!("signal {signal}\n"),
-            Message::Quit => "quit\n".to_string(),
+            Control::Deadline(ns) => format!("deadline {ns}\n"),
+            Control::Stop => "stop\n".to_string(),
+            Control::Signal(signal) => format!("signal {signal}\n"),
+            Control::Quit => "quit\n".to_string(),
         }
     }
 
-    pub fn parse(line: &str) -> Option<Message> {
+    pub fn parse(line: &str) -> Option<Control> {
         let (word, value) = line.split_once(' ').unwrap_or((line, ""));
         match word {
-            "deadline" => value.parse().ok().map(Message::Deadline),
-            "stop" => Some(Message::Stop),
-            "signal" => value.parse().ok().map(Message::Signal),
-            "quit" => Some(Message::Quit),
+            "deadline" => value.parse().ok().map(Control::Deadline),
+            "stop" => Some(Control::Stop),
+            "signal" => value.parse().ok().map(Control::Signal),
+            "quit" => Some(Control::Quit),
             _ => None,
         }
     }
@@ -110,7 +109,7 @@ impl Kill {
 
 /// What the supervisor reports, read by `run` line by line as it comes.
 #[derive(Debug, Default)]
-pub struct Report {
+pub struct SupervisorReport {
     /// The command could not start: its exit code (126, 127; 76 if the
     /// lock was about to run out; 71) and why.
     pub cannot_run: Option<(u8, String)>,
@@ -124,7 +123,7 @@ pub struct Report {
     pub ended: Option<ExitStatus>,
 }
 
-impl Report {
+impl SupervisorReport {
     /// Reads one line of the report.
     pub fn take(&mut self, line: &str) {
         let (word, value) = line.split_once(' ').unwrap_or((line, ""));
@@ -162,27 +161,27 @@ mod tests {
 
     #[test]
     fn each_message_and_report_line_reads_back_as_written() {
-        for message in [
-            Message::Deadline(42),
-            Message::Stop,
-            Message::Signal(10),
-            Message::Quit,
+        for control in [
+            Control::Deadline(42),
+            Control::Stop,
+            Control::Signal(10),
+            Control::Quit,
         ] {
-            let line = message.line();
-            let back = Message::parse(line.trim_end()).expect("parses");
+            let line = control.line();
+            let back = Control::parse(line.trim_end()).expect("parses");
             assert_eq!(back.line(), line);
         }
         for term in [Term::Asked, Term::Expiring, Term::ToolGone, Term::Leftover] {
-            let mut report = Report::default();
+            let mut report = SupervisorReport::default();
             report.take(&format!("term {}", term.word()));
             assert_eq!(report.term, Some(term));
         }
         for kill in [Kill::After, Kill::Deadline] {
-            let mut report = Report::default();
+            let mut report = SupervisorReport::default();
             report.take(&format!("kill {}", kill.word()));
             assert_eq!(report.kill, Some(kill));
         }
-        let mut report = Report::default();
+        let mut report = SupervisorReport::default();
         for line in ["pgid 7", "ended 256", "cannot-run 127 no such file"] {
             report.take(line);
         }

@@ -3,13 +3,14 @@
 //!
 //! The command runs under a supervisor (`supervisor.rs`), which owns every
 //! process the command starts (see `tree.rs`). `run` goes through named
-//! phases ([`Command::supervise`]): may it start, start the supervisor,
-//! watch (the lock's deadlines and loss, signals, the supervisor's report,
-//! what SIGKILL did not end), conclude. The lock is released only once
-//! the supervisor has exited with none of the command's processes left;
-//! or, if the supervisor died, once `run` has stopped them itself (it is a
-//! subreaper too, so they come to it); or, with the lock lost, once `run`
-//! has named what SIGKILL did not end.
+//! phases ([`Runner::supervise`]): may it start, start the supervisor,
+//! watch, conclude. Watching covers the lock's deadlines and loss, signals,
+//! the supervisor's report, and what SIGKILL did not end.
+//!
+//! The lock is released only once none of the command's processes is left:
+//! the supervisor exits only then. If the supervisor died, `run` stops them
+//! itself, as it is a subreaper too. The one exception is a lock already
+//! lost: then `run` names what SIGKILL did not end, and leaves it.
 
 use std::ffi::OsString;
 use std::io::{self, PipeReader, PipeWriter, Write};
@@ -30,12 +31,12 @@ use nix::unistd::Pid;
 use redlock_sync::{LockError, LockGuard};
 
 use crate::args::RunArgs;
-use crate::events::{Event, Events};
+use crate::events::{Events, Happening, Role};
 use crate::exit::{self, say, Failure};
 use crate::nodes;
-use crate::protocol::{monotonic_ns, Kill, Message, Report, Term, KILL_GRACE};
+use crate::protocol::{monotonic_ns, Control, Kill, SupervisorReport, Term, KILL_GRACE};
 use crate::tree;
-use crate::wait::{keep_trying, paced, round_ms, warn_refusals, Form, Patience};
+use crate::wait::{keep_trying, paced, round_ms, warn_refusals, Form, WaitPlan};
 
 /// Runs `redlock run`; returns the exit code.
 pub fn run(args: &RunArgs) -> Result<u8, Failure> {
@@ -49,9 +50,9 @@ pub fn run(args: &RunArgs) -> Result<u8, Failure> {
             None => builder,
         }
     })?;
-    let events = Events::listen()?;
-    let patience = Patience::new(take);
-    let command = Command {
+    let events = Events::listen(Role::Tool)?;
+    let plan = WaitPlan::new(take);
+    let runner = Runner {
         argv: args.argv(),
         warn: warning(take.ttl, args.max_hold, args.kill_after),
         resource: &args.resource,
@@ -64,11 +65,11 @@ pub fn run(args: &RunArgs) -> Result<u8, Failure> {
     let resource = args.resource.as_str();
 
     // The library's wait, which a signal cancels and a release wakes.
-    let guard = keep_trying(&patience, &events, resource, |form| match form {
+    let guard = keep_trying(&plan, &events, resource, |form| match form {
         Form::Once(options) => locks.try_lock(resource, options),
         Form::Wait(options) => locks.lock(resource, options),
     })?;
-    let status = command.supervise(&guard, &events);
+    let status = runner.supervise(&guard, &events);
     // Released before any message is printed: whatever happened, the lock
     // is not kept a moment longer than the command.
     let released = guard.unlock();
@@ -102,7 +103,7 @@ fn lost_at_the_end(resource: &str, reason: &str) -> Failure {
 }
 
 /// The command to run, and how to watch over it.
-struct Command<'a> {
+struct Runner<'a> {
     argv: Vec<OsString>,
     resource: &'a str,
     kill_after: Duration,
@@ -114,7 +115,7 @@ struct Command<'a> {
 }
 
 /// The lock was seen lost while the command ran.
-struct Loss {
+struct Lapse {
     /// When, by the wall clock (for the message).
     at: SystemTime,
     /// How long after the command started.
@@ -123,11 +124,11 @@ struct Loss {
 }
 
 /// How long before the lock runs out (or reaches --max-hold) the command
-/// gets SIGTERM if the lock was not extended by then: --kill-after, but at
-/// most a sixth of the TTL or of --max-hold, whichever is shorter (the
-/// watchdog extends the lock when a third is left, and SIGTERM must not
-/// race a healthy extension; a short cap leaves the command most of it).
-/// SIGKILL follows when the lock runs out, or at the cap.
+/// gets SIGTERM, if the lock was not extended by then. SIGKILL follows
+/// when the lock runs out, or at the cap. It is --kill-after, but at most a
+/// sixth of the shorter of the TTL and --max-hold. The watchdog extends the
+/// lock when a third is left, and SIGTERM must not race a healthy
+/// extension; a short cap leaves the command most of it.
 fn warning(ttl: Duration, max_hold: Option<Duration>, kill_after: Duration) -> Duration {
     kill_after.min(max_hold.map_or(ttl, |cap| cap.min(ttl)) / 6)
 }
@@ -137,14 +138,14 @@ fn warning(ttl: Duration, max_hold: Option<Duration>, kill_after: Duration) -> D
 const NOTICE_EVERY: Duration = Duration::from_secs(5);
 
 /// Where the command's tree cannot be found (not Linux): how long `run`
-/// waits, after the supervisor ended abnormally, for the command's group to
-/// be gone once it got SIGKILL.
+/// waits for the command's group to be gone, once it got SIGKILL after the
+/// supervisor ended abnormally.
 #[cfg(not(target_os = "linux"))]
 const GROUP_GONE: Duration = Duration::from_secs(5);
 
 /// The deadline the supervisor goes by, in nanoseconds of the monotonic
-/// clock: the lock's validity, or the --max-hold cap if that comes first
-/// (a cap shorter than the TTL is never reached by the validity).
+/// clock: the lock's validity, or the --max-hold cap if that comes first.
+/// The validity never reaches a cap shorter than the TTL.
 fn deadline(guard: &LockGuard) -> u64 {
     let now = monotonic_ns();
     let valid = now.saturating_add(nanos(guard.validity()));
@@ -168,12 +169,12 @@ struct Supervisor {
 }
 
 impl Supervisor {
-    fn tell(&mut self, message: &Message) {
-        if let Message::Deadline(ns) = message {
+    fn tell(&mut self, control: &Control) {
+        if let Control::Deadline(ns) = control {
             self.sent = *ns;
         }
         // Gone already: its report says why.
-        let _ = self.control.write_all(message.line().as_bytes());
+        let _ = self.control.write_all(control.line().as_bytes());
     }
 
     fn pid(&self) -> i32 {
@@ -182,11 +183,11 @@ impl Supervisor {
 }
 
 /// What `run` learns while the supervisor watches over the command.
-struct Watch {
+struct Vigil {
     started: Instant,
     /// The supervisor's report, line by line.
-    report: Report,
-    loss: Option<Loss>,
+    report: SupervisorReport,
+    lapse: Option<Lapse>,
     /// Seen no longer extended while still held: the hold cap, not a
     /// loss, will end it.
     capped: bool,
@@ -196,19 +197,17 @@ struct Watch {
     notice: Option<Instant>,
 }
 
-impl Command<'_> {
-    /// Starts the supervisor (see `supervisor.rs`), which starts the
-    /// command with the lock's token in its environment and owns every
-    /// process it starts; keeps it told of the lock's validity, and of a
-    /// loss (then the command's processes get SIGTERM, and SIGKILL
-    /// `kill_after` later or when the lock runs out); passes stop signals
-    /// on; waits until none of the command's processes is left. A loss is
-    /// a [`Failure`] with the lock-lost code.
+impl Runner<'_> {
+    /// Runs the command under the supervisor, and waits until none of its
+    /// processes is left. The supervisor starts the command with the lock's
+    /// token in its environment, and owns every process it starts. `run`
+    /// keeps it told of the lock's validity, of a loss, and of stop
+    /// signals. A loss is a [`Failure`] with the lock-lost code.
     fn supervise(&self, guard: &LockGuard, events: &Events) -> Result<ExitStatus, Failure> {
         self.may_start(guard, events)?;
         let mut supervisor = self.start(guard, events)?;
-        let watch = self.watch(guard, events, &mut supervisor)?;
-        self.conclude(guard, events, supervisor, watch)
+        let vigil = self.watch(guard, events, &mut supervisor)?;
+        self.conclude(guard, events, supervisor, vigil)
     }
 
     /// Nothing starts after a stop signal, or once the lock is lost.
@@ -274,9 +273,9 @@ impl Command<'_> {
         events.read_lines(report)?;
         // Told by the library the moment the lock is lost (on its notifier
         // thread): the command is stopped at once, not at the next tick.
-        // The watch sees the loss too, and records it.
+        // The vigil sees the lapse too, and records it.
         if let Ok(mut on_loss) = control.try_clone() {
-            guard.on_lost(move |_| drop(on_loss.write_all(Message::Stop.line().as_bytes())));
+            guard.on_lost(move |_| drop(on_loss.write_all(Control::Stop.line().as_bytes())));
         }
         Ok(Supervisor {
             process,
@@ -294,61 +293,60 @@ impl Command<'_> {
         guard: &LockGuard,
         events: &Events,
         supervisor: &mut Supervisor,
-    ) -> Result<Watch, Failure> {
-        let mut watch = Watch {
+    ) -> Result<Vigil, Failure> {
+        let mut vigil = Vigil {
             started: Instant::now(),
-            report: Report::default(),
-            loss: None,
+            report: SupervisorReport::default(),
+            lapse: None,
             capped: false,
             killed: None,
             notice: None,
         };
         loop {
-            self.look_at_lock(guard, &mut watch, supervisor);
-            self.survivors(&mut watch, supervisor)?;
+            self.look_at_lock(guard, &mut vigil, supervisor);
+            self.survivors(&mut vigil, supervisor)?;
             match events.next(self.tick) {
-                Some(Event::Stop(signal)) => supervisor.tell(&Message::Signal(signal)),
-                Some(Event::Line(line)) => {
-                    watch.report.take(&line);
-                    if watch.report.kill.is_some() && watch.killed.is_none() {
-                        watch.killed = Some(Instant::now());
+                Some(Happening::Stop(signal)) => supervisor.tell(&Control::Signal(signal)),
+                Some(Happening::Line(line)) => {
+                    vigil.report.take(&line);
+                    if vigil.report.kill.is_some() && vigil.killed.is_none() {
+                        vigil.killed = Some(Instant::now());
                     }
                 }
-                Some(Event::Closed) => return Ok(watch),
+                Some(Happening::Closed) => return Ok(vigil),
                 _ => {}
             }
         }
     }
 
     /// Sends the supervisor a later deadline once the lock was extended,
-    /// or `stop` (and records the loss) once it is no longer held.
-    fn look_at_lock(&self, guard: &LockGuard, watch: &mut Watch, supervisor: &mut Supervisor) {
-        if watch.loss.is_some() {
+    /// or `stop` (and records the lapse) once it is no longer held.
+    fn look_at_lock(&self, guard: &LockGuard, vigil: &mut Vigil, supervisor: &mut Supervisor) {
+        if vigil.lapse.is_some() {
             return;
         }
         if guard.is_held() {
-            watch.capped = watch.capped || guard.is_ending();
+            vigil.capped = vigil.capped || guard.is_ending();
             let deadline = deadline(guard);
             if deadline > supervisor.sent.saturating_add(1_000_000) {
-                supervisor.tell(&Message::Deadline(deadline));
+                supervisor.tell(&Control::Deadline(deadline));
             }
         } else {
-            supervisor.tell(&Message::Stop);
-            watch.loss = Some(self.loss(guard, watch));
+            supervisor.tell(&Control::Stop);
+            vigil.lapse = Some(self.lapse(guard, vigil));
         }
     }
 
-    /// Once SIGKILL was sent and [`KILL_GRACE`] has passed: names what is
-    /// left of the command every [`NOTICE_EVERY`] while the lock is kept
-    /// for it (extended; up to --max-hold, which still ends the hold).
-    /// Once the lock is lost, fails, naming them, and tells the supervisor
-    /// to leave them.
-    fn survivors(&self, watch: &mut Watch, supervisor: &mut Supervisor) -> Result<(), Failure> {
-        let Some(killed) = watch.killed else {
+    /// Once SIGKILL was sent and [`KILL_GRACE`] has passed, names what is
+    /// left of the command every [`NOTICE_EVERY`]. Meanwhile the lock is
+    /// kept for it, up to --max-hold. Once the lock is lost, fails, naming
+    /// them, and tells the supervisor to leave them.
+    fn survivors(&self, vigil: &mut Vigil, supervisor: &mut Supervisor) -> Result<(), Failure> {
+        let Some(killed) = vigil.killed else {
             return Ok(());
         };
         let now = Instant::now();
-        let waiting = watch.loss.is_none() && watch.notice.is_some_and(|at| now < at);
+        let waiting = vigil.lapse.is_none() && vigil.notice.is_some_and(|at| now < at);
         if now < killed + KILL_GRACE || waiting {
             return Ok(());
         }
@@ -356,9 +354,9 @@ impl Command<'_> {
         if left.is_empty() {
             return Ok(());
         }
-        if let Some(loss) = &watch.loss {
-            supervisor.tell(&Message::Quit);
-            return Err(self.lost_with_survivors(loss, &left));
+        if let Some(lapse) = &vigil.lapse {
+            supervisor.tell(&Control::Quit);
+            return Err(self.lost_with_survivors(lapse, &left));
         }
         say(format_args!(
             "SIGKILL did not end {} of the command under `{}`: {}; the lock is kept (extended) \
@@ -368,7 +366,7 @@ impl Command<'_> {
             tree::list(&left),
             if left.len() == 1 { "it is" } else { "they are" },
         ));
-        watch.notice = Some(now + NOTICE_EVERY);
+        vigil.notice = Some(now + NOTICE_EVERY);
         Ok(())
     }
 
@@ -380,10 +378,10 @@ impl Command<'_> {
         guard: &LockGuard,
         events: &Events,
         mut supervisor: Supervisor,
-        mut watch: Watch,
+        mut vigil: Vigil,
     ) -> Result<ExitStatus, Failure> {
         let waited = supervisor.process.wait();
-        let report = &watch.report;
+        let report = &vigil.report;
         if let Some((code, why)) = &report.cannot_run {
             let kind = match *code {
                 exit::NOT_FOUND => "not_found",
@@ -394,18 +392,18 @@ impl Command<'_> {
             return Err(Failure::new(*code, kind, why));
         }
         let Some(ended) = report.ended else {
-            return Err(self.supervisor_died(guard, events, &watch, &waited));
+            return Err(self.supervisor_died(guard, events, &vigil, &waited));
         };
         // The supervisor stopped the command itself: the lock was about to
         // run out unextended, or ran out (`run` was stopped meanwhile).
         let ran_out = matches!(report.term, Some(Term::Expiring | Term::ToolGone))
             || report.kill == Some(Kill::Deadline);
-        let loss = match watch.loss.take() {
-            Some(loss) => Some(loss),
-            None => ran_out.then(|| self.loss(guard, &watch)),
+        let lapse = match vigil.lapse.take() {
+            Some(lapse) => Some(lapse),
+            None => ran_out.then(|| self.lapse(guard, &vigil)),
         };
-        match loss {
-            Some(loss) => Err(self.lost(&loss, &watch.report, ended)),
+        match lapse {
+            Some(lapse) => Err(self.lost(&lapse, &vigil.report, ended)),
             None => {
                 if report.term == Some(Term::Leftover) && self.verbose {
                     say("the command ended and left processes running: they got SIGTERM");
@@ -417,35 +415,35 @@ impl Command<'_> {
 
     /// The lock is no longer held (or about to run out unextended): when,
     /// and why.
-    fn loss(&self, guard: &LockGuard, watch: &Watch) -> Loss {
-        Loss {
+    fn lapse(&self, guard: &LockGuard, vigil: &Vigil) -> Lapse {
+        Lapse {
             at: SystemTime::now(),
-            after: watch.started.elapsed(),
-            reason: self.reason(guard, watch.capped),
+            after: vigil.started.elapsed(),
+            reason: self.reason(guard, vigil.capped),
         }
     }
 
-    /// The supervisor ended without saying how the command ended (killed,
-    /// say, at any moment: also before it said the command's group):
-    /// whatever is left of the command got SIGKILL, and is gone before the
-    /// lock is released; or the lock was lost while some outlived it.
+    /// The supervisor ended without saying how the command ended: killed,
+    /// say, at any moment, also before it said the command's group. What
+    /// is left of the command gets SIGKILL, and is gone before the lock is
+    /// released. Or the lock is lost while some of it outlives SIGKILL.
     fn supervisor_died(
         &self,
         guard: &LockGuard,
         events: &Events,
-        watch: &Watch,
+        vigil: &Vigil,
         waited: &io::Result<ExitStatus>,
     ) -> Failure {
         let how = match waited {
             Ok(status) => status.to_string(),
             Err(e) => format!("cannot wait for it: {e}"),
         };
-        let ended = match self.end_tree(guard, events, watch.report.pgid) {
+        let ended = match self.end_tree(guard, events, vigil.report.pgid) {
             Ok(ended) => ended,
             Err(left) => {
-                return match &watch.loss {
-                    Some(loss) => self.lost_with_survivors(loss, &left),
-                    None => self.lost_with_survivors(&self.loss(guard, watch), &left),
+                return match &vigil.lapse {
+                    Some(lapse) => self.lost_with_survivors(lapse, &left),
+                    None => self.lost_with_survivors(&self.lapse(guard, vigil), &left),
                 }
             }
         };
@@ -457,10 +455,10 @@ impl Command<'_> {
     }
 
     /// Stops what is left of the command after its supervisor died: its
-    /// processes came to `run`, their subreaper. SIGKILL to each, again
-    /// until none is left, reaping them; what outlives it is named every
+    /// processes came to `run`, their subreaper. Each gets SIGKILL, again
+    /// until none is left, and is reaped. What outlives it is named every
     /// [`NOTICE_EVERY`] while the lock is kept, and returned once the lock
-    /// is lost. Says what was done.
+    /// is lost. Returns what was done.
     #[cfg(target_os = "linux")]
     fn end_tree(
         &self,
@@ -543,8 +541,8 @@ impl Command<'_> {
         }
     }
 
-    /// The failure that reports a loss, once the command has ended.
-    fn lost(&self, loss: &Loss, report: &Report, status: ExitStatus) -> Failure {
+    /// The failure that reports a lapse, once the command has ended.
+    fn lost(&self, lapse: &Lapse, report: &SupervisorReport, status: ExitStatus) -> Failure {
         let kill = match report.kill {
             Some(Kill::After) => format!(
                 ", and SIGKILL {} later",
@@ -565,16 +563,16 @@ impl Command<'_> {
                 "the lock on `{}` was lost at {}, {} after the command started: {}; \
                  sent the command's processes {term}{kill}; the command ended with {status}",
                 self.resource,
-                humantime::format_rfc3339_millis(loss.at),
-                humantime::format_duration(round_ms(loss.after)),
-                loss.reason,
+                humantime::format_rfc3339_millis(lapse.at),
+                humantime::format_duration(round_ms(lapse.after)),
+                lapse.reason,
             ),
         )
     }
 
-    /// The failure that reports a loss while processes of the command
+    /// The failure that reports a lapse while processes of the command
     /// outlive SIGKILL.
-    fn lost_with_survivors(&self, loss: &Loss, left: &[tree::Process]) -> Failure {
+    fn lost_with_survivors(&self, lapse: &Lapse, left: &[tree::Process]) -> Failure {
         Failure::new(
             exit::LOST,
             "lost",
@@ -583,9 +581,9 @@ impl Command<'_> {
                  the command's processes got SIGKILL, but {} still {}, and may overlap the \
                  next holder: {}",
                 self.resource,
-                humantime::format_rfc3339_millis(loss.at),
-                humantime::format_duration(round_ms(loss.after)),
-                loss.reason,
+                humantime::format_rfc3339_millis(lapse.at),
+                humantime::format_duration(round_ms(lapse.after)),
+                lapse.reason,
                 processes(left.len()),
                 if left.len() == 1 { "runs" } else { "run" },
                 tree::list(left),
@@ -632,9 +630,9 @@ fn nanos(d: Duration) -> u64 {
 }
 
 /// The two pipes between `run` and its supervisor. The supervisor's ends
-/// are left open across exec (they are named on its command line); ours
-/// are not, so that the supervisor sees the control pipe close when `run`
-/// dies, and the report pipe ends when the supervisor does.
+/// stay open across exec: they are named on its command line. Ours do not.
+/// So the supervisor sees the control pipe close when `run` dies, and the
+/// report pipe ends when the supervisor does.
 struct Pipes {
     control: PipeWriter,
     control_fd: i32,

@@ -1,11 +1,11 @@
 //! `redlock status`: what each node holds for a resource, read with the
-//! library's read-only [`inspect`](redlock_sync::Redlock::inspect), through
-//! its connections and checks (a server named twice answers once, the
-//! restart grace, the timeouts).
+//! library's read-only [`inspect`](redlock_sync::Redlock::inspect). It goes
+//! through the library's connections and checks: a server named twice
+//! answers once, the restart grace, the timeouts.
 
 use std::fmt::Write as _;
 
-use redlock_sync::{Holding, NodeView, Verdict};
+use redlock_sync::{Holding, Inspection, NodeView, Verdict};
 use serde_json::{json, Value};
 
 use crate::args::StatusArgs;
@@ -20,49 +20,17 @@ pub fn status(args: &StatusArgs) -> Result<u8, Failure> {
         return Err(Failure::usage("the resource name is empty"));
     }
     let seen = locks.inspect(resource)?;
-    let (quorum, total) = (seen.quorum, seen.nodes.len());
     let answered = (seen.nodes.iter())
         .filter(|n| !matches!(n.holding, Holding::Unknown(_)))
         .count();
-    let verdict = seen.verdict();
-
     let text = if args.nodes.json {
-        let (held, token) = match &verdict {
-            Verdict::Held { token, .. } => (Some(true), Some(token)),
-            Verdict::Free => (Some(false), None),
-            _ => (None, None),
-        };
-        let nodes: Vec<Value> = seen.nodes.iter().map(node_json).collect();
-        json!({
-            "resource": resource,
-            // null: cannot be told.
-            "held": held,
-            "token_prefix": token,
-            "quorum": quorum,
-            "answered": answered,
-            "nodes": nodes,
-        })
-        .to_string()
+        as_json(resource, &seen, answered)
     } else {
-        let mut text = match &verdict {
-            Verdict::Held { token, nodes } => format!(
-                "`{resource}`: held, token {token}..., on {nodes} of {total} nodes (quorum {quorum})"
-            ),
-            Verdict::Free => format!(
-                "`{resource}`: not held (no token is on a quorum of {quorum} of {total} nodes)"
-            ),
-            _ => format!(
-                "`{resource}`: unknown (only {answered} of {total} nodes answered, fewer than a quorum of {quorum})"
-            ),
-        };
-        let width = seen.nodes.iter().map(|n| n.node.len()).max().unwrap_or(0);
-        for node in &seen.nodes {
-            let _ = write!(text, "\n  {:<width$}  {}", node.node, node_line(node));
-        }
-        text
+        as_text(resource, &seen, answered)
     };
     print_line(text).map_err(|e| Failure::output(&e, "the status"))?;
-    if !matches!(verdict, Verdict::Held { .. } | Verdict::Free) {
+    if !matches!(seen.verdict(), Verdict::Held { .. } | Verdict::Free) {
+        let (quorum, total) = (seen.quorum, seen.nodes.len());
         say(format_args!(
             "only {answered} of {total} nodes answered, fewer than a quorum of {quorum}: \
              whether `{resource}` is held cannot be told"
@@ -70,6 +38,47 @@ pub fn status(args: &StatusArgs) -> Result<u8, Failure> {
         return Ok(exit::NODES);
     }
     Ok(0)
+}
+
+/// The `--json` output: one object.
+fn as_json(resource: &str, seen: &Inspection, answered: usize) -> String {
+    let (held, token) = match seen.verdict() {
+        Verdict::Held { token, .. } => (Some(true), Some(token)),
+        Verdict::Free => (Some(false), None),
+        _ => (None, None),
+    };
+    let nodes: Vec<Value> = seen.nodes.iter().map(node_json).collect();
+    json!({
+        "resource": resource,
+        // null: cannot be told.
+        "held": held,
+        "token_prefix": token,
+        "quorum": seen.quorum,
+        "answered": answered,
+        "nodes": nodes,
+    })
+    .to_string()
+}
+
+/// The human output: the verdict, then one line per node.
+fn as_text(resource: &str, seen: &Inspection, answered: usize) -> String {
+    let (quorum, total) = (seen.quorum, seen.nodes.len());
+    let mut text = match seen.verdict() {
+        Verdict::Held { token, nodes } => format!(
+            "`{resource}`: held, token {token}..., on {nodes} of {total} nodes (quorum {quorum})"
+        ),
+        Verdict::Free => format!(
+            "`{resource}`: not held (no token is on a quorum of {quorum} of {total} nodes)"
+        ),
+        _ => format!(
+            "`{resource}`: unknown (only {answered} of {total} nodes answered, fewer than a quorum of {quorum})"
+        ),
+    };
+    let width = seen.nodes.iter().map(|n| n.node.len()).max().unwrap_or(0);
+    for node in &seen.nodes {
+        let _ = write!(text, "\n  {:<width$}  {}", node.node, node_line(node));
+    }
+    text
 }
 
 /// One node's line of the human output.

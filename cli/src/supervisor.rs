@@ -2,58 +2,58 @@
 //! command, so that the command never outlives the lock, however the tool
 //! ends.
 //!
-//! `run` re-executes its own binary as the hidden `redlock supervise`,
-//! which starts the command in a process group of its own and owns it
-//! and every process it starts (see `protocol.rs` for what they say):
+//! `run` re-executes its own binary as the hidden `redlock supervise`. It
+//! starts the command in a process group of its own, and owns it and every
+//! process it starts. `protocol.rs` holds what the two say:
 //!
 //! ```text
 //! redlock run ── pipe: deadlines, "stop", signals ──▶ redlock supervise ──▶ the command's tree
 //!             ◀── pipe: what it did, how it ended ──
 //! ```
 //!
-//! - The supervisor runs in a process group of its own, apart from `run`'s:
-//!   a signal to `run`'s group (a CI runner ending the job's group,
-//!   `kill -STOP -PGID`, `timeout -s KILL`) does not reach it, so it is
-//!   there to end the command when `run` is gone or stopped. The
-//!   terminal's stop signals (TSTP, TTIN, TTOU) are caught, so that they
-//!   never stop it; the command starts with their default action (a
-//!   caught signal's is reset on exec, where a blocked or ignored one
-//!   would pass on).
+//! - The supervisor runs in a process group of its own, apart from `run`'s.
+//!   A signal to `run`'s group does not reach it: a CI runner ending the
+//!   job's group, `kill -STOP -PGID`, `timeout -s KILL`. So it is there to
+//!   end the command when `run` is gone or stopped.
+//! - The terminal's stop signals (TSTP, TTIN, TTOU) are caught, so that
+//!   they never stop it. The command starts with their default action: a
+//!   caught signal's is reset on exec, where a blocked or ignored one would
+//!   pass on.
 //! - On Linux it is a child subreaper: every process the command starts
 //!   stays its descendant, also one that leaves the command's group
 //!   (`timeout(1)`, `bash -m`, `setsid`, a double fork). What it stops is
 //!   that tree (see `tree.rs`); elsewhere, the command's group.
-//! - It starts nothing if `run` is already gone, or the deadline is not
+//! - It starts nothing if `run` is already gone, or if the deadline is not
 //!   ahead by more than the SIGTERM margin (then it says `cannot-run`).
-//! - `run` sends each new deadline (nanoseconds of the monotonic clock,
-//!   which both processes read: the lock's validity, or the `--max-hold`
-//!   cap if sooner), `stop` when the lock is lost, and the INT, TERM, HUP,
-//!   QUIT, USR1 and USR2 it gets, which go to the command's group.
-//! - The tree gets SIGTERM on `stop`, when `run` dies (its end of the pipe
-//!   closes; on Linux also the parent-death signal; elsewhere a poll of the
-//!   parent pid), or a little before the last deadline received if no
-//!   later one came (`run` stopped, or the lock not extended in time). It
-//!   gets SIGKILL `--kill-after` later, and at the last deadline at the
-//!   latest: also when `run` is stopped (SIGSTOP, a frozen cgroup) and
-//!   sends nothing more. SIGKILL is sent again to whatever is found in the
-//!   tree, until nothing is left.
+//! - `run` sends each new deadline, `stop` when the lock is lost, and the
+//!   INT, TERM, HUP, QUIT, USR1 and USR2 it gets, which go to the
+//!   command's group. A deadline is the lock's validity, or the
+//!   `--max-hold` cap if sooner, in nanoseconds of the monotonic clock.
+//! - The tree gets SIGTERM on `stop`, when `run` dies, or a little before
+//!   the last deadline received if no later one came. None comes when
+//!   `run` is stopped, or the lock is not extended in time. `run`'s death
+//!   shows as its end of the pipe closing, on Linux also as the
+//!   parent-death signal, elsewhere by a poll of the parent pid.
+//! - The tree gets SIGKILL `--kill-after` later, and at the last deadline
+//!   at the latest. That holds also when `run` is stopped (SIGSTOP, a
+//!   frozen cgroup) and sends nothing more. SIGKILL is sent again to
+//!   whatever is found in the tree, until nothing is left.
 //! - When the command ends, whatever it left running gets the same
-//!   treatment: the supervisor exits, and `run` releases the lock, only
+//!   treatment. The supervisor exits, and `run` releases the lock, only
 //!   once none is left.
 //! - A process that SIGKILL does not end (uninterruptible sleep, another
 //!   user's) keeps the supervisor, and so the lock, while `run` keeps the
-//!   lock; `run` names it every few seconds, and if the lock is lost it
-//!   says so and sends `quit`. If `run` is gone, the supervisor gives up
-//!   once the last deadline has passed (nobody keeps the lock then), and
-//!   names what is left itself.
-//! - It says what it did on the report pipe and exits as the command did
+//!   lock. `run` names it every few seconds; if the lock is lost, it says
+//!   so and sends `quit`. If `run` is gone, the supervisor gives up once
+//!   the last deadline has passed, and names what is left itself.
+//! - It says what it did on the report pipe, and exits as the command did
 //!   (its code, or 128 + the signal).
 //! - Ctrl-Z (SIGTSTP) does not suspend the command: it is continued at
 //!   once.
 //!
-//! Not covered: the supervisor and `run` both killed with SIGKILL (`run`
-//! alone, or the supervisor alone at any moment, is covered: `run` is a
-//! subreaper too, and stops the tree itself).
+//! Not covered: the supervisor and `run` both killed with SIGKILL. Either
+//! one alone is covered, at any moment: `run` is a subreaper too, and
+//! stops the tree itself.
 
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
@@ -68,9 +68,9 @@ use nix::sys::wait::WaitStatus;
 use nix::unistd::{getpgid, getppid, Pid};
 
 use crate::args::SuperviseArgs;
-use crate::events::{Event, Events};
+use crate::events::{Events, Happening, Role};
 use crate::exit::{self, say};
-use crate::protocol::{monotonic_ns, Kill, Message, Term, KILL_GRACE};
+use crate::protocol::{monotonic_ns, Control, Kill, Term, KILL_GRACE};
 use crate::tree;
 
 /// How often the parent pid is looked at (where no parent-death signal
@@ -85,7 +85,7 @@ const SWEEP_SLOWLY: Duration = Duration::from_secs(1);
 pub fn supervise(args: &SuperviseArgs) -> u8 {
     // Its own end of the report pipe first: without it, `run` could not
     // learn of the command, so none is started.
-    let mut report = match open_inherited(args.report_fd, true) {
+    let mut report = match open_inherited(args.report_fd, PipeEnd::Write) {
         Ok(file) => Reporter(file),
         Err(e) => {
             say(format_args!("supervise: cannot open the report pipe: {e}"));
@@ -136,8 +136,8 @@ pub fn supervise(args: &SuperviseArgs) -> u8 {
 /// Listens to signals and to `run`'s messages, checks that the command may
 /// start, and starts it; or says why not (an exit code and a message).
 fn start(args: &SuperviseArgs, parent: Pid) -> Result<(Events, Child), (u8, String)> {
-    let events = Events::listen_waking().map_err(|f| (exit::SYSTEM, f.message))?;
-    let control = open_inherited(args.control_fd, false)
+    let events = Events::listen(Role::Supervisor).map_err(|f| (exit::SYSTEM, f.message))?;
+    let control = open_inherited(args.control_fd, PipeEnd::Read)
         .map_err(|e| (exit::SYSTEM, format!("cannot open the control pipe: {e}")))?;
     events
         .read_lines(control)
@@ -187,13 +187,21 @@ impl Reporter {
     }
 }
 
+/// Which end of a pipe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PipeEnd {
+    Read,
+    Write,
+}
+
 /// Opens the pipe end that `run` left open as descriptor `fd`, as a file
-/// of our own (closed on exec, so the command does not get it), and
-/// closes `fd`. Opening `/dev/fd/N` gives the same pipe, without `unsafe`.
-fn open_inherited(fd: i32, write: bool) -> io::Result<File> {
+/// of our own, and closes `fd`. The file is closed on exec, so the command
+/// does not get it. Opening `/dev/fd/N` gives the same pipe, without
+/// `unsafe`.
+fn open_inherited(fd: i32, end: PipeEnd) -> io::Result<File> {
     let file = OpenOptions::new()
-        .read(!write)
-        .write(write)
+        .read(end == PipeEnd::Read)
+        .write(end == PipeEnd::Write)
         .open(format!("/dev/fd/{fd}"));
     let _ = nix::unistd::close(fd);
     file
@@ -291,9 +299,9 @@ impl Job {
         }
     }
 
-    /// Sends each of `signals` to the group and to every other process of
-    /// the tree (found once, before any is sent), once each: a second
-    /// SIGTERM may mean "now" to a process that handles the first.
+    /// Sends each of `signals` once to the group and to every other process
+    /// of the tree, found before any is sent. Once only: a second SIGTERM
+    /// may mean "now" to a process that handles the first.
     fn to_all(&self, signals: &[Signal]) {
         let by_group = self.by_group();
         let others: Vec<tree::Process> = tree::descendants()
@@ -324,9 +332,9 @@ impl Job {
         }
     }
 
-    /// Once SIGKILL was sent: sends it to whatever the tree holds now (a
-    /// process forked meanwhile, one re-parented to us, one that survived
-    /// so far), at each wake-up for [`KILL_GRACE`], then every
+    /// Once SIGKILL was sent, sends it again to whatever the tree holds now:
+    /// a process forked meanwhile, one re-parented to us, one that survived
+    /// so far. At each wake-up for [`KILL_GRACE`], then every
     /// [`SWEEP_SLOWLY`].
     fn sweep(&mut self) {
         if let Some((first, last)) = self.killed {
@@ -339,11 +347,10 @@ impl Job {
     }
 
     /// Reaps every child that has ended (the command, and on Linux every
-    /// orphan of it), noting the command's status; returns whether any
-    /// process of the command is left. A process stopped from the
-    /// terminal (Ctrl-Z: SIGTSTP) is continued at once: a suspended job
-    /// would hold the lock, and the terminal, for as long as it is
-    /// forgotten (and `run` would wait on).
+    /// orphan of it), noting the command's status. Returns whether any
+    /// process of the command is left. A process stopped from the terminal
+    /// (Ctrl-Z) is continued at once: a suspended job would hold the lock
+    /// and the terminal for as long as it is forgotten.
     fn reap(&mut self) -> bool {
         let (leader, mut status, mut stopped) = (self.leader, None, Vec::new());
         let children = tree::reap(|reaped| match reaped {
@@ -408,8 +415,8 @@ impl Job {
                 }
                 return None;
             }
-            let event = events.next(self.next_wake());
-            self.on_event(event, report);
+            let happening = events.next(self.next_wake());
+            self.on_happening(happening, report);
         }
     }
 
@@ -452,24 +459,24 @@ impl Job {
         .fold(POLL, Duration::min)
     }
 
-    fn on_event(&mut self, event: Option<Event>, report: &mut Reporter) {
-        match event {
-            Some(Event::Line(line)) => match Message::parse(&line) {
-                Some(Message::Deadline(ns)) => self.extend(ns),
-                Some(Message::Stop) => self.term(Term::Asked, report),
-                Some(Message::Signal(signal)) => {
+    fn on_happening(&mut self, happening: Option<Happening>, report: &mut Reporter) {
+        match happening {
+            Some(Happening::Line(line)) => match Control::parse(&line) {
+                Some(Control::Deadline(ns)) => self.extend(ns),
+                Some(Control::Stop) => self.term(Term::Asked, report),
+                Some(Control::Signal(signal)) => {
                     if let Ok(signal) = Signal::try_from(signal) {
                         self.pass_on(signal);
                     }
                 }
-                Some(Message::Quit) => {
+                Some(Control::Quit) => {
                     self.quit = true;
                     self.tool_gone = true;
                 }
                 None => {}
             },
             // `run` is gone: nobody keeps the lock alive any more.
-            Some(Event::Closed) => {
+            Some(Happening::Closed) => {
                 self.tool_gone = true;
                 self.term(Term::ToolGone, report);
             }
@@ -480,11 +487,11 @@ impl Job {
         }
     }
 
-    /// Whether to leave what SIGKILL did not end: when `run` said `quit`
-    /// (the lock is lost, and it said so); or when `run` is gone and the
-    /// last deadline has passed (nobody keeps the lock; what is left got
-    /// SIGKILL, which a process in uninterruptible sleep still gets when
-    /// it wakes).
+    /// Whether to leave what SIGKILL did not end. Yes when `run` said
+    /// `quit`: the lock is lost, and `run` said so. Yes when `run` is gone
+    /// and the last deadline has passed: nobody keeps the lock. What is
+    /// left got SIGKILL, which a process in uninterruptible sleep still
+    /// gets when it wakes.
     fn gives_up(&self) -> bool {
         let now = Instant::now();
         let Some((killed, _)) = self.killed else {
@@ -507,7 +514,7 @@ impl Job {
 }
 
 /// The controlling terminal, when standard input is it and `run`'s group
-/// is in its foreground: the command's group gets the foreground while it
+/// is in its foreground. The command's group gets the foreground while it
 /// runs, so that it can read the terminal and Ctrl-C reaches it. The
 /// supervisor, in a background group of the same session, may move the
 /// foreground with SIGTTOU blocked.

@@ -1,14 +1,13 @@
 //! The command's process tree: every process descended from the one that
-//! looks (the supervisor, or `run` once the supervisor is gone), and how
-//! to stop them all without ever signalling a process that is not one of
-//! them.
+//! looks (the supervisor, or `run` once the supervisor is gone). And how to
+//! stop them all without ever signalling a process that is not one of them.
 //!
-//! A process group is not enough: `timeout(1)`, `bash -m`, `setsid` and a
+//! A process group is not enough. `timeout(1)`, `bash -m`, `setsid` and a
 //! daemon's double fork each move a step out of the command's group, and
 //! such a step would write on after the lock is lost. Descent is what
 //! lasts. On Linux the supervisor and `run` are child subreapers
-//! (`PR_SET_CHILD_SUBREAPER`): a process whose parent dies is re-parented
-//! to the nearest living subreaper above it, so a process that descends
+//! (`PR_SET_CHILD_SUBREAPER`). A process whose parent dies is re-parented
+//! to the nearest living subreaper above it. So a process that descends
 //! from the supervisor does so until it is gone, whatever group or session
 //! it moves to. `/proc/*/stat` gives each process's parent; the tree is
 //! every process whose line of parents leads up to the looker
@@ -18,28 +17,28 @@
 //! process may have died and its pid gone to an unrelated process. So a
 //! process is signalled only where that cannot happen ([`signal`]):
 //!
-//! - a child of the looker, by its pid: the pid stays the child's until
+//! - a child of the looker, by its pid. The pid stays the child's until
 //!   the looker reaps it (a zombie keeps its pid), and the looker reaps
-//!   only after signalling (one thread does both);
-//! - a deeper descendant, through a pidfd (`pidfd_open`, Linux 5.3): the
-//!   pidfd names whoever has the pid when it is opened; if `/proc` then
+//!   only after signalling (one thread does both).
+//! - a deeper descendant, through a pidfd (`pidfd_open`, Linux 5.3). The
+//!   pidfd names whoever has the pid when it is opened. If `/proc` then
 //!   still shows the start time seen, that is the process seen, and the
 //!   pidfd keeps naming it whatever happens to the pid. Where pidfds are
 //!   missing it is left alone: once its parent dies it is the looker's
 //!   child, and is signalled then.
 //!
 //! Stopping the tree is a loop: SIGKILL to every process of it, reap, look
-//! again, until the looker has no child left (`waitpid` says `ECHILD`,
-//! which no race can fake: a descendant needs a living line of parents up
-//! to the looker, and the looker's children are its own to reap). A
-//! process that forks meanwhile is caught, as its child descends from the
-//! looker too, and a process with SIGKILL pending cannot fork. What
-//! survives (uninterruptible sleep, another user's process) is named by
-//! [`Process`]'s `Display`, and its holder decides what to do (keep the
-//! lock while it lives; see `run.rs`).
+//! again, until the looker has no child left (`waitpid` says `ECHILD`).
+//! No race can fake that: a descendant needs a living line of parents up
+//! to the looker, and the looker's children are its own to reap. A process
+//! that forks meanwhile is caught, as its child descends from the looker
+//! too, and a process with SIGKILL pending cannot fork. What survives
+//! (uninterruptible sleep, another user's process) is named by
+//! [`Process`]'s `Display`. Its holder decides what to do: keep the lock
+//! while it lives (see `run.rs`).
 //!
 //! Not a freeze first (SIGSTOP to all, then SIGKILL): SIGKILL pending
-//! already stops a process from forking, and a SIGSTOP to a deeper process
+//! already stops a process from forking. A SIGSTOP to a deeper process
 //! would need the same care about pids. Not a cgroup, which would also
 //! hold a fork bomb: a command-line tool cannot count on a delegated
 //! cgroup (`systemd-run --scope` gives one; see the README).
@@ -124,10 +123,10 @@ pub fn descendants() -> Vec<Process> {
     descendants_of(me())
 }
 
-/// Sends `signal` to each of `processes` (descendants of this process, as
-/// [`descendants`] found them) that is still the process seen: a child
-/// by its pid, a deeper one through a pidfd checked against its start
-/// time (see the module's head). Returns how many got it.
+/// Sends `signal` to each of `processes` that is still the process seen,
+/// as [`descendants`] found it. A child gets it by its pid, a deeper one
+/// through a pidfd checked against its start time (see the module's head).
+/// Returns how many got it.
 pub fn signal(processes: &[Process], signal: Signal) -> usize {
     let me = me();
     let sent = |process: &Process| {
@@ -178,8 +177,8 @@ fn scan() -> Vec<Process> {
 }
 
 /// Process `pid` as `/proc/PID/stat` shows it now: `pid (comm) state ppid
-/// ...`, its start time the 22nd field (`comm` may hold spaces and
-/// parentheses: the fields after it follow its last `)`).
+/// ...`, its start time the 22nd field. `comm` may hold spaces and
+/// parentheses: the fields after it follow its last `)`.
 #[cfg(target_os = "linux")]
 fn stat(pid: i32) -> Option<Process> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

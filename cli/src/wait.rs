@@ -1,53 +1,48 @@
 //! Waiting for a lock, through the library's cancellable wait.
 //!
-//! The first attempt is one round (`try_lock`, `try_acquire`), so that what
-//! it finds (too few nodes, nodes that refuse this client, the lock held)
-//! is said at once, and `--no-wait` stops there. Then the library waits
-//! (`lock`, `acquire` with a [`LibPatience::For`] and the [`Events`]'
-//! [`Cancel`](redlock_sync::Cancel), which a stop signal cancels): its
-//! pauses end early when the holder releases the lock (wake-on-release),
-//! and a signal ends them at once. The library says nothing while it waits,
-//! and too few nodes must be said at most every [`SAY_NODES_EVERY`] during
-//! a wait without end, so the tool hands it the wait in slices of that
-//! long (or of `--retry-delay`, if longer), and looks at each slice's
+//! The first attempt is one round (`try_lock`, `try_acquire`): what it
+//! finds is said at once, and `--no-wait` stops there. Then the library
+//! waits (`lock`, `acquire` with a [`Patience::For`] and the [`Events`]'
+//! [`Cancel`](redlock_sync::Cancel)). Its pauses end early when the holder
+//! releases the lock, and at once on a stop signal.
+//!
+//! The library says nothing while it waits, yet too few nodes must be said
+//! every [`SAY_NODES_EVERY`]. So the tool hands it the wait in slices of
+//! that long (or of `--retry-delay`, if longer), and looks at each slice's
 //! error in between. The last attempt is one round as `--wait` runs out.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redlock_sync::{
-    LockError, LockOptions, NodeOutcome, Patience as LibPatience, RedlockBuilder, Report,
-};
+use redlock_sync::{LockError, LockOptions, NodeOutcome, Patience, RedlockBuilder, Report};
 
 use crate::args::Acquisition;
 use crate::events::Events;
 use crate::exit::{self, say, Failure};
 
 /// How often, at most, a wait that keeps finding too few nodes says so
-/// again: said once only, a wait that lasts hours would look like a hang;
-/// said at every attempt, it would flood a log. (`redlock run --help` says
-/// 10 s.) Also the longest slice of a wait handed to the library (unless
-/// `--retry-delay` is longer).
+/// again (`redlock run --help` says 10 s). Said once only, a wait of hours
+/// would look like a hang; said at every attempt, it would flood a log.
+/// Also the longest slice of a wait handed to the library.
 const SAY_NODES_EVERY: Duration = Duration::from_secs(10);
 
-/// The signal to report for a wait cancelled without a signal in sight
-/// (cannot happen: the signal is sent before the cancellation): SIGTERM.
+/// The signal reported for a wait cancelled with no signal in sight, which
+/// cannot happen: the signal is sent before the cancellation.
 const SIGTERM: i32 = 15;
 
-/// How long to keep trying, and how to pause between attempts.
+/// How long to keep trying, how to pause, and how to report a conflict.
 #[derive(Debug, Clone)]
-pub struct Patience {
+pub struct WaitPlan {
     /// The last attempt starts at this; `None`: no limit.
     deadline: Option<Instant>,
-    /// One attempt only.
-    once: bool,
-    /// The fixed part of the pause; up to half as much again is added at
-    /// random (the library's retry policy, see [`paced`]).
+    /// `--no-wait`: one attempt only.
+    no_wait: bool,
+    /// The fixed part of the pause (see [`paced`]).
     delay: Duration,
     /// The options of every attempt: the TTL and the kind.
     options: LockOptions,
-    /// The exit code when the lock is held by another client, if given
-    /// (`-E`): then that says nothing, unless `verbose`.
+    /// `-E`: the exit code for a lock held by another client, which is
+    /// then not said unless `verbose`.
     conflict: Option<u8>,
     verbose: bool,
 }
@@ -69,24 +64,32 @@ pub enum Form {
     Wait(LockOptions),
 }
 
-impl Patience {
-    /// The patience `--wait`, `--no-wait`, `--retry-delay`, `--ttl`,
-    /// `--fenced` and `--conflict-exit-code` ask for, counted from now.
-    pub fn new(args: &Acquisition) -> Patience {
-        Patience {
+/// Which form the next call takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// One round: the first attempt, and the last as `--wait` runs out.
+    Once,
+    /// A slice of the library's wait.
+    Wait,
+}
+
+impl WaitPlan {
+    /// The plan that the options of `args` ask for, counted from now.
+    pub fn new(args: &Acquisition) -> WaitPlan {
+        WaitPlan {
             deadline: args.wait.and_then(|wait| Instant::now().checked_add(wait)),
-            once: args.no_wait,
+            no_wait: args.no_wait,
             delay: args.retry_delay,
-            options: LockOptions::new(args.ttl).kind(crate::explicit::kind(args.fenced)),
+            options: LockOptions::new(args.ttl).kind(args.kind()),
             conflict: args.conflict_exit_code,
             verbose: args.verbose,
         }
     }
 
     /// The failure for a library error, with this wait's conflict code.
-    /// A lock held by another client is said in one short line (with
-    /// `-v`: with each node's answer), or not at all with `-E` (and
-    /// without `-v`): cron mails whatever a job prints.
+    /// A lock held by another client is said in one short line, in full
+    /// with `-v`. With `-E` and without `-v` it is not said at all: cron
+    /// mails whatever a job prints.
     pub fn failure(&self, e: LockError) -> Failure {
         let held_by = match &e {
             LockError::Contended { resource, .. } if !self.verbose => Some(resource.clone()),
@@ -100,10 +103,9 @@ impl Patience {
         failure
     }
 
-    /// The next call's form at `now`: one round first and last, the
-    /// library's wait for a slice in between.
-    fn form(&self, events: &Events, once: bool, now: Instant) -> Form {
-        if once {
+    /// The form of a call of `step` made at `now`.
+    fn form(&self, step: Step, events: &Events, now: Instant) -> Form {
+        if step == Step::Once {
             return Form::Once(self.options.clone());
         }
         let mut slice = SAY_NODES_EVERY.max(self.delay);
@@ -112,93 +114,150 @@ impl Patience {
         }
         Form::Wait(
             (self.options.clone())
-                .patience(LibPatience::For(slice))
+                .patience(Patience::For(slice))
                 .cancel(events.cancel()),
         )
     }
 }
 
 /// Tries to take the lock with `call` until it has it, fails for a reason
-/// that waiting cannot mend, the wait runs out, or a stop signal arrives
-/// (then at once: it cancels the library's wait).
+/// that waiting cannot mend, the wait runs out, or a stop signal arrives.
+/// A stop signal ends it at once: it cancels the library's wait.
 ///
 /// # Errors
 ///
-/// The last attempt's error as a [`Failure`] (held by another: the
-/// conflict code; too few nodes: the nodes code; nodes that refuse this
-/// client: the refused code), or [`Failure::interrupted`].
+/// The last attempt's error as a [`Failure`] with its code (conflict,
+/// nodes, refused), or [`Failure::interrupted`].
 pub fn keep_trying<T>(
-    patience: &Patience,
+    plan: &WaitPlan,
     events: &Events,
     resource: &str,
     mut call: impl FnMut(Form) -> Result<T, LockError>,
 ) -> Result<T, Failure> {
-    let started = Instant::now();
-    let mut said_waiting = false;
-    let mut nodes_down = NodesDown::default();
-    let mut warned: Vec<Arc<str>> = Vec::new();
-    let mut attempts = 0u32;
-    let mut once = true;
+    let mut progress = Progress::new(resource);
+    let mut step = Step::Once;
     loop {
-        let e = match call(patience.form(events, once, Instant::now())) {
+        match call(plan.form(step, events, Instant::now())) {
             Ok(value) => return Ok(value),
-            Err(e) => e,
-        };
-        let (tried, retryable) = match &e {
-            LockError::Contended { attempts, .. } | LockError::NoQuorum { attempts, .. } => {
-                (*attempts, true)
-            }
-            LockError::TooSlow { .. } => (1, true),
-            _ => (1, false),
-        };
-        attempts = attempts.saturating_add(tried);
+            Err(e) => step = progress.after(plan, events, step, e)?,
+        }
+    }
+}
+
+/// What a wait has done so far, and what it has said.
+struct Progress<'a> {
+    resource: &'a str,
+    started: Instant,
+    /// The attempts of the whole wait; the library counts those of a call.
+    attempts: u32,
+    said_waiting: bool,
+    nodes_down: NodesDown,
+    /// The nodes already said to refuse this client.
+    warned: Vec<Arc<str>>,
+}
+
+impl Progress<'_> {
+    fn new(resource: &str) -> Progress<'_> {
+        Progress {
+            resource,
+            started: Instant::now(),
+            attempts: 0,
+            said_waiting: false,
+            nodes_down: NodesDown::default(),
+            warned: Vec::new(),
+        }
+    }
+
+    /// After a call of `step` failed with `e`: the next step, or the
+    /// failure that ends the wait.
+    fn after(
+        &mut self,
+        plan: &WaitPlan,
+        events: &Events,
+        step: Step,
+        e: LockError,
+    ) -> Result<Step, Failure> {
+        let tried = attempts_in(&e);
+        self.attempts = self.attempts.saturating_add(tried);
         if let LockError::Cancelled { .. } = e {
             let signal = events.pending_stop().unwrap_or(SIGTERM);
-            return Err(Failure::interrupted(
-                signal,
-                &format!("while waiting for `{resource}`"),
-            ));
+            let doing = format!("while waiting for `{}`", self.resource);
+            return Err(Failure::interrupted(signal, &doing));
         }
         if let Some(report) = e.report() {
-            refusals(report, &mut warned)?;
+            refusals(report, &mut self.warned)?;
         }
         let too_few = matches!(e, LockError::NoQuorum { .. });
         if !too_few {
-            nodes_down.mended();
+            self.nodes_down.mended();
         }
-        if !retryable || patience.once {
-            return Err(patience.failure(e));
+        if !waiting_may_mend(&e) || plan.no_wait {
+            return Err(plan.failure(e));
         }
         let now = Instant::now();
-        if patience.deadline.is_some_and(|deadline| now >= deadline) {
-            if once {
-                return Err(gave_up(patience, e, resource, started, (tried, attempts)));
-            }
-            // One last attempt as the wait runs out.
-            once = true;
-        } else {
-            once = false;
-        }
-        // Too few nodes is said even without --verbose: without a limit
-        // the wait lasts until they come back, and it must not look like
-        // a hang. The library's message names the failed nodes, never a
-        // password.
-        let e = recount(&e.to_string(), (tried, attempts));
-        if too_few && nodes_down.due(now) {
-            if said_waiting {
-                let waited = humantime::format_duration(round_secs(started.elapsed()));
+        let next = match plan.deadline {
+            Some(deadline) if now >= deadline => match step {
+                Step::Once => return Err(self.gave_up(plan, e, tried)),
+                // One last attempt as the wait runs out.
+                Step::Wait => Step::Once,
+            },
+            _ => Step::Wait,
+        };
+        let why = recount(&e.to_string(), (tried, self.attempts));
+        self.say_waiting(plan, &why, too_few, now);
+        Ok(next)
+    }
+
+    /// Says that the wait goes on. Too few nodes is said even without
+    /// `-v`: a wait without end must not look like a hang. The library's
+    /// message names the failed nodes, never a password.
+    fn say_waiting(&mut self, plan: &WaitPlan, why: &str, too_few: bool, now: Instant) {
+        let resource = self.resource;
+        if too_few && self.nodes_down.due(now) {
+            if self.said_waiting {
+                let waited = humantime::format_duration(round_secs(self.started.elapsed()));
                 say(format_args!(
-                    "still waiting for `{resource}` after {waited}: {e}"
+                    "still waiting for `{resource}` after {waited}: {why}"
                 ));
             } else {
-                say(format_args!("waiting for `{resource}`: {e}"));
+                say(format_args!("waiting for `{resource}`: {why}"));
             }
-            said_waiting = true;
-        } else if patience.verbose && !said_waiting {
-            say(format_args!("waiting for `{resource}`: {e}"));
-            said_waiting = true;
+        } else if plan.verbose && !self.said_waiting {
+            say(format_args!("waiting for `{resource}`: {why}"));
+        } else {
+            return;
         }
+        self.said_waiting = true;
     }
+
+    /// The failure of a wait that ran out: the last call's error (`tried`
+    /// attempts), with how long the wait lasted and its attempts in all.
+    fn gave_up(&self, plan: &WaitPlan, e: LockError, tried: u32) -> Failure {
+        let waited = humantime::format_duration(round_ms(self.started.elapsed()));
+        let mut failure = plan.failure(e);
+        failure.message = recount(&failure.message, (tried, self.attempts));
+        failure.context(format_args!(
+            "gave up waiting for `{}` after {waited} and {} attempt(s)",
+            self.resource, self.attempts
+        ))
+    }
+}
+
+/// How many attempts the library made in the call that failed with `e`.
+fn attempts_in(e: &LockError) -> u32 {
+    match e {
+        LockError::Contended { attempts, .. } | LockError::NoQuorum { attempts, .. } => *attempts,
+        _ => 1,
+    }
+}
+
+/// Whether trying again may mend `e`: the lock held, too few nodes, a
+/// round too slow.
+fn waiting_may_mend(e: &LockError) -> bool {
+    matches!(
+        e,
+        LockError::Contended { .. } | LockError::NoQuorum { .. } | LockError::TooSlow { .. }
+    )
 }
 
 /// `said` (a library error's message) with the attempts of the whole wait
@@ -211,29 +270,10 @@ fn recount(said: &str, (tried, attempts): (u32, u32)) -> String {
     )
 }
 
-/// The failure of a wait that ran out: the last call's error, with how
-/// long the wait lasted and how many attempts it made in all (`tried`:
-/// the last call's, `attempts`: the whole wait's).
-fn gave_up(
-    patience: &Patience,
-    e: LockError,
-    resource: &str,
-    started: Instant,
-    (tried, attempts): (u32, u32),
-) -> Failure {
-    let waited = humantime::format_duration(round_ms(started.elapsed()));
-    let mut failure = patience.failure(e);
-    failure.message = recount(&failure.message, (tried, attempts));
-    failure.context(format_args!(
-        "gave up waiting for `{resource}` after {waited} and {attempts} attempt(s)"
-    ))
-}
-
 /// Nodes that refuse this client (a wrong or missing password, a missing
 /// ACL permission) stay so however long it waits. If they leave too few
-/// nodes for a quorum, that is a failure (the refused code) at once;
-/// otherwise each is said once (added to `warned`) and the wait goes on
-/// with the others.
+/// nodes for a quorum, that fails at once. Otherwise each is said once
+/// (and added to `warned`), and the wait goes on with the others.
 ///
 /// # Errors
 ///
@@ -272,9 +312,9 @@ pub fn warn_refusals(report: &Report) {
 }
 
 /// The nodes of `report` that cannot serve this client however long it
-/// waits (the library's `NodeError::is_permanent`: a refused password, a
-/// missing ACL permission, a TLS failure, a host that does not exist), each
-/// with its cause. Its message names the node.
+/// waits, each with its cause, which names the node. These are the
+/// library's `NodeError::is_permanent`: a refused password, a missing ACL
+/// permission, a TLS failure, a host that does not exist.
 fn refusing(report: &Report) -> Vec<(&Arc<str>, String)> {
     report
         .unusable()
@@ -286,8 +326,7 @@ fn refusing(report: &Report) -> Vec<(&Arc<str>, String)> {
 }
 
 /// When a wait says that too few nodes answered: at the first attempt of
-/// a run of such attempts, then at most once per [`SAY_NODES_EVERY`] while
-/// the run lasts.
+/// a run of such attempts, then at most once per [`SAY_NODES_EVERY`].
 #[derive(Debug, Default)]
 struct NodesDown {
     /// When it was last said in this run; `None`: not yet.
