@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redlock_sync::{Event, LockOptions, Redlock, What};
+use redlock_sync::{Event, LockOptions, Redlock, RetryPolicy, What};
 
 fn main() -> ExitCode {
     common::exit_code(run())
@@ -26,7 +26,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     let counts: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
     let count = Arc::clone(&counts);
     let locks = Redlock::builder(&urls)
-        .retry_delay(Duration::from_millis(20))
+        .retry_policy(RetryPolicy::default().delay(Duration::from_millis(20)))
         .observer(move |event: &Event<'_>| {
             *count
                 .lock()

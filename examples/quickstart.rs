@@ -16,7 +16,7 @@ use std::error::Error;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use redlock_sync::{Kind, Lock, LockError, Redlock};
+use redlock_sync::{Kind, Lock, LockError, Redlock, RetryPolicy};
 
 fn main() -> ExitCode {
     common::exit_code(run())
@@ -28,9 +28,12 @@ fn run() -> Result<(), Box<dyn Error>> {
     println!("nodes: {}", urls.join(", "));
 
     let locks = Redlock::builder(&urls)
-        .retry_count(2)
-        .retry_delay(Duration::from_millis(50))
-        .retry_jitter(Duration::from_millis(50))
+        .retry_policy(
+            RetryPolicy::default()
+                .retries(2)
+                .delay(Duration::from_millis(50))
+                .jitter(Duration::from_millis(50)),
+        )
         .build()?;
     println!("quorum: {} of {}\n", locks.quorum(), urls.len());
     let ttl = Duration::from_secs(10);

@@ -5,7 +5,9 @@ mod common;
 use std::time::Duration;
 
 use common::cluster;
-use redlock_sync::{ArgumentError, ConfigError, Kind, Lock, LockError, Redlock, Token, MAX_TTL};
+use redlock_sync::{
+    ArgumentError, ConfigError, Kind, Lock, LockError, Redlock, RetryPolicy, Token, MAX_TTL,
+};
 
 /// A client over a port nothing listens on: argument checks come before any
 /// network traffic, so these tests need no server.
@@ -303,9 +305,12 @@ fn token_strings_that_are_not_40_lowercase_hex_characters_are_rejected() {
 fn zero_retry_delay_and_zero_jitter_retry_without_panicking() {
     let nodes = cluster(3);
     let locks = Redlock::builder(nodes.urls())
-        .retry_count(5)
-        .retry_delay(Duration::ZERO)
-        .retry_jitter(Duration::ZERO)
+        .retry_policy(
+            RetryPolicy::default()
+                .retries(5)
+                .delay(Duration::ZERO)
+                .jitter(Duration::ZERO),
+        )
         .build()
         .unwrap();
     let held = locks.acquire("busy", Duration::from_secs(10)).unwrap();

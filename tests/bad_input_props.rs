@@ -15,7 +15,8 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 use common::cluster;
 use redlock_sync::{
-    ArgumentError, ConfigError, Kind, Lock, LockError, Redlock, Token, FENCE_KEY_PREFIX, MAX_TTL,
+    ArgumentError, ConfigError, Kind, Lock, LockError, Redlock, RetryPolicy, Token,
+    FENCE_KEY_PREFIX, MAX_TTL,
 };
 use redlock_sync_testing::Cluster;
 
@@ -120,9 +121,12 @@ fn lock_keys(nodes: &Cluster) -> Vec<String> {
 fn client(nodes: &Cluster) -> Redlock {
     // Room for 64 KiB names on a busy machine; no retry pauses.
     Redlock::builder(nodes.urls())
-        .retry_count(1)
-        .retry_delay(Duration::ZERO)
-        .retry_jitter(Duration::from_millis(1))
+        .retry_policy(
+            RetryPolicy::default()
+                .retries(1)
+                .delay(Duration::ZERO)
+                .jitter(Duration::from_millis(1)),
+        )
         .io_timeout(Duration::from_secs(1))
         .connect_timeout(Duration::from_secs(1))
         .build()

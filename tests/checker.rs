@@ -50,7 +50,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{cluster, fenced, wait_until};
-use redlock_sync::{LockError, NodeOutcome, Redlock};
+use redlock_sync::{LockError, NodeOutcome, Redlock, RetryPolicy};
 use redlock_sync_testing::{Cluster, Fault, Proxy};
 
 const RESOURCE: &str = "checked";
@@ -317,9 +317,12 @@ fn settings() -> (Duration, u64) {
 
 fn client(proxies: &[Proxy], grace: Duration) -> Redlock {
     Redlock::builder(proxies.iter().map(Proxy::url))
-        .retry_count(5)
-        .retry_delay(Duration::from_millis(5))
-        .retry_jitter(Duration::from_millis(20))
+        .retry_policy(
+            RetryPolicy::default()
+                .retries(5)
+                .delay(Duration::from_millis(5))
+                .jitter(Duration::from_millis(20)),
+        )
         .io_timeout(Duration::from_millis(50))
         .connect_timeout(Duration::from_millis(50))
         .restart_grace(grace)

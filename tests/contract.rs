@@ -217,7 +217,7 @@ fn a_re_take_lands_after_the_lock_ended(ttl: Duration) -> (Cluster, Vec<Proxy>, 
     let nodes = cluster(3);
     let proxies = nodes.proxies().unwrap();
     let a = Redlock::builder(proxies.iter().map(|p| p.url()))
-        .retry_count(0)
+        .retry_policy(RetryPolicy::default().retries(0))
         .io_timeout(Duration::from_millis(300))
         .connect_timeout(Duration::from_millis(300))
         .build()

@@ -7,13 +7,13 @@ mod common;
 use std::time::Duration;
 
 use common::{builder, cluster, wait_until_held_by};
-use redlock_sync::{LockError, NodeOutcome};
+use redlock_sync::{LockError, NodeOutcome, RetryPolicy};
 
 #[test]
 fn an_extension_refused_by_one_of_three_with_one_silent_is_no_quorum_not_lost() {
     let nodes = cluster(3);
     let locks = builder(&nodes)
-        .retry_count(0)
+        .retry_policy(RetryPolicy::default().retries(0))
         .io_timeout(Duration::from_millis(300))
         .build()
         .unwrap();

@@ -7,7 +7,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{cluster, listeners, wait_until};
-use redlock_sync::{Lock, Redlock};
+use redlock_sync::{Lock, Redlock, RetryPolicy};
 use redlock_sync_testing::Cluster;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -60,9 +60,12 @@ fn waiting_threads_do_not_spin_once_the_line_is_back_after_a_backoff() {
     let holder = Redlock::new(nodes.urls()).unwrap();
     let held = take(&holder, "spin");
     let locks = Redlock::builder(nodes.urls())
-        .retry_count(20)
-        .retry_delay(Duration::from_secs(10))
-        .retry_jitter(Duration::ZERO)
+        .retry_policy(
+            RetryPolicy::default()
+                .retries(20)
+                .delay(Duration::from_secs(10))
+                .jitter(Duration::ZERO),
+        )
         .io_timeout(Duration::from_millis(300))
         .connect_timeout(Duration::from_millis(300))
         .build()
@@ -124,9 +127,12 @@ fn a_user_without_channel_permissions_tries_to_listen_less_and_less_often() {
     let holder = Redlock::new(nodes.urls()).unwrap();
     let held = take(&holder, "acl");
     let locks = Redlock::builder([format!("redis://deaf:secret@127.0.0.1:{port}")])
-        .retry_count(1_000)
-        .retry_delay(Duration::from_millis(200))
-        .retry_jitter(Duration::ZERO)
+        .retry_policy(
+            RetryPolicy::default()
+                .retries(1_000)
+                .delay(Duration::from_millis(200))
+                .jitter(Duration::ZERO),
+        )
         .max_wait(Duration::from_millis(6_500))
         .io_timeout(Duration::from_millis(300))
         .connect_timeout(Duration::from_millis(300))

@@ -30,7 +30,7 @@ fn the_observer_sees_contention_a_failed_extension_and_a_loss_without_passwords_
     let seen: Arc<Mutex<Vec<(What, String)>>> = Arc::default();
     let record = Arc::clone(&seen);
     let locks = builder_over(proxies.iter().map(|p| with_password(p.url())).collect())
-        .retry_count(200)
+        .retry_policy(common::quick_retries(200))
         .observer(move |event: &Event<'_>| {
             record
                 .lock()
@@ -265,7 +265,7 @@ fn an_extension_by_hand_tells_the_observer_its_re_takes_and_its_outcome() {
     let seen: Arc<Mutex<Told>> = Arc::default();
     let record = Arc::clone(&seen);
     let locks = common::builder(&nodes)
-        .retry_count(2)
+        .retry_policy(common::quick_retries(2))
         .observer(move |event: &Event<'_>| {
             let node = event.node.map(str::to_string);
             record

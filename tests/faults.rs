@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use common::{
     builder, cluster, holders, no_quorum_within, values, wait_until, wait_until_gone, SETTLE,
 };
-use redlock_sync::{Kind, Lock, LockError, NodeOutcome, Redlock};
+use redlock_sync::{Kind, Lock, LockError, NodeOutcome, Redlock, RetryPolicy};
 
 const TTL: Duration = Duration::from_secs(10);
 const IO_TIMEOUT: Duration = Duration::from_millis(100);
@@ -21,9 +21,12 @@ fn a_minority_of_dead_nodes_does_not_stop_acquire_but_a_majority_gives_the_quoru
 ) {
     let nodes = cluster(5);
     let locks = builder(&nodes)
-        .retry_count(RETRY_COUNT)
-        .retry_delay(RETRY_DELAY)
-        .retry_jitter(RETRY_JITTER)
+        .retry_policy(
+            RetryPolicy::default()
+                .retries(RETRY_COUNT)
+                .delay(RETRY_DELAY)
+                .jitter(RETRY_JITTER),
+        )
         .io_timeout(IO_TIMEOUT)
         .build()
         .unwrap();
@@ -253,9 +256,12 @@ fn extend_with_too_few_nodes_stops_retrying_when_the_lock_is_no_longer_valid_or_
     // Retries without limit: only the lock's validity and max_wait end them.
     let retry_forever = |max_wait: Option<Duration>| {
         let mut locks = builder(&nodes)
-            .retry_count(u32::MAX)
-            .retry_delay(RETRY_DELAY)
-            .retry_jitter(RETRY_JITTER)
+            .retry_policy(
+                RetryPolicy::default()
+                    .retries(u32::MAX)
+                    .delay(RETRY_DELAY)
+                    .jitter(RETRY_JITTER),
+            )
             .io_timeout(IO_TIMEOUT);
         if let Some(wait) = max_wait {
             locks = locks.max_wait(wait);
@@ -303,9 +309,12 @@ fn extend_with_too_few_nodes_stops_retrying_when_the_lock_is_no_longer_valid_or_
     // A lock rebuilt from its token has no validity known here: the retry
     // count bounds its retries, as before.
     let rebuilt = builder(&nodes)
-        .retry_count(2)
-        .retry_delay(RETRY_DELAY)
-        .retry_jitter(RETRY_JITTER)
+        .retry_policy(
+            RetryPolicy::default()
+                .retries(2)
+                .delay(RETRY_DELAY)
+                .jitter(RETRY_JITTER),
+        )
         .io_timeout(IO_TIMEOUT)
         .build()
         .unwrap();

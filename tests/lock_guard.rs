@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::{
     client, cluster, fenced, holds_throughout, slow_retrying_client, values, wait_until, SETTLE,
 };
-use redlock_sync::{ArgumentError, LockError};
+use redlock_sync::{ArgumentError, LockError, RetryPolicy};
 
 #[test]
 fn a_guard_keeps_the_lock_alive_past_three_ttls_and_dropping_it_releases_and_stops_the_watchdog() {
@@ -220,8 +220,11 @@ fn a_failed_extension_is_retried_within_the_validity_left_however_long_the_retry
     // Ten-second pauses between retries, against a 3 s TTL: a retry planned
     // by the policy alone would come after the lock ran out.
     let locks = common::builder(&nodes)
-        .retry_count(100)
-        .retry_delay(Duration::from_secs(10))
+        .retry_policy(
+            RetryPolicy::default()
+                .retries(100)
+                .delay(Duration::from_secs(10)),
+        )
         .observer(move |event| {
             if matches!(event.what, redlock_sync::What::ExtendFailed) {
                 let _ = failed.lock().unwrap().send(());

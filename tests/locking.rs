@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{
     client, cluster, holders, values, wait_until, wait_until_gone, wait_until_held_by, SETTLE,
 };
-use redlock_sync::{Kind, Lock, LockError, NodeError, NodeOutcome, Redlock, Token};
+use redlock_sync::{Kind, Lock, LockError, NodeError, NodeOutcome, Redlock, RetryPolicy, Token};
 use redlock_sync_testing::{Fault, Proxy};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -271,9 +271,12 @@ fn a_clean_up_after_script_flush_never_undoes_a_later_grant() {
     let nodes = cluster(3);
     let (x, y, z) = (nodes.node(0), nodes.node(1), nodes.node(2));
     let locks = common::builder(&nodes)
-        .retry_count(5)
-        .retry_delay(Duration::from_millis(1100))
-        .retry_jitter(Duration::ZERO)
+        .retry_policy(
+            RetryPolicy::default()
+                .retries(5)
+                .delay(Duration::from_millis(1100))
+                .jitter(Duration::ZERO),
+        )
         .build()
         .unwrap();
     for i in 0..9 {
@@ -327,8 +330,11 @@ fn the_same_server_under_two_names_gets_one_vote() {
         nodes.node(1).url(),
     ];
     let locks = Redlock::builder(&urls)
-        .retry_count(2)
-        .retry_delay(Duration::from_millis(10))
+        .retry_policy(
+            RetryPolicy::default()
+                .retries(2)
+                .delay(Duration::from_millis(10)),
+        )
         .io_timeout(Duration::from_millis(500))
         .connect_timeout(Duration::from_millis(500))
         .build()

@@ -10,7 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::cluster;
-use redlock_sync::{LockError, NodeOutcome, Redlock};
+use redlock_sync::{LockError, NodeOutcome, Redlock, RetryPolicy};
 use redlock_sync_testing::Fault;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -35,7 +35,7 @@ fn short(error: &LockError) -> String {
 /// A client over `urls` that tries once, with roomy timeouts.
 fn once(urls: Vec<String>) -> Redlock {
     Redlock::builder(urls)
-        .retry_count(0)
+        .retry_policy(RetryPolicy::default().retries(0))
         .io_timeout(Duration::from_secs(2))
         .connect_timeout(Duration::from_secs(2))
         .build()

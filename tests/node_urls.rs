@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{cluster, values, wait_until, SETTLE};
-use redlock_sync::{LockError, NodeError, NodeOutcome, Redlock, Report};
+use redlock_sync::{LockError, NodeError, NodeOutcome, Redlock, Report, RetryPolicy};
 use redlock_sync_testing::Cluster;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -49,7 +49,7 @@ fn require_password(nodes: &Cluster) {
 /// A client over `urls` that tries once, with the tests' roomy timeouts.
 fn client_over(urls: Vec<String>) -> Redlock {
     Redlock::builder(urls)
-        .retry_count(0)
+        .retry_policy(RetryPolicy::default().retries(0))
         .io_timeout(Duration::from_millis(500))
         .connect_timeout(Duration::from_millis(500))
         .build()
@@ -113,7 +113,7 @@ fn valkey_unix_urls_reach_unix_socket_nodes() {
     let nodes = Cluster::start_unix(3).expect("three Unix-socket nodes");
     let urls = with_scheme(&nodes, "valkey+unix");
     let locks = Redlock::builder(urls)
-        .retry_count(0)
+        .retry_policy(RetryPolicy::default().retries(0))
         .io_timeout(Duration::from_millis(500))
         .connect_timeout(Duration::from_millis(500))
         .build()
@@ -211,8 +211,11 @@ fn an_acl_user_with_its_password_locks_and_with_a_wrong_one_is_refused() {
     // the lock once it is free.
     let held = locks.try_acquire("acl-user", TTL).expect("granted");
     let waiter = Redlock::builder(with_userinfo(&nodes, "locker:locker-Pw"))
-        .retry_count(200)
-        .retry_delay(Duration::from_millis(20))
+        .retry_policy(
+            RetryPolicy::default()
+                .retries(200)
+                .delay(Duration::from_millis(20)),
+        )
         .io_timeout(Duration::from_millis(500))
         .connect_timeout(Duration::from_millis(500))
         .build()

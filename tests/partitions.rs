@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::time::Duration;
 
 use common::{cluster, fenced, no_quorum_within, values, wait_until, wait_until_gone, SETTLE};
-use redlock_sync::{LockError, NodeOutcome, Redlock, Report};
+use redlock_sync::{LockError, NodeOutcome, Redlock, Report, RetryPolicy};
 use redlock_sync_testing::{Cluster, Fault, Proxy};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -28,9 +28,12 @@ fn behind_proxies() -> (Cluster, Vec<Proxy>, Redlock) {
     let nodes = cluster(5);
     let proxies = nodes.proxies().expect("a proxy per node");
     let locks = Redlock::builder(proxies.iter().map(Proxy::url))
-        .retry_count(RETRY_COUNT)
-        .retry_delay(RETRY_DELAY)
-        .retry_jitter(RETRY_JITTER)
+        .retry_policy(
+            RetryPolicy::default()
+                .retries(RETRY_COUNT)
+                .delay(RETRY_DELAY)
+                .jitter(RETRY_JITTER),
+        )
         .io_timeout(IO_TIMEOUT)
         .connect_timeout(IO_TIMEOUT)
         .build()

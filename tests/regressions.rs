@@ -6,7 +6,7 @@ use std::thread;
 use std::time::Duration;
 
 use common::{cluster, listeners, values, wait_until};
-use redlock_sync::{LockError, Redlock};
+use redlock_sync::{LockError, Redlock, RetryPolicy};
 use redlock_sync_testing::{Fault, Proxy};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -17,7 +17,7 @@ fn two_threads_failed_attempts_leave_no_keys_behind_once_slow_nodes_answer_again
     let nodes = cluster(5);
     let proxies = nodes.proxies().expect("a proxy per node");
     let locks = Redlock::builder(proxies.iter().map(Proxy::url))
-        .retry_count(0)
+        .retry_policy(RetryPolicy::default().retries(0))
         .io_timeout(IO_TIMEOUT)
         .connect_timeout(IO_TIMEOUT)
         .build()
@@ -104,7 +104,7 @@ fn a_unix_socket_node_whose_listen_backlog_is_full_costs_a_round_no_more_than_it
 
     let nodes = redlock_sync_testing::Cluster::start_unix(3).expect("3 unix-socket nodes");
     let locks = Redlock::builder(nodes.urls())
-        .retry_count(0)
+        .retry_policy(RetryPolicy::default().retries(0))
         .io_timeout(IO_TIMEOUT)
         .connect_timeout(IO_TIMEOUT)
         .build()
@@ -170,9 +170,12 @@ fn the_subscription_line_closes_at_the_next_operation_once_no_thread_waited_for_
     let nodes = cluster(3);
     let holder = Redlock::new(nodes.urls()).unwrap();
     let locks = Redlock::builder(nodes.urls())
-        .retry_count(20)
-        .retry_delay(Duration::from_secs(4))
-        .retry_jitter(Duration::ZERO)
+        .retry_policy(
+            RetryPolicy::default()
+                .retries(20)
+                .delay(Duration::from_secs(4))
+                .jitter(Duration::ZERO),
+        )
         .io_timeout(Duration::from_millis(300))
         .connect_timeout(Duration::from_millis(300))
         .build()
@@ -222,7 +225,7 @@ fn a_full_server_with_a_password_is_not_reported_as_refusing_the_password() {
         .into_iter()
         .map(|u| u.replace("redis://", "redis://:pw@"));
     let locks = Redlock::builder(urls)
-        .retry_count(0)
+        .retry_policy(RetryPolicy::default().retries(0))
         .io_timeout(Duration::from_millis(500))
         .connect_timeout(Duration::from_millis(500))
         .build()
@@ -252,7 +255,7 @@ fn a_connect_cut_short_by_the_rounds_deadline_does_not_bar_the_node_from_the_nex
     // 5 s connect timeout.
     proxies[0].set_fault(Fault::TrickleReplies(Duration::from_millis(1)));
     let locks = Redlock::builder(proxies.iter().map(Proxy::url))
-        .retry_count(0)
+        .retry_policy(RetryPolicy::default().retries(0))
         .io_timeout(IO_TIMEOUT)
         .connect_timeout(Duration::from_secs(5))
         .build()
@@ -427,9 +430,12 @@ fn waiter(
     thread::JoinHandle<(redlock_sync::Lock, std::time::Instant)>,
 ) {
     let locks = Redlock::builder(nodes.urls())
-        .retry_count(20)
-        .retry_delay(pause)
-        .retry_jitter(Duration::ZERO)
+        .retry_policy(
+            RetryPolicy::default()
+                .retries(20)
+                .delay(pause)
+                .jitter(Duration::ZERO),
+        )
         .io_timeout(io_timeout)
         .connect_timeout(io_timeout)
         .build()
@@ -473,9 +479,12 @@ fn waiters_of_two_clients_do_not_wake_each_other_in_a_loop_while_the_lock_is_hel
     let pause = Duration::from_secs(4);
     let waiter = || {
         let locks = Redlock::builder(nodes.urls())
-            .retry_count(20)
-            .retry_delay(pause)
-            .retry_jitter(Duration::ZERO)
+            .retry_policy(
+                RetryPolicy::default()
+                    .retries(20)
+                    .delay(pause)
+                    .jitter(Duration::ZERO),
+            )
             .io_timeout(Duration::from_millis(300))
             .connect_timeout(Duration::from_millis(300))
             .build()

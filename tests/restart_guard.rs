@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{builder, cluster, holders, wait_until, SETTLE};
-use redlock_sync::{Lock, LockError, NodeError, NodeOutcome, Redlock};
+use redlock_sync::{Lock, LockError, NodeError, NodeOutcome, Redlock, RetryPolicy};
 use redlock_sync_testing::Cluster;
 
 /// Client A holds `resource` for `ttl` on exactly a bare quorum (nodes 0
@@ -151,7 +151,7 @@ fn the_guard_reads_the_uptime_with_the_handshake_also_behind_a_password_and_a_db
         .collect();
     // A freshly started node is kept out for the grace period.
     let fresh = Redlock::builder(&urls)
-        .retry_count(0)
+        .retry_policy(RetryPolicy::default().retries(0))
         .restart_grace(Duration::from_secs(3600))
         .build()
         .unwrap();

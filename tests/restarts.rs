@@ -12,7 +12,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{builder, cluster, wait_until, SETTLE};
-use redlock_sync::{Kind, Lock, LockError, LockOptions, NodeOutcome, Redlock, Token};
+use redlock_sync::{Kind, Lock, LockError, LockOptions, NodeOutcome, Redlock, RetryPolicy, Token};
 use redlock_sync_testing::{Cluster, Fault};
 
 const TTL: Duration = Duration::from_secs(1);
@@ -313,7 +313,7 @@ fn late_round_re_takes(restarted: &[usize], partitioned: &[usize], answering: Fa
     let nodes = cluster(3);
     let proxies = nodes.proxies().unwrap();
     let locks = Redlock::builder(proxies.iter().map(|p| p.url()))
-        .retry_count(0)
+        .retry_policy(RetryPolicy::default().retries(0))
         .io_timeout(Duration::from_millis(1500))
         .connect_timeout(Duration::from_secs(3))
         .build()

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{cluster, contending_client};
-use redlock_sync::{LockError, Redlock};
+use redlock_sync::{LockError, Redlock, RetryPolicy};
 use redlock_sync_testing::{Fault, Proxy};
 
 const THREADS: usize = 8;
@@ -67,7 +67,7 @@ fn threads_sharing_a_client_do_not_wait_behind_each_others_reads() {
         proxy.set_fault(Fault::Delay(Duration::from_millis(60)));
     }
     let locks = Redlock::builder(proxies.iter().map(Proxy::url))
-        .retry_count(0)
+        .retry_policy(RetryPolicy::default().retries(0))
         .io_timeout(Duration::from_millis(216))
         .connect_timeout(Duration::from_millis(500))
         .build()
@@ -120,7 +120,10 @@ fn thirty_two_threads_sharing_connections_each_get_their_own_replies() {
     let held = holder
         .acquire("held", Duration::from_secs(60))
         .expect("the holder takes the resource first");
-    let locks = common::builder(&nodes).retry_count(0).build().unwrap();
+    let locks = common::builder(&nodes)
+        .retry_policy(RetryPolicy::default().retries(0))
+        .build()
+        .unwrap();
     std::thread::scope(|s| {
         for t in 0..32 {
             let locks = &locks;

@@ -17,7 +17,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
-use redlock_sync::{LockError, Redlock, RedlockBuilder};
+use redlock_sync::{LockError, Redlock, RedlockBuilder, RetryPolicy};
 use redlock_sync_testing::{Cluster, Fault, Proxy};
 
 /// Nodes, a proxy in front of each, and a builder for clients that talk to
@@ -26,7 +26,7 @@ fn behind_proxies(n: usize, io_timeout: Duration) -> (Cluster, Vec<Proxy>, Redlo
     let nodes = cluster(n);
     let proxies = nodes.proxies().expect("a proxy per node");
     let builder = Redlock::builder(proxies.iter().map(Proxy::url))
-        .retry_count(0)
+        .retry_policy(RetryPolicy::default().retries(0))
         .io_timeout(io_timeout)
         .connect_timeout(io_timeout);
     (nodes, proxies, builder)

@@ -11,7 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{cluster, holders, listeners, wait_until, wait_until_held_by};
-use redlock_sync::{Lock, Redlock, RedlockBuilder};
+use redlock_sync::{Lock, Redlock, RedlockBuilder, RetryPolicy};
 use redlock_sync_testing::{Cluster, Fault, Proxy};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -26,9 +26,12 @@ const LISTENING_WITHIN: Duration = Duration::from_secs(5);
 /// A client that pauses [`PAUSE`] between attempts.
 fn patient(urls: Vec<String>) -> RedlockBuilder {
     Redlock::builder(urls)
-        .retry_count(20)
-        .retry_delay(PAUSE)
-        .retry_jitter(Duration::ZERO)
+        .retry_policy(
+            RetryPolicy::default()
+                .retries(20)
+                .delay(PAUSE)
+                .jitter(Duration::ZERO),
+        )
         .io_timeout(Duration::from_millis(300))
         .connect_timeout(Duration::from_millis(300))
 }
@@ -129,9 +132,12 @@ fn a_waiter_still_acquires_after_the_holder_dies_without_releasing() {
     drop(abandoned);
     drop(crashed);
     let locks = Redlock::builder(nodes.urls())
-        .retry_count(100)
-        .retry_delay(Duration::from_millis(50))
-        .retry_jitter(Duration::from_millis(20))
+        .retry_policy(
+            RetryPolicy::default()
+                .retries(100)
+                .delay(Duration::from_millis(50))
+                .jitter(Duration::from_millis(20)),
+        )
         .build()
         .unwrap();
     let lock = locks
@@ -186,7 +192,7 @@ fn many_waiters_one_release_at_a_time_exactly_one_holds() {
     let clients: Vec<Redlock> = (0..3)
         .map(|_| {
             Redlock::builder(nodes.urls())
-                .retry_count(1_000)
+                .retry_policy(RetryPolicy::default().retries(1_000))
                 .io_timeout(Duration::from_millis(500))
                 .connect_timeout(Duration::from_millis(500))
                 .build()
@@ -224,8 +230,7 @@ fn a_retry_delay_and_wait_budget_past_the_clocks_range_wait_for_a_release_withou
     let holder = patient(nodes.urls()).build().unwrap();
     let held = holder.acquire("unbounded", TTL).unwrap();
     let waiter = patient(nodes.urls())
-        .retry_count(1)
-        .retry_delay(Duration::MAX)
+        .retry_policy(RetryPolicy::default().retries(1).delay(Duration::MAX))
         .max_wait(Duration::MAX)
         .build()
         .unwrap();

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::{
     builder, client, cluster, fenced, holds_throughout, slow_retrying_client, values, wait_until,
 };
-use redlock_sync::{LockError, Redlock};
+use redlock_sync::{LockError, Redlock, RetryPolicy};
 
 #[test]
 fn a_closure_running_three_ttls_keeps_exclusive_ownership_and_the_lock_is_gone_right_after() {
@@ -319,9 +319,12 @@ fn acquire_and_with_lock_give_up_within_the_wait_budget() {
         .expect("free lock");
     let budget = Duration::from_millis(300);
     let locks = builder(&nodes)
-        .retry_count(u32::MAX)
-        .retry_delay(Duration::from_millis(10))
-        .retry_jitter(Duration::from_millis(10))
+        .retry_policy(
+            RetryPolicy::default()
+                .retries(u32::MAX)
+                .delay(Duration::from_millis(10))
+                .jitter(Duration::from_millis(10)),
+        )
         .max_wait(budget)
         .build()
         .unwrap();
@@ -372,9 +375,12 @@ fn acquire_with_a_wait_budget_wins_once_an_abandoned_lock_expires() {
     let abandoned = crashed.acquire("handover", ttl).expect("free lock");
     let expires = abandoned.valid_until();
     let locks: Redlock = builder(&nodes)
-        .retry_count(u32::MAX)
-        .retry_delay(Duration::from_millis(10))
-        .retry_jitter(Duration::from_millis(10))
+        .retry_policy(
+            RetryPolicy::default()
+                .retries(u32::MAX)
+                .delay(Duration::from_millis(10))
+                .jitter(Duration::from_millis(10)),
+        )
         .max_wait(Duration::from_secs(5))
         .build()
         .unwrap();

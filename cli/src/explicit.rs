@@ -135,10 +135,12 @@ fn rebuilt(nodes: &NodeArgs, named: &LockRef) -> Result<(Redlock, Lock), Failure
     // Set here rather than left to the library's defaults: `extend --help`
     // promises this policy.
     let locks = nodes::client(nodes, |builder| {
-        builder
-            .retry_count(3)
-            .retry_delay(Duration::from_millis(200))
-            .retry_jitter(Duration::from_millis(100))
+        builder.retry_policy(
+            redlock_sync::RetryPolicy::default()
+                .retries(3)
+                .delay(Duration::from_millis(200))
+                .jitter(Duration::from_millis(100)),
+        )
     })?;
     let lock = Lock::from_token(named.resource.as_str(), token, Kind::Plain)?;
     Ok((locks, lock))

@@ -50,9 +50,11 @@ pub struct WaitPlan {
 /// The library's pause between two attempts as `--retry-delay` asks: the
 /// delay, plus up to half as much again at random (so waiters spread out).
 pub fn paced(builder: RedlockBuilder, args: &Acquisition) -> RedlockBuilder {
-    builder
-        .retry_delay(args.retry_delay)
-        .retry_jitter(args.retry_delay / 2)
+    builder.retry_policy(
+        redlock_sync::RetryPolicy::default()
+            .delay(args.retry_delay)
+            .jitter(args.retry_delay / 2),
+    )
 }
 
 /// One call to the library: which form, with which options.

@@ -97,12 +97,10 @@ impl Config {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use redlock_sync::Redlock;
+/// use redlock_sync::{Redlock, RetryPolicy};
 ///
 /// let locks = Redlock::builder(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
-///     .retry_count(5)
-///     .retry_delay(Duration::from_millis(100))
-///     .retry_jitter(Duration::from_millis(100))
+///     .retry_policy(RetryPolicy::default().retries(5).delay(Duration::from_millis(100)))
 ///     .drift_factor(0.01)
 ///     .io_timeout(Duration::from_millis(200))
 ///     .connect_timeout(Duration::from_millis(200))
@@ -134,30 +132,11 @@ impl fmt::Debug for RedlockBuilder {
 
 impl RedlockBuilder {
     setters! {
-        /// Sets how many times a round that did not succeed is tried again:
-        /// by [`acquire`](crate::Redlock::acquire) and the other acquisitions
-        /// when the lock was not won, by [`extend`](crate::Redlock::extend) when
-        /// too few nodes answered (never past the lock's validity: see there).
-        /// So a call makes at most `retry_count + 1` attempts that the policy
-        /// counts; a waiting acquisition also tries, within its pauses, when it
-        /// hears of a release (see [`acquire`](crate::Redlock::acquire)). The
-        /// `try_*` calls run one round. Defaults to 3.
-        retry_count(count: u32) => config.retry.retries = count;
-
-        /// Sets the fixed part of the pause between two rounds. Zero is
-        /// allowed. Defaults to 200 ms.
-        retry_delay(delay: Duration) => config.retry.delay = delay;
-
-        /// Sets the random part of the pause between two rounds: the pause is
-        /// drawn from `[retry_delay, retry_delay + retry_jitter)`, so that
-        /// contending clients spread out. Zero is allowed. Defaults to 100 ms.
-        retry_jitter(jitter: Duration) => config.retry.jitter = jitter;
-
-        /// Sets the whole retry policy at once, a backoff of your own included
-        /// (see [`RetryPolicy`]); [`retry_count`](Self::retry_count),
-        /// [`retry_delay`](Self::retry_delay) and
-        /// [`retry_jitter`](Self::retry_jitter) change one part of it. Defaults
-        /// to [`RetryPolicy::default`].
+        /// Sets the retry policy: how many times a round that did not succeed
+        /// is tried again (by the acquisitions when the lock was not won, by
+        /// [`extend`](crate::Redlock::extend) when too few nodes answered),
+        /// and the pause before each try (see [`RetryPolicy`]). Defaults to
+        /// [`RetryPolicy::default`]: 3 retries, 200 ms to 300 ms apart.
         retry_policy(policy: RetryPolicy) => config.retry = policy;
 
         /// Sets the share of the TTL set aside for clock drift between
@@ -195,13 +174,12 @@ impl RedlockBuilder {
         /// decides.
         ///
         /// ```no_run
-        /// # use redlock_sync::Redlock;
+        /// # use redlock_sync::{Redlock, RetryPolicy};
         /// # use std::time::Duration;
         /// // Keep trying for up to 5 s, every 50 to 100 ms.
+        /// let pace = Duration::from_millis(50);
         /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-        ///     .retry_count(u32::MAX)
-        ///     .retry_delay(Duration::from_millis(50))
-        ///     .retry_jitter(Duration::from_millis(50))
+        ///     .retry_policy(RetryPolicy::default().retries(u32::MAX).delay(pace).jitter(pace))
         ///     .max_wait(Duration::from_secs(5))
         ///     .build()?;
         /// # Ok::<(), redlock_sync::LockError>(())

@@ -4,7 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use redlock_sync::{Kind, Lock, LockError, LockOptions, Redlock, RedlockBuilder, Report};
+use redlock_sync::{
+    Kind, Lock, LockError, LockOptions, Redlock, RedlockBuilder, Report, RetryPolicy,
+};
 use redlock_sync_testing::Cluster;
 
 /// How long a test waits for what a decided round left in flight (replies
@@ -27,11 +29,18 @@ pub fn builder(cluster: &Cluster) -> RedlockBuilder {
 /// [`builder`] over these node URLs.
 pub fn builder_over(urls: Vec<String>) -> RedlockBuilder {
     Redlock::builder(urls)
-        .retry_count(3)
-        .retry_delay(Duration::from_millis(10))
-        .retry_jitter(Duration::from_millis(10))
+        .retry_policy(quick_retries(3))
         .io_timeout(Duration::from_millis(500))
         .connect_timeout(Duration::from_millis(500))
+}
+
+/// `retries` retries, 10 to 20 ms apart: the tests' usual pace.
+pub fn quick_retries(retries: u32) -> RetryPolicy {
+    let pace = Duration::from_millis(10);
+    RetryPolicy::default()
+        .retries(retries)
+        .delay(pace)
+        .jitter(pace)
 }
 
 /// A client over the cluster's nodes with short, test-friendly pauses.
@@ -45,9 +54,12 @@ pub fn client(cluster: &Cluster) -> Redlock {
 /// rather than retrying for hours.
 pub fn contending_client(cluster: &Cluster) -> Redlock {
     builder(cluster)
-        .retry_count(10_000)
-        .retry_delay(Duration::from_millis(1))
-        .retry_jitter(Duration::from_millis(3))
+        .retry_policy(
+            RetryPolicy::default()
+                .retries(10_000)
+                .delay(Duration::from_millis(1))
+                .jitter(Duration::from_millis(3)),
+        )
         .max_wait(Duration::from_secs(20))
         .build()
         .expect("valid test configuration")
@@ -57,8 +69,11 @@ pub fn contending_client(cluster: &Cluster) -> Redlock {
 /// that returns at once ran a single round.
 pub fn slow_retrying_client(cluster: &Cluster) -> Redlock {
     builder(cluster)
-        .retry_count(100)
-        .retry_delay(Duration::from_secs(10))
+        .retry_policy(
+            RetryPolicy::default()
+                .retries(100)
+                .delay(Duration::from_secs(10)),
+        )
         .build()
         .expect("valid test configuration")
 }
