@@ -11,9 +11,9 @@ standard library only.
 
 Lines. Each line of a file is one of:
 
-- test: inside an item under `#[cfg(test)]`, `#[cfg(all(test, ..))]` or
-  `#[cfg(doctest)]` (from the attribute to the item's closing brace or
-  semicolon), or inside a `#[test]` fn. A file that a `#[cfg(test)] mod
+- test: inside an item under `#[cfg(test)]` or `#[cfg(all(test, ..))]`
+  (from the attribute to the item's closing brace or semicolon), or inside
+  a `#[test]` fn. A file that a `#[cfg(test)] mod
   name;` declares (`name.rs` or `name/mod.rs` beside it, and its folder) is
   test as a whole. Test lines count as nothing below: not code, not doc,
   not comment.
@@ -201,7 +201,7 @@ def closing(s, k):
     return len(s) - 1
 
 
-TEST_ATTR = re.compile(r"#\[\s*(cfg\s*\(\s*(all\s*\(\s*)?(test|doctest)\b|test\s*\])")
+TEST_ATTR = re.compile(r"#\[\s*(cfg\s*\(\s*(all\s*\(\s*)?test\b|test\s*\])")
 
 
 def test_lines(s, starts, nlines):
