@@ -281,7 +281,7 @@ impl Redlock {
     /// # use std::time::Duration;
     /// # use redlock_sync::Redlock;
     /// let locks = Redlock::builder(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
-    ///     .retry_policy(crate::RetryPolicy::default().retries(5))
+    ///     .retry_policy(redlock_sync::RetryPolicy::default().retries(5))
     ///     .build()?;
     /// # Ok::<(), redlock_sync::LockError>(())
     /// ```
