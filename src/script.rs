@@ -354,4 +354,23 @@ mod tests {
             bits |= script.bit;
         }
     }
+
+    #[test]
+    fn a_confirmation_unmarks_only_the_re_takes_of_its_own_round() {
+        let cluster = redlock_sync_testing::Cluster::start(1).expect("a redis-server node");
+        let node = cluster.node(0);
+        let token = "00112233445566778899aabbccddeeff00112233";
+        let ours = format!("{token}~1111111111111111");
+        node.set("k", &ours).unwrap();
+        node.query(&["PEXPIRE", "k", "60000"]).unwrap();
+        let confirm = |mark: &str| {
+            node.query(&["EVAL", CONFIRM.body, "1", "k", mark]).unwrap();
+        };
+        // Another round's mark: a re-take that landed late, never read.
+        confirm("2222222222222222");
+        assert_eq!(node.get("k").unwrap(), Some(ours));
+        confirm("1111111111111111");
+        assert_eq!(node.get("k").unwrap().as_deref(), Some(token));
+        assert!(node.pttl("k").unwrap() > 50_000, "the TTL is kept");
+    }
 }
