@@ -59,7 +59,7 @@ pub(crate) fn run(
         done: false,
         to_decide,
         counted: 0,
-        resent: vec![false; nodes.len()],
+        resent: Vec::new(),
     };
     let (connecting, connected) = by_connect(nodes, &ask);
     for (i, queued) in turn.queue(cmd, &connected, connecting.is_empty()) {
@@ -108,7 +108,7 @@ struct Round<D> {
     to_decide: usize,
     counted: usize,
     /// The nodes whose command went once more, on a new connection.
-    resent: Vec<bool>,
+    resent: Vec<usize>,
 }
 
 impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<D> {
@@ -126,8 +126,8 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<D> {
                 match turn.poll(i, cmd) {
                     // A connection found closed (a node restarted since it
                     // was opened): the command goes once more, on a new one.
-                    Some(Err(Failure::Error(NodeError::Io(e)))) if !self.resent[i] => {
-                        self.resent[i] = true;
+                    Some(Err(Failure::Error(NodeError::Io(e)))) if !self.resent.contains(&i) => {
+                        self.resent.push(i);
                         match turn.resend(i, cmd, Failure::Error(NodeError::Io(e))) {
                             Ok(()) => k += 1,
                             Err(failure) => self.record(pending.remove(k), Err(failure)),

@@ -374,9 +374,13 @@ impl Unkillable {
             .args(template.get_args())
             .args(args)
             .args([resource, "--"])
+            // The command exits only once the sleep runs as nobody: before,
+            // the tool (same user) could still kill it.
             .args(sh(&format!(
-                "setpriv --reuid=65534 --regid=65534 --clear-groups sleep 60 & \
-                 echo $! > '{p}.tmp'; mv '{p}.tmp' '{p}'",
+                "setpriv --reuid=65534 --regid=65534 --clear-groups sleep 60 & pid=$!; i=0; \
+                 until grep -q '^Uid:[[:space:]]*65534' /proc/$pid/status || [ $i -ge 1000 ]; \
+                 do i=$((i + 1)); sleep 0.01; done; \
+                 echo $pid > '{p}.tmp'; mv '{p}.tmp' '{p}'",
                 p = pid_file.display()
             )))
             .stdin(std::process::Stdio::null());
