@@ -1,5 +1,5 @@
-//! `Redlock`, the building of its nodes, and the public operations: the only place that
-//! knows the algorithm (quorum, validity, retry).
+//! [`Redlock`] and its operations: the only code that knows the algorithm
+//! (quorum, validity, retry).
 
 use std::collections::HashSet;
 use std::fmt;
@@ -36,32 +36,16 @@ pub(crate) mod inspect;
 mod observe;
 mod watchdog;
 
-/// The fixed part of the drift term: 2 ms for the resolution of Redis'
-/// expiry and of the clocks.
+/// The fixed part of the drift term: the resolution of Redis' expiry and
+/// of the clocks.
 const DRIFT_FLOOR: Duration = Duration::from_millis(2);
 
-/// A Redlock client over N independent Redis (or Valkey) masters.
+/// A Redlock client over N independent Redis or Valkey masters.
 ///
-/// One value holds the configuration and one connection to every node. It
-/// is `Send + Sync` and cheap to clone (an `Arc` inside): share it between
-/// threads rather than building one per thread, so that their commands
-/// share connections and go out batched. Its `Debug` output shows the
-/// nodes (never their passwords), the quorum and the settings.
-///
-/// ```no_run
-/// use std::time::Duration;
-/// use redlock_sync::Redlock;
-///
-/// let locks = Redlock::new([
-///     "redis://127.0.0.1:7001",
-///     "redis://127.0.0.1:7002",
-///     "redis://127.0.0.1:7003",
-/// ])?;
-/// let lock = locks.acquire("invoice:42", Duration::from_secs(10))?;
-/// // ... work while lock.validity() is comfortably above zero ...
-/// locks.release(lock)?;
-/// # Ok::<(), redlock_sync::LockError>(())
-/// ```
+/// It holds the settings and one connection to each node. It is
+/// `Send + Sync` and cheap to clone. Share one between threads: their
+/// commands then share connections and go out batched. `Debug` shows no
+/// password.
 #[derive(Clone)]
 pub struct Redlock {
     inner: Arc<Inner>,
@@ -94,8 +78,7 @@ impl Drop for Inner {
     }
 }
 
-/// The nodes by address (never with a password), the quorum, and every
-/// setting.
+/// The nodes (never a password), the quorum and the settings.
 impl fmt::Debug for Redlock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         (f.debug_struct("Redlock"))
@@ -107,16 +90,13 @@ impl fmt::Debug for Redlock {
 }
 
 impl RedlockBuilder {
-    /// Checks the settings and the node URLs, and builds the client. No
-    /// connection is opened yet: each node connects lazily in its first
-    /// round.
+    /// Checks the settings and the node URLs, and builds the client. Each
+    /// node connects in its first round.
     ///
     /// # Errors
     ///
-    /// [`LockError::Config`] naming what is wrong: no nodes, a URL that does
-    /// not parse or is not supported, the same server listed twice, a drift
-    /// factor outside `[0, 1)`, an `extend_when_left` outside `(0, 1)`, or a
-    /// timeout that is zero or above [`MAX_TIMEOUT`](crate::MAX_TIMEOUT).
+    /// [`LockError::Config`] for no nodes, a bad URL, the same server twice,
+    /// or a setting out of range.
     ///
     /// ```
     /// use redlock_sync::{ConfigError, LockError, Redlock};
@@ -190,9 +170,7 @@ pub(crate) struct Tally {
     /// Validity left after the round, measured from its start.
     pub(crate) validity: Option<Duration>,
     pub(crate) start: Instant,
-    /// A quorum granted, but no validity was left (for a fenced attempt:
-    /// round one won, and none was left after round two, whose refusals
-    /// then only say that the keys had expired).
+    /// A quorum granted, but no validity was left.
     pub(crate) too_slow: bool,
     /// The largest fencing counter among the nodes that granted.
     pub(crate) fence: u64,
@@ -210,14 +188,9 @@ impl Tally {
         self.report.refused() > self.report.nodes.len() - self.report.quorum
     }
 
-    /// The error for a round that did not succeed: unusable nodes if the
-    /// nodes that failed for good alone rule out a quorum; too slow if a
-    /// quorum granted but no validity was left; no quorum if the failed
-    /// nodes alone rule one out, or for an extension (not refused by enough
-    /// nodes to be lost, nor granted by enough to be held: too few answered
-    /// to tell); else contended (a node refused, and it was that refusal
-    /// that made the difference). Judged on the nodes read, whether or not
-    /// the round stopped early.
+    /// The error for a round that did not succeed, judged on the nodes read.
+    /// An extension that is neither lost nor held gets `NoQuorum`: too few
+    /// answered to tell.
     pub(crate) fn error(self, resource: &str, attempts: u32, ttl: Ttl, op: Op) -> LockError {
         let (resource, report) = (resource.to_string(), self.report);
         let spare = report.nodes.len() - report.quorum;
@@ -247,22 +220,11 @@ impl Tally {
 }
 
 impl Redlock {
-    /// A client over the given node URLs, with the default settings (see
-    /// [`RedlockBuilder`]).
+    /// A client over the given node URLs, with the default settings.
     ///
-    /// A URL is `redis://[user:password@]host:port[/db]` (a password alone
-    /// goes after a colon: `redis://:password@host:port`),
-    /// `redis+unix:///path/to/socket[?db=N][&pass=P]`, or, with the `tls`
-    /// feature, `rediss://...`; `valkey://`, `valkey+unix://` and
-    /// `valkeys://` are the same. Give each independent master once; a
-    /// quorum is `N / 2 + 1` of them.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::Redlock;
-    /// let locks = Redlock::new(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])?;
-    /// assert_eq!(locks.quorum(), 2);
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
+    /// The URL forms are in [the crate docs](crate#node-urls). A password
+    /// alone goes after a colon: `redis://:password@host:port`. Give each
+    /// independent master once.
     ///
     /// # Errors
     ///
@@ -276,15 +238,6 @@ impl Redlock {
     }
 
     /// A builder over the given node URLs, to change the defaults.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use redlock_sync::Redlock;
-    /// let locks = Redlock::builder(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
-    ///     .retry_policy(redlock_sync::RetryPolicy::default().retries(5))
-    ///     .build()?;
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
     pub fn builder<I, S>(nodes: I) -> RedlockBuilder
     where
         I: IntoIterator<Item = S>,
@@ -294,13 +247,6 @@ impl Redlock {
     }
 
     /// How many nodes must agree: `N / 2 + 1`.
-    ///
-    /// ```
-    /// # use redlock_sync::Redlock;
-    /// let five = Redlock::new(["redis://h1:6379", "redis://h2:6379", "redis://h3:6379", "redis://h4:6379", "redis://h5:6379"])?;
-    /// assert_eq!(five.quorum(), 3);
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
     pub fn quorum(&self) -> usize {
         Kind::Plain.quorum(self.inner.nodes.len())
     }
@@ -318,29 +264,23 @@ impl Redlock {
         self.inner.nodes.iter().map(|n| &**n.name()).collect()
     }
 
-    /// Acquires a lock on `resources` (one, or several held as one lock:
-    /// see [`IntoResources`]) for the options' TTL, waiting while it is
-    /// held by another client or too few nodes answer, for as long as the
-    /// options' [`Patience`](crate::Patience) allows (by default the
-    /// client's retry policy within its
-    /// [`max_wait`](RedlockBuilder::max_wait)). A pause between two
-    /// attempts ends early when a node says the resource was released: the
-    /// attempts made then come on top of the retry count, within the pause
-    /// (see [Waiting for a release](crate::Patience#waiting-for-a-release)).
+    /// Acquires a lock on `resources` for the options' TTL, waiting while
+    /// another client holds it or too few nodes answer.
     ///
-    /// The lock is of the options' [`Kind`] (plain unless set). Several
-    /// resources are held all or nothing: on each node one script sets every
-    /// key only if none of them is held. Two locks that share a resource
-    /// exclude each other. The returned lock is valid for the TTL minus the
-    /// time the winning round took minus the drift term; see
-    /// [`Lock::validity`].
+    /// The wait lasts as the options' [`Patience`](crate::Patience) allows.
+    /// By default, that is the client's retry policy within its
+    /// [`max_wait`](RedlockBuilder::max_wait). A release heard of ends a
+    /// pause early ([Waiting for a release](crate::Patience#waiting-for-a-release)).
+    /// Several resources make one lock, held all or nothing: two locks that
+    /// share a resource exclude each other. The lock's validity is the TTL
+    /// less the round's time and the drift term ([`Lock::validity`]).
     ///
     /// ```no_run
     /// # use redlock_sync::Redlock;
     /// # use std::time::Duration;
     /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
     /// let lock = locks.acquire("invoice:42", Duration::from_secs(10))?;
-    /// assert!(lock.validity() > Duration::from_secs(9));
+    /// // ... work while lock.validity() is well above zero ...
     /// locks.release(lock)?;
     /// // Move credit between two accounts: hold both, or neither.
     /// let both = locks.acquire(["account:alice", "account:bob"], Duration::from_secs(10))?;
@@ -350,24 +290,18 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// - [`LockError::Argument`] for no resources, an empty resource name, a
-    ///   resource named twice or under
-    ///   [`FENCE_KEY_PREFIX`](crate::FENCE_KEY_PREFIX), a fenced lock over
-    ///   several resources, or a TTL that is zero, not longer than the drift
-    ///   term, or above [`MAX_TTL`].
-    /// - [`LockError::Contended`] when the last round found the lock held by
-    ///   another client.
-    /// - [`LockError::NoQuorum`] when too few nodes answered the last round.
-    /// - [`LockError::TooSlow`] when a quorum granted it but no validity was
-    ///   left.
-    /// - [`LockError::Unusable`] at once, whatever the patience, when nodes
-    ///   failed with errors that waiting cannot fix (a refused password, a
-    ///   missing ACL permission, a TLS failure, a host that does not exist)
-    ///   and too few are left for a quorum.
-    /// - [`LockError::Cancelled`] when the options' [`Cancel`](crate::Cancel) was
-    ///   cancelled (a lock won meanwhile is released).
+    /// The resource an error names is the first one.
     ///
-    /// The resource named in an error is the first one.
+    /// - [`LockError::Argument`] for bad resources or a bad TTL (see
+    ///   [`ArgumentError`]).
+    /// - [`LockError::Contended`] when the last round found the lock held.
+    /// - [`LockError::NoQuorum`] when too few nodes answered the last round.
+    /// - [`LockError::TooSlow`] when a quorum granted but no validity was
+    ///   left.
+    /// - [`LockError::Unusable`] at once when errors that waiting cannot fix
+    ///   leave too few nodes for a quorum.
+    /// - [`LockError::Cancelled`] when the options' [`Cancel`](crate::Cancel)
+    ///   fired. A lock won meanwhile is released.
     pub fn acquire(
         &self,
         resources: impl IntoResources,
@@ -378,7 +312,7 @@ impl Redlock {
     }
 
     /// Like [`acquire`](Self::acquire), but one attempt only, whatever the
-    /// options' patience: one round (two for a fenced lock), no retry.
+    /// patience: one round, or two for a fenced lock.
     ///
     /// ```no_run
     /// # use redlock_sync::{LockError, Redlock};
@@ -404,9 +338,8 @@ impl Redlock {
             .map(|(lock, _)| lock)
     }
 
-    /// Every acquisition: checks the call, then waits per its options (one
-    /// attempt if [`Tries::Once`]). Returns the lock and the call's
-    /// resolved options.
+    /// Every acquisition: checks the call, then waits per its options.
+    /// Returns the lock and the resolved call.
     pub(crate) fn acquire_with(
         &self,
         resources: Vec<String>,
@@ -424,9 +357,8 @@ impl Redlock {
         Ok((lock, call))
     }
 
-    /// The retry loop of every acquisition, in phases: attempt (with a fresh
-    /// token), clean up after a failed one, plan the pause with the retry
-    /// policy, wait (for the pause, or news of a release), decide.
+    /// The retry loop of every acquisition. Its phases: attempt, clean up,
+    /// plan the pause, wait (for the pause or news of a release), decide.
     fn acquire_loop(
         &self,
         kind: Kind,
@@ -438,18 +370,15 @@ impl Redlock {
         let waiters = Arc::clone(&inner.waiters);
         let _wakes_waiters =
             (call.cancel.as_ref()).map(|c| c.on_cancel(Arc::new(move || waiters.nudge())));
-        // Attempts as the retry policy counts them, the pause under way (as
-        // news cuts it short), the failed rounds (as the observer hears).
+        // Attempts as the retry policy counts them, the pause as news cuts
+        // it short, and the failed rounds as the observer hears of them.
         let (mut attempts, mut pause, mut failures) = (0u32, Pause::default(), Failures::default());
         if call.cancelled() {
             return Err(cancelled(&resources));
         }
         loop {
-            // Attempt. A fresh token each time: no attempt can be mistaken
-            // for an earlier one (a key of ours still on a node, a late
-            // clean-up), and a token is set by one acquisition only (fencing
-            // relies on it; an extension may set it again where a node lost
-            // it, after the acquisition returned: see Kind).
+            // Attempt, with a fresh token: no attempt can be mistaken for an
+            // earlier one, and fencing needs a token set by one acquisition.
             attempts = attempts.saturating_add(pause.counts_next_attempt().into());
             let token = Token::random()?;
             let listening = inner.waiters.listen(&resources);
@@ -467,18 +396,17 @@ impl Redlock {
                     report: tally.report,
                 };
                 if call.cancelled() {
-                    // Released as a failed attempt is cleaned up: a node
-                    // that cannot be reached now gets it when next reached.
+                    // Released by the clean-up: an unreachable node is owed
+                    // it.
                     self.clean_up(kind, &lock.resources, &lock.token, ttl, &lock.report);
                     return Err(cancelled(&lock.resources));
                 }
                 return Ok(lock);
             }
-            // Clean up: the lock may have landed where the reply was lost,
-            // late or not awaited.
+            // Clean up: the key may have landed where no reply was read.
             self.clean_up(kind, &resources, &token, ttl, &tally.report);
-            // Plan the pause with the policy, unless waiting cannot help or
-            // the call was cancelled.
+            // Plan the pause, unless waiting cannot help or the call was
+            // cancelled.
             let error = tally.error(&resources[0], attempts, ttl, Op::Acquire);
             let new = failures.failed(&error);
             let (ids, counts) = ((&resources[..], &token), (attempts, failures.count()));
@@ -493,9 +421,7 @@ impl Redlock {
             };
             let told = new.then(|| What::attempt_failed(&error));
             self.observe_counted(told, ids, counts, Err(&error));
-            // Wait, for the pause or news of a release. Decide: the same
-            // pause goes on, or the next attempt counts, unless the wait
-            // budget is used up or the call was cancelled.
+            // Wait for the pause or news of a release, then decide.
             let cancelled = || call.cancelled();
             let wake =
                 (inner.waiters).wait(listening, &inner.nodes, &resources, wake_at, &cancelled);
@@ -505,8 +431,8 @@ impl Redlock {
         }
     }
 
-    /// The error an acquisition that failed with `error` returns (or the
-    /// cancellation, if `call` was cancelled), told to the observer.
+    /// The error that a failed acquisition returns (`Cancelled` if `call`
+    /// was), told to the observer.
     fn gave_up(
         &self,
         ids: (&[String], &Token),
@@ -523,8 +449,7 @@ impl Redlock {
         error
     }
 
-    /// One attempt by the kind's round plan: one round, or a fenced
-    /// acquisition's two.
+    /// One attempt: one round, or a fenced acquisition's two.
     fn attempt(&self, kind: Kind, resources: &[String], token: &Token, ttl: Ttl) -> Tally {
         let cmd = kind.acquire(resources, token, ttl);
         if kind.confirms() {
@@ -533,24 +458,19 @@ impl Redlock {
         self.round(kind, &cmd, ttl.duration(), acquire_vote, Ask::UntilDecided)
     }
 
-    /// Extends `lock` to expire the options' TTL from now, if a quorum of
-    /// nodes still holds its key as its acquisition left it. On success, the
-    /// lock's validity and report are measured anew from this round (TTL
-    /// less the round's time less the drift, from the round's start). Too
-    /// few nodes answering is retried as the options' patience allows (by
-    /// default the client's retry policy within
-    /// [`max_wait`](RedlockBuilder::max_wait)), but no retry starts after
-    /// the lock's validity is over (unknown for a lock rebuilt with
-    /// [`Lock::from_token`] that no extension timed yet); a refusal by too
-    /// many nodes is final. The options' kind is not used: the lock's own
-    /// is. The round waits for every node's reply, up to `io_timeout`.
+    /// Extends `lock` to expire the options' TTL from now. A quorum of nodes
+    /// must still hold its key as its acquisition left it.
     ///
-    /// A node that lost the key (a restart without persistence, a flush)
-    /// gets it set again, a *re-take* ([`NodeReport::retook`]), while the
-    /// validity measured here lasts: so a lock kept by a guard outlives a
-    /// rolling restart of every node. A re-take never counts as the node
-    /// holding the lock: what a holder may rely on, and why, is
-    /// [the contract](crate::contract).
+    /// On success, the lock's validity and report are measured anew. Too few
+    /// nodes answering is retried as the options' patience allows, but never
+    /// after the lock's validity ends. A refusal by too many nodes is final.
+    /// The lock's own kind is used, not the options'. The round waits for
+    /// every node's reply, up to `io_timeout`.
+    ///
+    /// A node that lost the key gets it set again while the validity lasts:
+    /// a *re-take* ([`NodeReport::retook`]). So a guard's lock outlives a
+    /// rolling restart of every node. A re-take never counts as a vote (see
+    /// [the contract](crate::contract)).
     ///
     /// ```no_run
     /// # use redlock_sync::Redlock;
@@ -565,19 +485,17 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// - [`LockError::Lost`] when the nodes found without the key (re-taken,
-    ///   or held by another token) leave too few to make a quorum, or when
-    ///   the validity ran out before a quorum renewed it. Another client may
-    ///   have held the lock: stop the protected work.
+    /// On error, the lock is left as it was.
+    ///
+    /// - [`LockError::Lost`] when too few nodes still hold the key to make a
+    ///   quorum, or the validity ran out first. Another client may have held
+    ///   the lock: stop the protected work.
     /// - [`LockError::NoQuorum`] when too few nodes answered, after the
-    ///   retries that fit in the lock's validity and the patience.
+    ///   retries that fit.
     /// - [`LockError::TooSlow`] when the round used up the whole TTL.
     /// - [`LockError::Unusable`] and [`LockError::Cancelled`] as for
     ///   [`acquire`](Self::acquire).
     /// - [`LockError::Argument`] for a bad TTL.
-    ///
-    /// On error the lock is left as it was: its validity still counts down
-    /// from the last successful round.
     ///
     /// [`NodeReport::retook`]: crate::NodeReport::retook
     pub fn extend(
@@ -588,10 +506,8 @@ impl Redlock {
         let options = options.into();
         let call = self.inner.config.call(&options, Instant::now())?;
         let ttl = self.check_ttl(options.ttl)?;
-        // No retry starts once the lock's validity is over (nor past the
-        // call's deadline): a lock that could not be extended while it was
-        // valid is not held any more, whatever a later round may find. A
-        // lock rebuilt from its token has no validity known here.
+        // No retry past the validity (a lock not extended while valid is not
+        // held) or the call's deadline. A rebuilt lock has no validity here.
         let retry_until = lock.valid_until.into_iter().chain(call.deadline).min();
         let (mut attempt, mut failures) = (0, Failures::default());
         loop {
@@ -622,20 +538,10 @@ impl Redlock {
         }
     }
 
-    /// One extension round for every lock of `locks`, each by its TTL (a
-    /// TTL that [`check_ttl`](Self::check_ttl) passed): one script call a
-    /// node extends them all ([`script::EXTEND`]), and each lock's part of
-    /// the replies is counted on its own, as if the round were its alone.
-    /// Returns one outcome a lock, in order.
-    ///
-    /// A lock holds when the nodes that *renewed* it (its key there since it
-    /// was written or confirmed) make a quorum and validity is left; its
-    /// validity and report are then measured anew from the round's start,
-    /// and the re-takes the round read are confirmed. Nodes found without
-    /// its key (re-taken, or held by another) beyond `N - quorum`, or a
-    /// round that ended after its validity without holding, make it lost:
-    /// what the round may have re-taken is released. Otherwise too few
-    /// answered to tell (see `docs/contract.md`).
+    /// One extension round for all of `locks`, each by its checked TTL: one
+    /// [`script::EXTEND`] call a node. Each lock is judged on its own part
+    /// of the replies, as if the round were its alone. Returns one outcome a
+    /// lock, in order. The rules are in `docs/contract.md`.
     pub(crate) fn extend_all(
         &self,
         locks: &mut [(&mut Lock, Ttl)],
@@ -715,31 +621,18 @@ impl Redlock {
     /// Releases `lock` on every node: deletes each key that still holds its
     /// token, and nothing else. Returns what each node answered.
     ///
-    /// ```no_run
-    /// # use redlock_sync::Redlock;
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// let lock = locks.acquire("invoice:42", Duration::from_secs(10))?;
-    /// let report = locks.release(lock)?;
-    /// assert!(report.granted() >= locks.quorum());
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
-    ///
     /// # Errors
     ///
-    /// - [`LockError::Lost`] when too many nodes no longer held the key as
-    ///   the acquisition left it (a re-take not confirmed counts as not
-    ///   held, see [the contract](crate::contract)): the lock had expired or
-    ///   lost its keys, and another client may have held it while you
-    ///   thought you did. Treat the work done under it accordingly.
+    /// - [`LockError::Lost`] when too few nodes still held the key (see
+    ///   [the contract](crate::contract)). Another client may have held the
+    ///   lock meanwhile: treat the work done under it accordingly.
     /// - [`LockError::NoQuorum`] when too few nodes answered to tell. The
-    ///   keys that were not deleted expire at the end of their TTL.
+    ///   keys left expire at the end of their TTL.
     pub fn release(&self, lock: Lock) -> Result<Report, LockError> {
         self.release_token(lock.kind, &lock.resources, &lock.token)
     }
 
-    /// [`release`](Self::release) of the lock of `kind` over `resources`
-    /// that `token` holds.
+    /// [`release`](Self::release) by kind, resources and token.
     pub(crate) fn release_token(
         &self,
         kind: Kind,
@@ -777,12 +670,9 @@ impl Redlock {
         result
     }
 
-    /// After a failed attempt: sends the kind's release, marked as a
-    /// clean-up, to every node that may hold our key (all but those that
-    /// refused), without waiting for replies. The next attempt's command
-    /// follows it on the same connections. A node it cannot reach now gets
-    /// it first thing when next reached, while a key set with `ttl` could
-    /// still be there.
+    /// After a failed attempt: sends the kind's clean-up release to every
+    /// node that may hold our key, awaiting no reply. An unreachable node is
+    /// owed it while a key set with `ttl` could live.
     fn clean_up(&self, kind: Kind, resources: &[String], token: &Token, ttl: Ttl, report: &Report) {
         let cmd = kind.release(resources, token, Release::CleanUp);
         // Not a node that refused: unless it re-took, it holds no key of ours.
@@ -793,9 +683,8 @@ impl Redlock {
         self.send_only(&cmd, ttl.duration(), may_hold);
     }
 
-    /// Writes `cmd` to the nodes `ask` names without awaiting the replies;
-    /// a node that cannot be sent it now gets it first on its next
-    /// connection, while a key set with `ttl` could still be there.
+    /// Writes `cmd` to the nodes `ask` names, awaiting no reply. A node that
+    /// cannot be sent it now is owed it while a key set with `ttl` could live.
     fn send_only(&self, cmd: &Command, ttl: Duration, ask: impl Fn(usize) -> bool) {
         let (nodes, config) = (&self.inner.nodes, &self.inner.config);
         let now = Instant::now();
@@ -824,11 +713,10 @@ impl Redlock {
         self.rounds(kind, cmd, &[ttl], vote, ask).swap_remove(0)
     }
 
-    /// A [`round`](Self::round) of a command that does the work of one call
-    /// a TTL of `ttls` (an extension of many locks), and whose replies are
-    /// arrays of one part a call: one tally a call, each counted on its own
-    /// as if the round were its alone, and the round decided once every
-    /// call's is. A reply that is not an array is every call's part.
+    /// A [`round`](Self::round) of a command that does one call's work for
+    /// each TTL of `ttls`. Each reply has one part a call. Each call gets its
+    /// own tally, and the round is decided once every call's is. A reply that
+    /// is not an array is every call's part.
     pub(crate) fn rounds(
         &self,
         kind: Kind,
@@ -916,8 +804,8 @@ impl Redlock {
             .collect()
     }
 
-    /// One round of `cmd` from `start` on the nodes `asked` names, until its
-    /// deadline or until `decided` says so after `to_decide` replies.
+    /// One round of `cmd` from `start` on the nodes `asked` names. It ends at
+    /// its deadline, or when `decided` says so after `to_decide` replies.
     fn run(
         &self,
         cmd: &Command,

@@ -1,5 +1,4 @@
-//! How one call locks: its options ([`LockOptions`]: TTL, kind, patience,
-//! hold cap, cancellation).
+//! How one call locks: [`LockOptions`], [`Patience`] and [`Cancel`].
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,52 +10,38 @@ use crate::setters::setters;
 
 /// How long a waiting call goes on trying.
 ///
-/// A call's [`LockOptions::patience`]; unset, the client's
-/// [`retry_policy`](crate::RedlockBuilder::retry_policy) retries within its
-/// [`max_wait`](crate::RedlockBuilder::max_wait). Whatever the patience,
-/// a [`Cancel`] ends the wait, and so do errors that waiting cannot fix
-/// ([`LockError::Unusable`](crate::LockError::Unusable)).
+/// Unset, the client's [`retry_policy`](crate::RedlockBuilder::retry_policy)
+/// retries within its [`max_wait`](crate::RedlockBuilder::max_wait).
+/// Whatever the patience, a [`Cancel`] ends the wait, and so does
+/// [`LockError::Unusable`](crate::LockError::Unusable).
 ///
 /// # Waiting for a release
 ///
-/// A waiting call does not sleep out its pause blindly. A holder's release
-/// `PUBLISH`es on the resource's channel on the nodes (in the release
-/// script: no extra round trip); a client's waiting threads share one
-/// subscription connection to one node, opened when a thread first waits
-/// and closed by the client's next operation once no thread has waited
-/// for a second; a message on a resource's channel ends one waiter's pause
-/// at once, and a release through the same client wakes its own waiter
-/// without the network. These are hints: a woken waiter makes an ordinary
-/// attempt, so safety never depends on them, and a missed one costs at
-/// most the pause. There is no fairness or FIFO order: whoever's round
-/// lands first wins.
+/// A holder's release `PUBLISH`es on the resource's channel. A client's
+/// waiting threads share one subscription, to one node. A message ends one
+/// waiter's pause at once. A release through the same client wakes its
+/// waiter without the network. These are hints: a woken waiter makes an
+/// ordinary attempt, and a missed hint costs at most the pause. There is
+/// no fairness: whoever's round lands first wins.
 ///
-/// - Attempts made at news come on top of the retries counted, within
-///   the same pause; one that loses right after news is tried once more
-///   soon (a release reaches the nodes at slightly different times).
-/// - A clean-up after a failed attempt publishes nothing, so waiters hear
-///   only holders' releases.
-/// - Over TLS, and for an ACL user without channel permissions (the
-///   default for new users on Redis 7), waiters hear of no other client's
-///   release and sleep their pauses (a release through the same client
-///   still wakes them); for such a user the client tries the subscription
-///   again less and less often (from every second up to every minute).
-/// - Channels are per server, not per database: clients on other
-///   databases of the same servers may wake a waiter for nothing (it costs
-///   an attempt).
+/// - Attempts made at news come on top of the retries. One that loses
+///   right after news is tried again soon: a release reaches the nodes at
+///   slightly different times.
+/// - A clean-up after a failed attempt publishes nothing.
+/// - Over TLS, or for an ACL user without channel permissions, waiters hear
+///   of no other client's release. They sleep out their pauses.
+/// - Channels are per server, not per database. A client on another
+///   database may wake a waiter for nothing.
 /// - With [`For`](Self::For) or [`Until`](Self::Until), a call gives up
-///   within the deadline plus its last attempt's round and clean-up (each
-///   at most `io_timeout`); a pause that would run past the deadline is
-///   cut to it, so a release heard before the deadline still brings an
-///   attempt.
+///   within the deadline plus one round and its clean-up. A pause is cut to
+///   the deadline, so a release heard before it still brings an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Patience {
-    /// Up to this many retries, after the pauses of the client's retry
-    /// policy (and no `max_wait`).
+    /// Up to this many retries, after the policy's pauses (no `max_wait`).
     Retries(u32),
-    /// Retries, after the policy's pauses, for as long as this after the
-    /// call began.
+    /// Retries, after the policy's pauses, for this long from the call's
+    /// start.
     For(Duration),
     /// Retries, after the policy's pauses, until this instant.
     Until(Instant),
@@ -66,9 +51,8 @@ pub enum Patience {
 
 /// How a call locks: the TTL, and what is not the client's default.
 ///
-/// A [`Duration`] converts into options with only the TTL set, so the
-/// simple call stays `locks.acquire("invoice:42", ttl)`. Unset options take
-/// the client's defaults (see [`RedlockBuilder`](crate::RedlockBuilder)).
+/// A [`Duration`] converts into options with only the TTL set. Unset
+/// options take the client's defaults.
 ///
 /// ```no_run
 /// # use std::time::Duration;
@@ -100,8 +84,8 @@ impl From<Duration> for LockOptions {
 }
 
 impl LockOptions {
-    /// Options with this TTL (how long the keys live on the nodes, and
-    /// what each extension sets anew), and the client's defaults.
+    /// Options with this TTL, and the client's defaults. The TTL is how long
+    /// the keys live on the nodes, and what each extension sets anew.
     pub fn new(ttl: Duration) -> LockOptions {
         LockOptions {
             ttl,
@@ -114,13 +98,13 @@ impl LockOptions {
         /// own kind). Defaults to [`Kind::Plain`].
         kind(kind: Kind) => kind = kind;
 
-        /// Sets how long the waiting forms (`acquire`, `lock`, `with_lock`,
-        /// and `extend`'s retries) go on trying; the `try_` forms make one
-        /// attempt whatever it says. Defaults to the client's retry policy and
+        /// Sets how long the waiting forms go on trying (`extend`'s retries
+        /// included). The `try_` forms make one attempt whatever it says.
+        /// Defaults to the client's retry policy and
         /// [`max_wait`](crate::RedlockBuilder::max_wait).
         patience(patience: Patience) => patience = Some(patience);
 
-        /// Sets the hold cap of a guard (`lock`, `with_lock`): its watchdog
+        /// Sets the hold cap of a guard (`lock`, `with_lock`). Its watchdog
         /// never extends the lock past this long after the acquisition.
         /// Defaults to the client's [`max_hold`](crate::RedlockBuilder::max_hold).
         max_hold(max_hold: Duration) => max_hold = Some(max_hold);
@@ -135,38 +119,15 @@ impl LockOptions {
     }
 }
 
-/// Ends a wait from another thread: cheap to clone, `Send + Sync`; every
-/// clone cancels the same calls.
+/// Ends a wait from another thread. Its clones cancel the same calls.
 ///
-/// Give it to calls with [`LockOptions::cancel`], and call
-/// [`cancel`](Self::cancel) from anywhere (a signal-handling thread, a
-/// shutdown hook). A cancelled call starts no more rounds: a round under way
-/// runs to its end (at most `io_timeout`); if it won the lock, the lock is
-/// released; otherwise its clean-up goes to every node that did not refuse;
-/// then the call returns [`LockError::Cancelled`](crate::LockError::Cancelled). A cancelled `extend`
-/// leaves the lock as it was. Cancelling never touches a running closure of
-/// [`with_lock`](crate::Redlock::with_lock) or a guard's watchdog, and stays
-/// cancelled for good: later calls with it return `Cancelled` at once.
-///
-/// ```no_run
-/// # use std::time::Duration;
-/// use redlock_sync::{Cancel, LockError, LockOptions, Patience, Redlock};
-///
-/// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-/// let cancel = Cancel::new();
-/// let stopper = cancel.clone();
-/// std::thread::spawn(move || {
-///     std::thread::sleep(Duration::from_secs(5));
-///     stopper.cancel();
-/// });
-/// let options = LockOptions::new(Duration::from_secs(10)).patience(Patience::Forever).cancel(&cancel);
-/// match locks.acquire("leader", options) {
-///     Ok(lock) => { locks.release(lock)?; }
-///     Err(LockError::Cancelled { .. }) => println!("stopped waiting"),
-///     Err(e) => return Err(e),
-/// }
-/// # Ok::<(), LockError>(())
-/// ```
+/// Pass it with [`LockOptions::cancel`], and call [`cancel`](Self::cancel)
+/// from anywhere. A cancelled call starts no more rounds. A round under way
+/// runs to its end, and a lock it won is released. The call then returns
+/// [`LockError::Cancelled`](crate::LockError::Cancelled). A cancelled
+/// `extend` leaves the lock as it was. A guard's watchdog and a running
+/// `with_lock` closure are never touched. A cancelled handle stays
+/// cancelled: later calls with it return `Cancelled` at once.
 #[derive(Clone, Default)]
 pub struct Cancel(Arc<Cancelled>);
 
@@ -197,8 +158,7 @@ impl Cancel {
         Cancel::default()
     }
 
-    /// Cancels every call given this handle (or a clone): waits end
-    /// promptly, as [`Cancel`] says.
+    /// Cancels every call given this handle or a clone.
     pub fn cancel(&self) {
         let wakers = {
             let mut wakers = self.wakers();

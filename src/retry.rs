@@ -1,6 +1,5 @@
-//! The retry policy: the one place where a pause between two rounds is
-//! planned, for every operation that waits (acquisitions, `extend`, the
-//! watchdog of a guard).
+//! The retry policy: the one planner of the pauses between rounds, for
+//! acquisitions, `extend` and the watchdog.
 
 use std::fmt;
 use std::sync::Arc;
@@ -21,15 +20,12 @@ impl fmt::Debug for Backoff {
     }
 }
 
-/// How many times a round that did not succeed is tried again, and how long
-/// to pause before each retry.
+/// How many times a failed round is tried again, and the pause before each
+/// retry.
 ///
-/// The default: 3 retries, each after a pause drawn from `[200 ms, 300 ms)`
-/// (a fixed delay plus a random jitter, so that contending clients spread
-/// out). A waiting acquisition also tries within a pause when it hears of a
-/// release (see [`Redlock::acquire`](crate::Redlock::acquire)). Set it on
-/// the client with [`RedlockBuilder::retry_policy`](crate::RedlockBuilder::retry_policy);
-/// a call's [`Patience`](crate::Patience) decides how long it goes on.
+/// By default: 3 retries, each after a pause drawn from `[200 ms, 300 ms)`.
+/// The random part spreads contending clients out. A call's
+/// [`Patience`](crate::Patience) decides how long it goes on.
 ///
 /// ```
 /// use std::time::Duration;
@@ -72,32 +68,27 @@ impl RetryPolicy {
         /// 200 ms.
         delay(delay: Duration) => delay = delay;
 
-        /// Sets the random part of the pause: it is drawn from `[delay, delay +
+        /// Sets the random part: the pause is drawn from `[delay, delay +
         /// jitter)`. Zero is allowed. Defaults to 100 ms.
         jitter(jitter: Duration) => jitter = jitter;
 
-        /// Replaces the delay and jitter by `backoff`, which gives the pause
-        /// after attempt number `n`, from 1 to the retry count (the first
-        /// attempt is 1). Defaults to none.
+        /// Replaces the delay and jitter by `backoff`: the pause after attempt
+        /// `n`, from 1 to the retry count.
         ///
-        /// It runs on the thread that waits: the caller's in `acquire`,
-        /// `lock` and `extend`, where a panic in it reaches the caller; the
-        /// client's watchdog thread after a guard's failed extension, where
-        /// a panic ends only that guard ([`LockError::Panicked`](crate::LockError::Panicked):
-        /// it releases its lock), and where it is asked for
-        /// the last retry's pause again once the retries are used up (the
-        /// watchdog tries while validity is left). Keep it quick, and never
-        /// block in it: on the watchdog, it delays every guard's extension.
+        /// It runs on the waiting thread. In `acquire`, `lock` and `extend`,
+        /// that is the caller's, and a panic reaches the caller. After a
+        /// guard's failed extension, it is the watchdog. A panic there ends
+        /// only that guard ([`LockError::Panicked`](crate::LockError::Panicked)).
+        /// The watchdog asks for the last retry's pause again once the
+        /// retries are used up. Keep it quick: on the watchdog, it delays
+        /// every guard. Defaults to none.
         backoff(backoff: impl Fn(u32) -> Duration + Send + Sync + 'static) => backoff = Some(Backoff(Arc::new(backoff)));
     }
 
-    /// When an extension that failed `failures` times in a row tries
-    /// again, never at or past `until` (the lock's validity, the call's
-    /// deadline). [`Retries::Counted`] (`extend`): after the pause for
-    /// `failures`, while `retries` are left and the pause ends before
-    /// `until`. [`Retries::WhileValid`] (a guard's watchdog): after the pause,
-    /// asked at most for the retry count (with none, not asked), cut to half
-    /// the time left, so that more tries fit; never at once.
+    /// When an extension that failed `failures` times in a row tries again,
+    /// never at or past `until`. [`Retries::Counted`]: after the pause,
+    /// while retries are left. [`Retries::WhileValid`]: after the pause for
+    /// at most the retry count, cut to half the time left, never at once.
     pub(crate) fn next_extension(
         &self,
         failures: u32,
@@ -123,13 +114,6 @@ impl RetryPolicy {
 
     /// The pause after attempt number `attempt` (from 1): the backoff's, or
     /// one drawn from `[delay, delay + jitter)`.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use redlock_sync::RetryPolicy;
-    /// let pause = RetryPolicy::default().pause(1);
-    /// assert!(pause >= Duration::from_millis(200) && pause < Duration::from_millis(300));
-    /// ```
     pub fn pause(&self, attempt: u32) -> Duration {
         match &self.backoff {
             Some(backoff) => (backoff.0)(attempt),
@@ -147,30 +131,24 @@ pub(crate) enum Retries {
     WhileValid,
 }
 
-/// The pause of a waiting acquisition, as news of releases cuts it short:
-/// the wake-up state of `acquire`'s loop, kept apart from the loop.
+/// The pause of a waiting acquisition, as news of releases cuts it short.
 #[derive(Debug, Default)]
 pub(crate) struct Pause {
     /// The pause under way: its end, and whether the wait budget ends it.
     under_way: Option<(Instant, bool)>,
     /// The wait under way ends soon after news, before the pause does.
     soon: bool,
-    /// The last attempt followed a hint (a release heard of, the
-    /// subscription coming up). A release reaches the nodes at slightly
-    /// different times, and the node listened on may have said so (it
-    /// publishes where the key is absent too) before the nodes that held the
-    /// key deleted it; and news that came just as the subscription came up,
-    /// before the attempt it set off started, wakes nobody after that
-    /// attempt. An attempt that then lost is tried once more soon, not
-    /// after the rest of the pause, since the other nodes' news never
-    /// reaches this listener.
+    /// The last attempt followed news. A release reaches the nodes at
+    /// slightly different times, and news may come just as the subscription
+    /// came up. So an attempt that then lost is tried again soon, not after
+    /// the rest of the pause.
     after_news: bool,
 }
 
 impl Pause {
-    /// Whether the attempt about to start is one the policy counts: the
-    /// first, and one once the pause is over, however it was woken.
-    /// Attempts made at news within a pause come on top.
+    /// Whether the policy counts the attempt about to start. It counts the
+    /// first, and one once the pause is over, however it was woken. Attempts
+    /// made at news within a pause come on top.
     pub(crate) fn counts_next_attempt(&mut self) -> bool {
         if self.under_way.is_none_or(|(end, _)| Instant::now() >= end) {
             // A new pause; whether the last attempt followed news stays.
@@ -180,10 +158,9 @@ impl Pause {
         false
     }
 
-    /// Plans the wait after the failed attempt number `attempts`: the rest
-    /// of the pause under way, or a new one from `policy`, never past
-    /// `deadline`. Returns when the wait ends, or `None` when the retries
-    /// are used up.
+    /// Plans the wait after the failed attempt number `attempts`. It is the
+    /// rest of the pause under way, or a new one, never past `deadline`.
+    /// `None` once the retries are used up.
     pub(crate) fn plan(
         &mut self,
         policy: &RetryPolicy,
@@ -212,9 +189,8 @@ impl Pause {
         Some(soon.unwrap_or(until))
     }
 
-    /// Takes in why the planned wait ended; returns false when the wait
-    /// budget is used up: no attempt starts past it, even one that news
-    /// woke.
+    /// Takes in why the wait ended. Returns false once the wait budget is
+    /// used up: no attempt starts past it, even one that news woke.
     pub(crate) fn woken(&mut self, wake: Wake) -> bool {
         self.after_news = wake != Wake::TimedOut;
         let Some((until, last)) = self.under_way else {

@@ -1,8 +1,6 @@
-//! The settings of a [`Redlock`](crate::Redlock), their defaults and limits,
-//! and [`RedlockBuilder`], which changes them.
-//!
-//! The builder checks the settings; turning them into nodes and a client is
-//! `build`'s job, next to the client it builds.
+//! The settings of a [`Redlock`](crate::Redlock), their limits, and
+//! [`RedlockBuilder`], which checks them. `build`, in `client.rs`, makes
+//! the nodes.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -15,36 +13,13 @@ use crate::retry::RetryPolicy;
 use crate::setters::setters;
 use crate::time::later;
 
-/// The largest TTL accepted: Redis rejects expiry times that overflow a
-/// signed 64-bit count of milliseconds since the epoch; half of that range
+/// The largest TTL accepted. Redis rejects expiry times that overflow a
+/// signed 64-bit count of milliseconds since the epoch. Half that range
 /// leaves room for any clock.
-///
-/// ```
-/// # use std::time::Duration;
-/// use redlock_sync::{ArgumentError, LockError, Redlock, MAX_TTL};
-///
-/// let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-/// let too_long = MAX_TTL + Duration::from_millis(1);
-/// assert!(matches!(
-///     locks.try_acquire("r", too_long),
-///     Err(LockError::Argument(ArgumentError::TtlTooLarge { .. }))
-/// ));
-/// # Ok::<(), LockError>(())
-/// ```
 pub const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 2);
 
-/// The largest `io_timeout` and `connect_timeout` accepted: a round that may
-/// take longer than an hour is no lock round.
-///
-/// ```
-/// # use std::time::Duration;
-/// use redlock_sync::{ConfigError, LockError, Redlock, MAX_TIMEOUT};
-///
-/// let built = Redlock::builder(["redis://127.0.0.1:7001"])
-///     .io_timeout(MAX_TIMEOUT + Duration::from_secs(1))
-///     .build();
-/// assert!(matches!(built, Err(LockError::Config(ConfigError::TimeoutTooLarge { .. }))));
-/// ```
+/// The largest `io_timeout` and `connect_timeout` accepted: a round that
+/// may take longer than an hour is no lock round.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// The settings of a [`Redlock`](crate::Redlock), with their defaults.
@@ -83,17 +58,16 @@ impl Default for Config {
 }
 
 impl Config {
-    /// How long a node waits to connect again after a connect timed out: ten
-    /// round deadlines, within [100 ms, 2 s]. A node that accepts connections
-    /// but never answers then costs one round in ten a deadline, not every one.
+    /// How long a node waits to connect again after a connect timed out. It
+    /// is ten round deadlines, within [100 ms, 2 s]. So a node that accepts
+    /// connections but never answers costs one round in ten a deadline.
     pub(crate) fn reconnect_backoff(&self) -> Duration {
         (self.io_timeout * 10).clamp(Duration::from_millis(100), Duration::from_secs(2))
     }
 }
 
 /// Builds a [`Redlock`](crate::Redlock) with settings other than the
-/// defaults. Each setter says what it changes and its default; nothing is
-/// checked, and nothing connected, until [`build`](Self::build).
+/// defaults. Nothing is checked or connected until [`build`](Self::build).
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -111,8 +85,7 @@ impl Config {
 /// # Ok::<(), redlock_sync::LockError>(())
 /// ```
 ///
-/// Its `Debug` output shows the node URLs with their passwords replaced by
-/// `***`, and every setting.
+/// `Debug` shows the node URLs with `***` for passwords.
 #[derive(Clone)]
 #[must_use = "a builder does nothing until .build()"]
 pub struct RedlockBuilder {
@@ -132,11 +105,10 @@ impl fmt::Debug for RedlockBuilder {
 
 impl RedlockBuilder {
     setters! {
-        /// Sets the retry policy: how many times a round that did not succeed
-        /// is tried again (by the acquisitions when the lock was not won, by
-        /// [`extend`](crate::Redlock::extend) when too few nodes answered),
-        /// and the pause before each try (see [`RetryPolicy`]). Defaults to
-        /// [`RetryPolicy::default`]: 3 retries, 200 ms to 300 ms apart.
+        /// Sets the retry policy: how often a failed round is tried again,
+        /// and after which pauses ([`RetryPolicy`]). The acquisitions and
+        /// [`extend`](crate::Redlock::extend) follow it. Defaults to
+        /// [`RetryPolicy::default`].
         retry_policy(policy: RetryPolicy) => config.retry = policy;
 
         /// Sets the share of the TTL set aside for clock drift between
@@ -144,34 +116,26 @@ impl RedlockBuilder {
         /// Must be in `[0, 1)`. Defaults to 0.01.
         drift_factor(factor: f64) => config.drift_factor = factor;
 
-        /// Sets the bound on one round's network I/O: a round's deadline is
-        /// this long after it begins, and a node that has not answered by then
-        /// counts as failed. Keep it small next to the TTL, and above three
-        /// round trips to your nodes: a round that must (re)connect spends one
-        /// on the TCP connect and one on the handshake before its command. At
-        /// most [`MAX_TIMEOUT`]. Defaults to 50 ms, for nodes in the same
-        /// datacenter.
+        /// Sets the deadline of one round, from its start. A node that has not
+        /// answered by then counts as failed. Keep it small next to the TTL,
+        /// and above three round trips. A round that must connect spends two
+        /// on the connect and the handshake. At most [`MAX_TIMEOUT`]. Defaults
+        /// to 50 ms.
         io_timeout(timeout: Duration) => config.io_timeout = timeout;
 
-        /// Sets the bound on opening one connection: resolving a host name (for
-        /// `redis://`; over TLS the `redis` crate resolves it, unbounded), TCP
-        /// connect, then one round trip for `AUTH` and `SELECT` if the URL asks
-        /// for them, `SCRIPT LOAD` for the scripts, and `INFO server` (the
-        /// server's `run_id`, and its uptime for the restart guard). A connect
-        /// never runs past its round's deadline either. At most
-        /// [`MAX_TIMEOUT`]. Defaults to 50 ms.
+        /// Sets the bound on opening one connection: the host lookup, the TCP
+        /// connect, and one round trip for the handshake. A connect never runs
+        /// past its round's deadline either. At most [`MAX_TIMEOUT`]. Defaults
+        /// to 50 ms.
         connect_timeout(timeout: Duration) => config.connect_timeout = timeout;
 
-        /// Sets a bound on the total time [`acquire`](crate::Redlock::acquire)
-        /// (and the acquisition in [`with_lock`](crate::Redlock::with_lock))
-        /// spends waiting: no attempt starts, and no pause is slept, past `wait`
-        /// after the call began. [`extend`](crate::Redlock::extend) starts no
-        /// retry past it either. The first attempt always runs, so a zero budget
-        /// means one attempt. The retry count still applies as well; set it high
-        /// to let the budget alone decide. These are the defaults of every call:
-        /// a call's [`LockOptions::patience`](crate::LockOptions::patience)
-        /// replaces both for that call. Defaults to none: the retry count alone
-        /// decides.
+        /// Sets how long an acquisition may wait. No attempt starts, and no
+        /// pause is slept, past `wait` after the call began.
+        /// [`extend`](crate::Redlock::extend) starts no retry past it either.
+        /// The first attempt always runs. The retry count still applies: set it
+        /// high to let this budget decide alone. A call's
+        /// [`LockOptions::patience`](crate::LockOptions::patience) replaces
+        /// both. Defaults to none: the retry count alone decides.
         ///
         /// ```no_run
         /// # use redlock_sync::{Redlock, RetryPolicy};
@@ -186,126 +150,57 @@ impl RedlockBuilder {
         /// ```
         max_wait(wait: Duration) => config.max_wait = Some(wait);
 
-        /// Sets when the watchdog of [`with_lock`](crate::Redlock::with_lock)
-        /// extends the lock: once only this share of its validity is left (the
-        /// validity measured by the acquisition or the last extension, which is
-        /// the TTL minus the round's time and the drift term). Must be in
-        /// `(0, 1)`; keep `ttl * fraction` well above `io_timeout`. Defaults to
-        /// 1/3, so a lock with a 30 s TTL is extended when about 10 s are left,
-        /// which leaves room for a few retries of a failed extension.
+        /// Sets when a guard's watchdog extends its lock: once only this share
+        /// of its validity is left. Must be in `(0, 1)`. Keep `ttl * fraction`
+        /// well above `io_timeout`. Defaults to 1/3: a 30 s lock is extended
+        /// with about 10 s left, room for a few retries.
         extend_when_left(fraction: f64) => config.extend_when_left = fraction;
 
-        /// Sets a cap on how long [`with_lock`](crate::Redlock::with_lock)
-        /// holds a lock: the watchdog never extends the validity past
-        /// `max_hold` after the acquisition (the last extension is shortened to
-        /// end there), and then stops extending;
+        /// Sets a cap on how long a guard holds a lock. The watchdog never
+        /// extends the validity past `max_hold` after the acquisition. Then
         /// [`LockGuard::is_ending`](crate::LockGuard::is_ending) turns true. A
         /// cap shorter than the TTL means no extension at all.
         ///
-        /// Without a cap, a closure that hangs (a deadlock, a stuck network
-        /// call) keeps the lock alive for as long as its process runs, and
-        /// every other client waits that long: set a cap above the longest time
-        /// the work may legitimately take. Defaults to none.
-        ///
-        /// ```no_run
-        /// # use redlock_sync::Redlock;
-        /// # use std::time::Duration;
-        /// // A nightly job takes 20 minutes at most; never block others for more
-        /// // than an hour, even if it hangs.
-        /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-        ///     .max_hold(Duration::from_secs(3600))
-        ///     .build()?;
-        /// # Ok::<(), redlock_sync::LockError>(())
-        /// ```
+        /// Without a cap, a closure that hangs keeps the lock for as long as
+        /// its process runs. Set a cap above the longest time the work may
+        /// take. Defaults to none.
         max_hold(max_hold: Duration) => config.max_hold = Some(max_hold);
 
-        /// Calls `observer` with an [`Event`] for each change: an acquisition
-        /// that starts failing and how it ends (won, or given up), a node that
-        /// fails or answers again, a guard's extensions (and a run of failed
-        /// ones, which it retries), the loss of a guard's lock, and each
-        /// release; not one event a round (see [`What`](crate::What)), but each
-        /// with a count of the failed rounds. It runs inline, on the thread doing the operation (for a guard's
-        /// extensions and losses, the watchdog): keep it quick, never block in
-        /// it, and never call the client from it. A panic in it is caught and
-        /// does not reach the lock. Defaults to none; with none, no event is
-        /// built.
+        /// Calls `observer` with an [`Event`] for each change, not for each
+        /// round (see [`What`](crate::What)). Each event counts the failed
+        /// rounds so far.
         ///
-        /// The crate has no logging dependency: hand the events to yours.
-        ///
-        /// ```
-        /// use std::sync::atomic::{AtomicU64, Ordering};
-        /// use std::sync::Arc;
-        /// use redlock_sync::{Redlock, What};
-        ///
-        /// let contended = Arc::new(AtomicU64::new(0));
-        /// let count = Arc::clone(&contended);
-        /// let locks = Redlock::builder(["redis://127.0.0.1:7001"])
-        ///     .observer(move |event| {
-        ///         if event.what == What::Contended {
-        ///             count.fetch_add(1, Ordering::Relaxed);
-        ///         }
-        ///         // With the `log` crate: log::debug!("{event:?}");
-        ///         // with `tracing`: tracing::debug!(resource = event.resource, what = ?event.what, "redlock");
-        ///     })
-        ///     .build()?;
-        /// # Ok::<(), redlock_sync::LockError>(())
-        /// ```
+        /// It runs inline on the thread doing the operation, or on the
+        /// watchdog for a guard's extensions and losses. Keep it quick, never
+        /// block in it, and never call the client from it. A panic in it is
+        /// caught. The crate logs nothing itself: hand the events to your
+        /// logger (see [the crate docs](crate#guards-and-locks)). Defaults to
+        /// none.
         observer(observer: impl Fn(&Event<'_>) + Send + Sync + 'static) => config.observer = Some(Observer(std::sync::Arc::new(observer)));
 
-        /// Sets the restarted-node guard: a node that has been up for less than
-        /// `grace` does not vote.
+        /// Sets the restart guard: a node up for less than `grace` does not
+        /// vote.
         ///
-        /// A node that restarts without persistence forgets its locks; if it
-        /// voted at once, another client could win a quorum that includes it
-        /// while the first client still holds the lock on the other nodes. With
-        /// a grace period, every new connection reads the node's uptime with
-        /// `INFO server` (pipelined with the handshake: no extra round trip),
-        /// and while the uptime is below `grace` the node is reported as failed
-        /// with [`NodeError::Restarted`](crate::NodeError::Restarted) and gets
-        /// no command. Once its uptime reaches `grace`, it votes again: a later
-        /// round simply reconnects.
+        /// A node restarted without persistence forgets its locks. Voting at
+        /// once, it could help another client win a lock still held. With a
+        /// grace, each new connection reads the node's uptime (`INFO server`,
+        /// in the handshake). Below `grace`, the node gets no command and fails
+        /// with [`NodeError::Restarted`](crate::NodeError::Restarted).
         ///
-        /// Set `grace` to at least the longest TTL you pass to `acquire` or
-        /// `extend` (the locks a restarted node forgot have all expired by then),
-        /// plus a margin for clock rate differences. The uptime has whole-second
-        /// resolution; the guard takes the least the real uptime can be (a
-        /// second less than reported), so a node is kept out up to about two
-        /// seconds longer than `grace`, never shorter. And the node's clock may
-        /// be stepped after it started (time sync after a boot with a wrong
-        /// clock), which makes its uptime jump: so once this client has seen a
-        /// node restart (a `run_id` other than the one it reached before, or an
-        /// uptime below the grace), it keeps the node out for the whole grace
-        /// from then on its own monotonic clock, whatever uptime the node
-        /// reports later. A client that first meets the node after such a step
-        /// has only the node's word. What locks held across restarts need, and
-        /// why eviction is a restart too, is in
-        /// [`Redlock::extend`](crate::Redlock::extend). A node whose `INFO`
-        /// command is disabled or answers without an uptime never votes while
-        /// the guard is on. The check relies on a restarted server being
-        /// reachable only through new connections, which holds for direct
-        /// connections and plain TCP proxies; a connection pooler that keeps
-        /// the client's connection while it reconnects to a restarted server
-        /// behind it would hide the restart.
+        /// Set `grace` to the longest TTL you use, plus a margin for clock
+        /// rates. The uptime counts whole seconds, so a node may stay out up to
+        /// 2 s longer. Once this client saw a node restart, it keeps the node
+        /// out for the whole grace by its own clock. So a node clock
+        /// stepped after the restart does not cut the grace short. A client
+        /// that first meets the node after such a step cannot tell. A node
+        /// whose `INFO` gives no uptime never votes while the guard is on. A
+        /// pooler that keeps the connection across a restart hides it.
         ///
-        /// Nodes that run with `appendonly yes` and `appendfsync always` keep
-        /// their locks across restarts and do not need the guard. It does not
-        /// help against data lost without a restart (`FLUSHALL`, a failover to
-        /// a replica that had not caught up). It is off unless set because the
-        /// right value depends on the longest TTL, which only you know, and
-        /// because a guard that is too long makes every freshly started node (a
-        /// new deployment, a test cluster) refuse to vote for that long.
+        /// Nodes with `appendonly yes` and `appendfsync always` do not need the
+        /// guard. It does not help against data lost without a restart (see
+        /// [the contract](crate::contract)). It is off by default: only you
+        /// know the longest TTL, and a long grace keeps fresh nodes out.
         /// Defaults to zero: off.
-        ///
-        /// ```no_run
-        /// use std::time::Duration;
-        /// use redlock_sync::Redlock;
-        ///
-        /// // Locks are taken for at most 30 s (TTLs of acquire and extend).
-        /// let locks = Redlock::builder(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
-        ///     .restart_grace(Duration::from_secs(35))
-        ///     .build()?;
-        /// # Ok::<(), redlock_sync::LockError>(())
-        /// ```
         restart_grace(grace: Duration) => config.restart_grace = grace;
     }
 

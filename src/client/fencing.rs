@@ -1,13 +1,8 @@
-//! Fenced acquisitions: a lock that also yields a fencing token, a number
-//! greater than the token of every earlier successful fenced acquisition
-//! of the same resource.
-//!
-//! Two rounds. Round one sets the lock and raises a per-resource counter on
-//! each node in one script, and returns the counter; the client takes the
-//! largest value from the nodes that granted. Round two raises the counter
-//! on each node to at least that value, where the lock still holds our
-//! token; the acquisition counts only when a quorum of nodes granted both
-//! rounds. The safety argument is in the docs of [`Kind`].
+//! Fenced acquisitions: two rounds that also yield a fencing token. It is
+//! greater than that of every earlier fenced acquisition of the resource.
+//! Round one sets the lock and raises a counter on each node. Round two
+//! raises each counter to the largest granted, where our token still holds.
+//! A quorum must grant both rounds. The safety argument is in [`Kind`].
 
 use std::time::Duration;
 
@@ -18,9 +13,8 @@ use crate::script::Command;
 use crate::token::Token;
 
 impl Redlock {
-    /// One fenced attempt: round one (`claim`), and round two if round one
-    /// won. The tally counts a node as granted only if it granted both
-    /// rounds, and carries round one's fencing token.
+    /// One fenced attempt. A node counts as granted only if it granted both
+    /// rounds. The tally carries round one's fencing token.
     pub(super) fn fenced_rounds(
         &self,
         kind: Kind,
@@ -46,9 +40,8 @@ impl Redlock {
         self.both_rounds(first, second, ttl)
     }
 
-    /// Merges the tallies of the two rounds: a node that granted round one
-    /// shows its round-two outcome, any other node its round-one outcome;
-    /// times and validity are measured from the start of round one.
+    /// Merges the two rounds' tallies. A node that granted round one shows
+    /// its round-two outcome. Times and validity count from round one.
     fn both_rounds(&self, first: Tally, second: Tally, ttl: Duration) -> Tally {
         let offset = second.start.saturating_duration_since(first.start);
         let elapsed = offset + second.report.elapsed;

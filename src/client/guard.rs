@@ -1,25 +1,18 @@
-//! Locks kept alive by the client's watchdog: [`LockGuard`], which
-//! [`Redlock::lock`] returns and which releases the lock when dropped, and
-//! [`Redlock::with_lock`], which runs a closure under such a guard.
+//! [`LockGuard`], [`Redlock::lock`] and [`Redlock::with_lock`]: locks that
+//! the client's watchdog keeps alive.
 //!
-//! Each guard shares its [`Lease`] with the client's watchdog (see
-//! `watch.rs`), which extends it when due. The guard's view of the lock is
-//! its validity deadline, under a mutex the watchdog takes only to claim an
-//! extension and to publish its outcome: it only moves forward while the
-//! lock is held, and once lost (whoever first sees it passed, the guard or
-//! the watchdog, marks it) it stays so; an extension that ended after the
-//! deadline passed does not revive it. The guard marks itself done under
-//! the same mutex and waits for an extension in flight, and the watchdog
-//! claims no extension of a lease that is done: no extension is written
-//! after the release round starts. A guard that is never dropped
-//! (`mem::forget`) stays extended up to the hold cap, or as long as the
-//! client lives.
+//! A guard shares its [`Lease`] with the watchdog (`watchdog.rs`). Under
+//! the lease's mutex:
 //!
-//! User code the watchdog runs for a lease (the retry policy's backoff)
-//! runs under `catch_unwind`: a panic ends that lease alone, as a loss
-//! whose error names it ([`LockError::Panicked`]), and releases its lock.
-//! A loss callback is queued with its lease and runs only if the guard is
-//! not done when its turn comes.
+//! - The validity deadline only moves forward, and only while it has not
+//!   passed. Once lost, a lease stays lost.
+//! - The guard marks itself done and waits for an extension in flight. A
+//!   done lease gets no extension, so none is written after the release
+//!   starts.
+//! - A loss callback runs only while its guard is not done.
+//!
+//! The backoff runs under `catch_unwind`. Its panic ends that lease alone,
+//! as a loss ([`LockError::Panicked`]), and releases its lock.
 
 use std::fmt;
 use std::mem;
@@ -41,46 +34,29 @@ use crate::token::Token;
 /// A loss callback ([`LockGuard::on_lost`]).
 type OnLost = Box<dyn FnOnce(&LockError) + Send>;
 
-/// A lock held until the guard is dropped or [unlocked](Self::unlock),
-/// and kept alive meanwhile by the client's watchdog: what [`Redlock::lock`]
-/// returns, and what the closure of [`Redlock::with_lock`] gets.
+/// A lock that the client's watchdog keeps alive until the guard is
+/// dropped or [unlocked](Self::unlock).
 ///
-/// The watchdog extends the lock each time only a share of its validity is
-/// left ([`extend_when_left`](crate::RedlockBuilder::extend_when_left)),
-/// up to the hold cap ([`max_hold`](crate::RedlockBuilder::max_hold)) if
-/// one is set. The lock is lost as soon as an extension is refused (another
-/// client holds it, or it expired on the nodes) or its validity deadline
-/// passes (extensions kept failing, or the hold cap stopped them),
-/// whichever comes first; from then on [`is_held`](Self::is_held) is false
-/// and [`check`](Self::check) returns [`LockError::Lost`], for good. Both
-/// are cheap (a mutex the watchdog holds only for a moment, and a read of the
-/// monotonic clock): call them
-/// before each step of the work.
+/// [`Redlock::lock`] returns one, and the closure of
+/// [`Redlock::with_lock`] gets one. The watchdog extends the lock each time
+/// a share of its validity is left
+/// ([`extend_when_left`](crate::RedlockBuilder::extend_when_left)). It
+/// stops at the hold cap ([`max_hold`](crate::RedlockBuilder::max_hold)).
+/// The lock is lost once an extension is refused or the validity runs out.
+/// From then on [`is_held`](Self::is_held) is false and
+/// [`check`](Self::check) fails, for good. Both are cheap: call them before
+/// each step of the work.
 ///
-/// Dropping the guard stops the watchdog and releases the lock, also on an
-/// early return and while a panic unwinds; that release is best effort and
-/// never panics (a release that fails leaves keys that expire within the
-/// TTL). [`unlock`](Self::unlock) does the same and says how it went:
-/// whether the lock was held throughout, and what the nodes answered.
-/// Either waits for an extension of this guard in flight, which takes at
-/// most one round (`connect_timeout` + `io_timeout`).
+/// Dropping the guard releases the lock, also on `?` and while a panic
+/// unwinds. That release never panics, and keys it misses expire within
+/// the TTL. [`unlock`](Self::unlock) also says how the release went. Both
+/// wait for an extension in flight: at most one round.
 ///
-/// The client's one watchdog thread keeps all its guards (see
-/// [`RedlockBuilder::observer`](crate::RedlockBuilder::observer) for its
-/// events): with any number of guards, at most two threads besides the
-/// callers', the watchdog and the notifier that runs
-/// [`on_lost`](Self::on_lost) callbacks. The guards whose extensions fall
-/// due together share a round (one script call a node extends them all,
-/// each counted on its own), so each extension starts at most one round
-/// after its point, however many guards are due and however slow a node
-/// is. A failed extension (too few nodes answered) is retried while
-/// validity is left, after the retry policy's pause (the last retry's once
-/// the retries are used up; none with no retries) or half the validity
-/// left, whichever is shorter. If the policy's
-/// [`backoff`](crate::RetryPolicy::backoff) panics there, this guard stops
-/// holding the lock and releases it, as if lost, with
-/// [`LockError::Panicked`]; the other guards go on. A guard that is never
-/// dropped (`mem::forget`) stays extended up to the hold cap, or as long as
+/// A failed extension is retried while validity is left. The pause is the
+/// retry policy's, or half the validity left if that is shorter. If the
+/// [`backoff`](crate::RetryPolicy::backoff) panics there, this guard's lock
+/// is released as lost, with [`LockError::Panicked`]. A guard that is
+/// never dropped (`mem::forget`) is extended up to the hold cap, or while
 /// the client lives.
 ///
 /// ```no_run
@@ -101,8 +77,7 @@ pub struct LockGuard {
     client: Redlock,
 }
 
-/// The lease as the guard and the watchdog share it: what it holds, and
-/// its state under one lock.
+/// What a guard and the watchdog share.
 pub(crate) struct Lease {
     /// No extension reaches past this.
     hold_deadline: Option<Instant>,
@@ -120,13 +95,11 @@ pub(crate) struct Lease {
 /// The lease's state.
 #[derive(Default)]
 struct LeaseState {
-    /// The validity deadline; `None` once the lock is lost, for good. It
-    /// only moves forward, and only while it has not passed.
+    /// The validity deadline; `None` once the lock is lost.
     deadline: Option<Instant>,
     /// The watchdog will not extend any more.
     ending: bool,
-    /// What the nodes answered in the watchdog's last round (at first, in
-    /// the acquisition's): the report of the lost-lock error.
+    /// The last round's report, for the lost-lock error.
     report: Report,
     /// The guard is done: no extension starts any more.
     done: bool,
@@ -144,8 +117,8 @@ struct LeaseState {
 }
 
 impl LeaseState {
-    /// The validity deadline while the lock is held; marks the lock lost
-    /// for good once its deadline has passed.
+    /// The deadline while the lock is held; once it has passed, the lock is
+    /// lost for good.
     fn deadline(&mut self) -> Option<Instant> {
         self.deadline = self.deadline.filter(|&d| Instant::now() < d);
         self.deadline
@@ -153,8 +126,7 @@ impl LeaseState {
 }
 
 impl Lease {
-    /// The lease of `lock`, which a guard keeps as `call` says, extending it
-    /// by `ttl`.
+    /// The lease of `lock`, kept as `call` says and extended by `ttl`.
     fn new(lock: &Lock, call: &Call, ttl: Ttl) -> Arc<Lease> {
         let hold_deadline = (call.max_hold).and_then(|cap| Instant::now().checked_add(cap));
         Arc::new(Lease {
@@ -167,8 +139,7 @@ impl Lease {
             when_left: call.extend_when_left,
             state: Mutex::new(LeaseState {
                 deadline: lock.valid_until,
-                // A cap the acquisition's validity already reaches leaves
-                // no extension to come.
+                // A cap that the first validity reaches leaves no extension.
                 ending: hold_deadline.is_some_and(|hold| hold <= lock.valid_until()),
                 report: lock.report.clone(),
                 ..LeaseState::default()
@@ -194,8 +165,7 @@ impl Lease {
         self.state().deadline().is_some()
     }
 
-    /// The lost-lock error: the panic that ended the lease, or the loss
-    /// with the report of the last round.
+    /// The lost-lock error: the panic that ended the lease, or the loss.
     fn lost(&self) -> LockError {
         let state = self.state();
         match &state.panic {
@@ -208,21 +178,19 @@ impl Lease {
         }
     }
 
-    /// The error of a lease that `message` (what panicked, and how) ended.
+    /// The error of a lease that the panic `message` ended.
     pub(crate) fn panicked(&self, message: String) -> LockError {
         let resource = self.resources[0].clone();
         LockError::Panicked { resource, message }
     }
 
-    /// The watchdog's claim on this lease, before a round: `Ok` with the
-    /// TTL to extend it by (shortened to end at the hold cap), or else when
-    /// it is due next (`None` when the watchdog is done with it: the guard
-    /// is done, or the loss was told). A lease that is not extended any
-    /// more is due at its deadline, to tell the loss then.
+    /// The watchdog's claim before a round: the TTL to extend by, cut to end
+    /// at the hold cap. Else when the lease is due next, or `None` once the
+    /// watchdog is done with it. A lease no longer extended is due at its
+    /// deadline, to tell the loss.
     pub(crate) fn claim(self: &Arc<Self>, client: &Redlock) -> Result<Ttl, Option<Instant>> {
         let mut state = self.state();
-        // Lost, the lease is due no more once the loss is told; done, at
-        // once (its loss is not told).
+        // Lost: due no more once the loss is told. Done: at once, untold.
         let Some(deadline) = state.deadline().filter(|_| !state.done) else {
             drop(state);
             return Err(self.tell(client));
@@ -230,8 +198,7 @@ impl Lease {
         let now = Instant::now();
         let full = self.ttl.duration();
         let room = (self.hold_deadline).map_or(full, |h| h.saturating_duration_since(now));
-        // A TTL shortened to end at the cap may be too short to extend
-        // anything: then the last extension is past.
+        // A TTL cut to end at the cap may be too short: no extension is left.
         let checked = client.check_ttl(room.min(full));
         let ttl = match checked {
             Ok(ttl) if !state.ending && room > deadline.saturating_duration_since(now) => ttl,
@@ -244,13 +211,9 @@ impl Lease {
         Ok(ttl)
     }
 
-    /// The watchdog's turn on this lease after its extension by `ttl`
-    /// ended in `result` with `lock` as it measured it: returns when the
-    /// lease is due next, as [`claim`](Self::claim) does. A refused
-    /// extension loses the lock; a failed one (too few nodes answered) is
-    /// due again after a pause (see [`retry`](Self::retry)), while validity
-    /// is left. The observer hears of the first failure of a run and of its
-    /// end (see `watch.rs`).
+    /// The watchdog's turn after the extension by `ttl` ended in `result`,
+    /// with `lock` as measured. Returns when the lease is due next, as
+    /// [`claim`](Self::claim) does.
     pub(crate) fn extended(
         self: &Arc<Self>,
         client: &Redlock,
@@ -261,7 +224,7 @@ impl Lease {
         let mut state = self.state();
         state.extending = false;
         self.wake.notify_all();
-        // What to tell, if anything, and the failed rounds so far.
+        // What to tell, if anything, and the count of failed rounds.
         let mut told = (None, 0);
         let due = match &result {
             Ok(()) => {
@@ -269,8 +232,8 @@ impl Lease {
                 // A TTL shortened to end at the cap was the last.
                 state.ending = ttl < self.ttl;
                 state.report = lock.report.clone();
-                // The shortened TTL was measured before the round began:
-                // never let the validity run past the cap.
+                // The cut TTL was measured before the round began: the
+                // validity must not run past the cap.
                 let valid_until = (self.hold_deadline)
                     .map_or(lock.valid_until(), |hold| hold.min(lock.valid_until()));
                 state.deadline = state.deadline().map(|_| valid_until);
@@ -300,12 +263,9 @@ impl Lease {
         due.or_else(|| self.tell(client))
     }
 
-    /// When a failed extension is tried again: after the retry policy's
-    /// pause (never asked past its retry count), at most half the validity
-    /// left (more tries before it runs out, whatever the policy; with no
-    /// retries, half the validity left), and never at once. `None` once the
-    /// validity ran out, or if the backoff panicked: the lease then ends,
-    /// with the panic as its error.
+    /// When a failed extension is tried again (`RetryPolicy::next_extension`).
+    /// `None` once the validity ran out, or if the backoff panicked. A panic
+    /// ends the lease, as its error.
     fn retry(&self, client: &Redlock, state: &mut LeaseState) -> Option<Instant> {
         let (deadline, failures) = (state.deadline()?, state.failures.count());
         let policy = &client.config().retry;
@@ -319,11 +279,10 @@ impl Lease {
         }
     }
 
-    /// When the lease is due next while the lock is held: at its deadline
-    /// once it is not extended any more, else when the next extension is,
-    /// once only the share `when_left` of the validity is left. Measured on
-    /// the validity each round leaves, not on the TTL: the next extension
-    /// is always some time away, whatever the fraction and the drift term.
+    /// When the lease is due next while held. No longer extended, at its
+    /// deadline. Else once only the share `when_left` of the validity is
+    /// left. The share is of the validity each round leaves, so the next
+    /// extension is always some time away.
     fn due(&self, state: &mut LeaseState) -> Option<Instant> {
         let (deadline, now) = (state.deadline()?, Instant::now());
         let share = if state.ending {
@@ -335,11 +294,10 @@ impl Lease {
         Some(later(now, wait).min(deadline))
     }
 
-    /// Tells the loss once (never for a guard released while it held the
-    /// lock): wakes the threads waiting for it, releases the lock if a
-    /// panic ended the lease, tells the observer, and queues the callbacks
-    /// for the notifier thread. Returns `None`: the watchdog is done with
-    /// the lease.
+    /// Tells the loss once, and never for a guard released while held.
+    /// Wakes the waiters, releases the lock if a panic ended the lease,
+    /// tells the observer and queues the callbacks. Returns `None`: the
+    /// watchdog is done with the lease.
     fn tell(self: &Arc<Self>, client: &Redlock) -> Option<Instant> {
         let mut state = self.state();
         state.ending = true;
@@ -363,8 +321,7 @@ impl Lease {
         None
     }
 
-    /// Queues `callback` for the notifier, to run with the lost-lock error
-    /// unless the guard is done by then.
+    /// Queues `callback` for the notifier, to run unless the guard is done.
     fn notify(self: &Arc<Self>, client: &Redlock, callback: OnLost) {
         let (lease, error) = (Arc::clone(self), self.lost());
         client.watchdog().notify(Box::new(move || {
@@ -377,159 +334,63 @@ impl Lease {
 
 impl LockGuard {
     /// The resource held (the first one, for a lock over several).
-    ///
-    /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// let guard = locks.lock("invoice:42", Duration::from_secs(10))?;
-    /// assert_eq!(guard.resource(), "invoice:42");
-    /// # Ok::<(), LockError>(())
-    /// ```
+    /// The resource held (the first one, for a lock over several).
     pub fn resource(&self) -> &str {
         &self.lease.resources[0]
     }
 
     /// Every resource held, in the order given.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// locks.with_lock(["a", "b"], Duration::from_secs(10), |guard| {
-    ///     assert_eq!(guard.resources(), ["a", "b"]);
-    ///     Ok::<(), LockError>(())
-    /// })?;
-    /// # Ok::<(), LockError>(())
-    /// ```
+    /// Every resource held, in the order given.
     pub fn resources(&self) -> &[String] {
         &self.lease.resources
     }
 
-    /// The token that proves ownership (it does not change when the lock
-    /// is extended).
-    ///
-    /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// locks.with_lock("invoice:42", Duration::from_secs(10), |guard| {
-    ///     println!("holding with token {}", guard.token());
-    ///     Ok::<(), LockError>(())
-    /// })?;
-    /// # Ok::<(), LockError>(())
-    /// ```
+    /// The token that proves ownership. Extensions keep it.
     pub fn token(&self) -> &Token {
         &self.lease.token
     }
 
-    /// The fencing token, for a lock of [`Kind::Fenced`]; `None` for every
-    /// other lock. It stays the same across extensions. Pass it with every
-    /// write to the protected resource, which refuses a write whose token is
-    /// lower than the highest it has seen (see [`Kind`]).
-    ///
-    /// ```no_run
-    /// # use redlock_sync::{Kind, LockError, LockOptions, Redlock};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// let fenced = LockOptions::new(Duration::from_secs(10)).kind(Kind::Fenced);
-    /// locks.with_lock("ledger", fenced, |guard| {
-    ///     let token = guard.fencing_token().expect("a fenced lock has a token");
-    ///     guard.check()?;
-    ///     // storage.write_if_token_at_least(token, ...);
-    /// #   let _ = token;
-    ///     Ok::<(), LockError>(())
-    /// })?;
-    /// # Ok::<(), LockError>(())
-    /// ```
+    /// The fencing token of a [`Kind::Fenced`] lock, else `None`. Extensions
+    /// keep it. Pass it with each write to the protected resource (see
+    /// [`Kind`]).
     pub fn fencing_token(&self) -> Option<u64> {
         self.lease.fencing_token
     }
 
     /// The kind of lock held.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::{Kind, LockError, Redlock};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// let guard = locks.lock("invoice:42", Duration::from_secs(10))?;
-    /// assert_eq!(guard.kind(), Kind::Plain);
-    /// # Ok::<(), LockError>(())
-    /// ```
     pub fn kind(&self) -> Kind {
         self.lease.kind
     }
 
-    /// How long the lock is still valid, by the monotonic clock, as of the
-    /// last extension; zero once it is lost.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// locks.with_lock("invoice:42", Duration::from_secs(10), |guard| {
-    ///     assert!(guard.validity() > Duration::from_secs(9));
-    ///     Ok::<(), LockError>(())
-    /// })?;
-    /// # Ok::<(), LockError>(())
-    /// ```
+    /// How long the lock is still valid, as of the last extension, by the
+    /// monotonic clock. Zero once it is lost.
     pub fn validity(&self) -> Duration {
         let (deadline, now) = (self.lease.state().deadline(), Instant::now());
         deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(now))
     }
 
-    /// Whether the lock is still held: false, for good, as soon as an
-    /// extension was refused or the validity deadline passed.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// locks.with_lock("invoice:42", Duration::from_secs(10), |guard| {
-    ///     while guard.is_held() {
-    ///         // one small step of the work
-    /// #       break;
-    ///     }
-    ///     Ok::<(), LockError>(())
-    /// })?;
-    /// # Ok::<(), LockError>(())
-    /// ```
+    /// Whether the lock is still held. False for good once an extension was
+    /// refused or the validity ran out.
     pub fn is_held(&self) -> bool {
         self.lease.held()
     }
 
     /// `Ok(())` while the lock is held, else the lost-lock error: the
-    /// `?`-friendly form of [`is_held`](Self::is_held).
-    ///
-    /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// locks.with_lock("invoice:42", Duration::from_secs(10), |guard| {
-    ///     guard.check()?;
-    ///     // write, knowing the lock was held a moment ago
-    ///     Ok::<(), LockError>(())
-    /// })?;
-    /// # Ok::<(), LockError>(())
-    /// ```
+    /// `?`-friendly [`is_held`](Self::is_held).
     ///
     /// # Errors
     ///
-    /// [`LockError::Lost`] once the lock is lost, with the report of the
-    /// watchdog's last round (the refused or failed extension, if there
-    /// was one); [`LockError::Panicked`] in its place if the retry policy's
-    /// backoff panicked on the watchdog (the guard released the lock).
+    /// [`LockError::Lost`] once the lock is lost, with the watchdog's last
+    /// report. [`LockError::Panicked`] instead if the backoff panicked on
+    /// the watchdog (the guard released the lock).
     pub fn check(&self) -> Result<(), LockError> {
         let held = self.lease.held();
         held.then_some(()).ok_or_else(|| self.lease.lost())
     }
 
-    /// Blocks until the lock is lost or `timeout` has passed; returns
-    /// whether it is lost. It returns as soon as the watchdog learns of
-    /// the loss (an extension refused by a quorum) or the validity runs
-    /// out (extensions kept failing, or the hold cap stopped them): within
-    /// one extension retry of the moment the loss is known. Another thread
-    /// can wait while the owner works (the guard is `Sync`).
+    /// Blocks until the lock is lost or `timeout` passed, and returns
+    /// whether it is lost. It wakes within one extension retry of the loss.
+    /// Another thread may wait while the owner works: the guard is `Sync`.
     ///
     /// ```no_run
     /// # use redlock_sync::{LockError, Redlock};
@@ -557,39 +418,15 @@ impl LockGuard {
         true
     }
 
-    /// Registers `callback` to run once if the lock is lost while the
-    /// guard holds it (at once if it is lost already), with the lost-lock
-    /// error. It runs on the client's notifier thread, not the caller's,
-    /// within one extension retry of the moment the loss is known (see
-    /// [`wait_lost`](Self::wait_lost)). A callback never starts once the
-    /// guard was dropped or [unlocked](Self::unlock), even one queued
-    /// before (a release does not wait for one already running).
+    /// Runs `callback` with the lost-lock error once the lock is lost while
+    /// the guard holds it. If it is lost already, at once. It runs on the
+    /// client's notifier thread, within one extension retry of the loss. It
+    /// never starts once the guard is dropped or unlocked. A release does not
+    /// wait for a callback already running.
     ///
-    /// Callbacks run one at a time: one that blocks delays the callbacks
-    /// after it (never an extension of any guard); a panic in one is
-    /// caught. A callback may drop or unlock guards, its own included.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # use std::sync::atomic::{AtomicBool, Ordering};
-    /// # use std::sync::Arc;
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// let stop = Arc::new(AtomicBool::new(false));
-    /// locks.with_lock("reindex", Duration::from_secs(10), |guard| {
-    ///     let stop_on_loss = Arc::clone(&stop);
-    ///     guard.on_lost(move |e| {
-    ///         eprintln!("{e}");
-    ///         stop_on_loss.store(true, Ordering::SeqCst);
-    ///     });
-    ///     while !stop.load(Ordering::SeqCst) {
-    ///         // one step of the work
-    /// #       break;
-    ///     }
-    ///     guard.check()
-    /// })?;
-    /// # Ok::<(), LockError>(())
-    /// ```
+    /// Callbacks run one at a time: one that blocks delays the others, never
+    /// an extension. A panic in one is caught. A callback may drop or unlock
+    /// guards, its own included.
     pub fn on_lost(&self, callback: impl FnOnce(&LockError) + Send + 'static) {
         let mut state = self.lease.state();
         if state.done {
@@ -602,86 +439,40 @@ impl LockGuard {
         self.lease.notify(&self.client, Box::new(callback));
     }
 
-    /// Whether the lock will not be extended any more: its validity
-    /// reaches the hold cap ([`max_hold`](crate::RedlockBuilder::max_hold)),
-    /// from the acquisition on if the cap is shorter than the TTL, or the
-    /// lock is lost. It may still be held: [`validity`](Self::validity)
-    /// says for how long. Wind the work down.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::builder(["redis://127.0.0.1:7001"]).max_hold(Duration::from_secs(60)).build()?;
-    /// locks.with_lock("crawl", Duration::from_secs(10), |guard| {
-    ///     while !guard.is_ending() {
-    ///         guard.check()?;
-    ///         // crawl one more page
-    /// #       break;
-    ///     }
-    ///     Ok::<(), LockError>(())
-    /// })?;
-    /// # Ok::<(), LockError>(())
-    /// ```
+    /// Whether the lock will not be extended any more: its validity reaches
+    /// the hold cap ([`max_hold`](crate::RedlockBuilder::max_hold)), or it
+    /// is lost. It may still be held for [`validity`](Self::validity): wind
+    /// the work down.
     pub fn is_ending(&self) -> bool {
         !self.lease.held() || self.lease.state().ending
     }
 
-    /// The instant (monotonic clock) past which the lock is never extended,
-    /// if a hold cap is set: the acquisition plus
-    /// [`max_hold`](crate::RedlockBuilder::max_hold).
-    ///
-    /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::builder(["redis://127.0.0.1:7001"]).max_hold(Duration::from_secs(60)).build()?;
-    /// locks.with_lock("crawl", Duration::from_secs(10), |guard| {
-    ///     assert!(guard.hold_deadline().is_some());
-    ///     Ok::<(), LockError>(())
-    /// })?;
-    /// # Ok::<(), LockError>(())
-    /// ```
+    /// When extensions stop (monotonic clock), if a hold cap is set: the
+    /// acquisition plus [`max_hold`](crate::RedlockBuilder::max_hold).
     pub fn hold_deadline(&self) -> Option<Instant> {
         self.lease.hold_deadline
     }
 
-    /// Stops the watchdog, releases the lock on every node, and says how
-    /// it went. Dropping the guard does the same, quietly.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// let guard = locks.lock("invoice:42", Duration::from_secs(10))?;
-    /// // ... the work, checking guard.check()? before each step ...
-    /// let report = guard.unlock()?;
-    /// println!("released: {report}");
-    /// # Ok::<(), LockError>(())
-    /// ```
+    /// Releases the lock on every node and says how it went. Dropping the
+    /// guard does the same, quietly.
     ///
     /// # Errors
     ///
-    /// - [`LockError::Lost`] if the lock was lost at any moment while the
-    ///   guard held it (an extension was refused, or the validity ran out,
-    ///   for instance past the hold cap), with the report of the watchdog's
-    ///   last round; or if the release found it gone. The work done under
-    ///   it may have overlapped another holder's. The release ran anyway,
-    ///   and deleted only keys that still held this lock's token.
-    /// - [`LockError::Panicked`] in the place of `Lost` if the retry
-    ///   policy's backoff panicked on the watchdog (see [`check`](Self::check)).
-    /// - [`LockError::NoQuorum`] when too few nodes answered the release to
-    ///   tell. The keys not deleted expire within the TTL.
+    /// - [`LockError::Lost`] if the lock was lost at any moment while held,
+    ///   or the release found it gone. The work may have overlapped another
+    ///   holder's. The release ran anyway.
+    /// - [`LockError::Panicked`] instead of `Lost` if the backoff panicked.
+    /// - [`LockError::NoQuorum`] when too few nodes answered the release.
     pub fn unlock(self) -> Result<Report, LockError> {
         self.finish().unwrap_or_else(|| Err(self.lease.lost()))
     }
 
-    /// Takes the lease from the watchdog (waiting for an extension in
-    /// flight), then releases the lock: the first time only (`None` after
-    /// that: the lease is done).
+    /// Takes the lease from the watchdog, waiting for an extension in
+    /// flight, and releases the lock. `None` after the first time.
     fn finish(&self) -> Option<Result<Report, LockError>> {
         let lease = &*self.lease;
         let mut state = lease.state();
-        // Held now means held all along: the deadline never moves forward
-        // once passed.
+        // Held now means held all along: a passed deadline never moves.
         let held = state.deadline().is_some();
         if mem::replace(&mut state.done, true) {
             return None;
@@ -692,8 +483,7 @@ impl LockGuard {
             state = lease.wait(state, Duration::from_secs(1));
         }
         drop(state);
-        // A loss the watchdog has not told yet (the validity ran out, and
-        // the guard saw it first) is told now.
+        // A loss the watchdog has not told yet is told now.
         if !held {
             self.lease.tell(&self.client);
         }
@@ -702,9 +492,7 @@ impl LockGuard {
     }
 }
 
-/// Takes the lease from the watchdog and releases the lock, unless
-/// [`unlock`](LockGuard::unlock) did. Never panics: the release's outcome
-/// is dropped.
+/// Releases the lock unless [`unlock`](LockGuard::unlock) did. Never panics.
 impl Drop for LockGuard {
     fn drop(&mut self) {
         let _ = self.finish();
@@ -725,52 +513,23 @@ impl fmt::Debug for LockGuard {
 }
 
 impl Redlock {
-    /// Acquires a lock as [`acquire`](Self::acquire) does (waiting per the
-    /// options' patience) and returns a guard that keeps it alive with a
-    /// watchdog and releases it when dropped: the form of
-    /// [`with_lock`](Self::with_lock) for code that does not fit in a
-    /// closure.
+    /// Acquires as [`acquire`](Self::acquire) does, and returns a guard that
+    /// keeps the lock alive. Use it for code that does not fit in the closure
+    /// of [`with_lock`](Self::with_lock).
     ///
-    /// Unlike the [`Lock`] of [`acquire`](Self::acquire), which is yours
-    /// for its validity only and which you release, the guard's lock is
-    /// extended by the TTL each time only a share of its validity is left
-    /// ([`LockOptions::extend_when_left`], by default the client's
-    /// [`extend_when_left`](crate::RedlockBuilder::extend_when_left)), for
-    /// as long as the guard lives, up to the hold cap
-    /// ([`LockOptions::max_hold`], by default the client's
-    /// [`max_hold`](crate::RedlockBuilder::max_hold)); and it is released
-    /// when the guard goes out of scope: at the end of the block, on an
-    /// early return or `?`, while a panic unwinds. [`LockGuard::unlock`]
-    /// releases it and tells whether it was held throughout. A cancel
-    /// handle in the options ends the wait only: never the guard's
-    /// watchdog.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use redlock_sync::{LockError, Redlock};
-    ///
-    /// fn rebuild_index(locks: &Redlock) -> Result<(), LockError> {
-    ///     let guard = locks.lock("search-index", Duration::from_secs(10))?;
-    ///     for shard in 0..64 {
-    ///         guard.check()?; // lost: return, and the guard's drop releases
-    ///         println!("rebuilding shard {shard}");
-    ///     }
-    ///     guard.unlock()?; // Err(Lost) if the lock was lost at any moment
-    ///     Ok(())
-    /// }
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// # rebuild_index(&locks)?;
-    /// # Ok::<(), LockError>(())
-    /// ```
+    /// The guard's watchdog extends the lock by the TTL
+    /// ([`LockOptions::extend_when_left`]), up to the hold cap
+    /// ([`LockOptions::max_hold`]). A cancel handle in the options ends the
+    /// wait only, never the watchdog.
     ///
     /// # Errors
     ///
     /// - As [`acquire`](Self::acquire), and [`LockError::Argument`] for an
     ///   `extend_when_left` outside `(0, 1)`.
-    /// - [`LockError::Lost`] if the validity ran out before the guard could
-    ///   be made (the lock is released).
-    /// - [`LockError::Thread`] if the OS cannot start the watchdog thread
-    ///   (the lock is released).
+    /// - [`LockError::Lost`] if the validity ran out before the guard was
+    ///   made. The lock is released.
+    /// - [`LockError::Thread`] if the OS cannot start the watchdog thread.
+    ///   The lock is released.
     pub fn lock(
         &self,
         resources: impl IntoResources,
@@ -779,20 +538,7 @@ impl Redlock {
         self.keep_alive(resources.into_resources(), &options.into(), Tries::Patient)
     }
 
-    /// Like [`lock`](Self::lock), but one attempt only, as
-    /// [`try_acquire`](Self::try_acquire): no retry.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// match locks.try_lock("report", Duration::from_secs(30)) {
-    ///     Ok(guard) => { /* do the work */ guard.unlock()?; }
-    ///     Err(LockError::Contended { .. }) => println!("someone else is on it"),
-    ///     Err(e) => return Err(e),
-    /// }
-    /// # Ok::<(), LockError>(())
-    /// ```
+    /// Like [`lock`](Self::lock), but one attempt only: no retry.
     ///
     /// # Errors
     ///
@@ -805,23 +551,17 @@ impl Redlock {
         self.keep_alive(resources.into_resources(), &options.into(), Tries::Once)
     }
 
-    /// Acquires a lock as [`lock`](Self::lock) does, runs `f` under it
-    /// while the guard's watchdog keeps extending it, and always releases
-    /// it afterwards: when `f` returns `Ok` or `Err`, and when it panics
-    /// (the lock is released as the panic unwinds).
+    /// Acquires as [`lock`](Self::lock) does, runs `f` under the guard, and
+    /// releases the lock when `f` returns or panics.
     ///
-    /// So `f` may run far longer than the TTL, up to the hold cap if one is
-    /// set. `f` gets the [`LockGuard`]: check
-    /// [`is_held`](LockGuard::is_held) or [`check`](LockGuard::check)
-    /// before each step of the work. The error type only needs
-    /// `From<LockError>`, so `?` works on both the lock's errors and your
-    /// own. A cancel handle in the options ends the wait for the lock only,
-    /// never `f`.
+    /// `f` may run past the TTL, up to the hold cap. Call
+    /// [`check`](LockGuard::check) before each step. The error type needs
+    /// only `From<LockError>`, so `?` works on both kinds of error. A cancel
+    /// handle ends the wait for the lock only, never `f`.
     ///
-    /// Record results under the lock: write "job done" inside `f`, after a
-    /// last [`check`](LockGuard::check). Written after `with_lock` returns,
-    /// it comes after the release, and another worker may have taken the
-    /// lock in between (`examples/batch_jobs.rs` shows the pattern).
+    /// Record results inside `f`, after a last `check`. Once `with_lock`
+    /// returns, another worker may hold the lock (see
+    /// `examples/batch_jobs.rs`).
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -836,45 +576,37 @@ impl Redlock {
     ///     fn from(e: LockError) -> Self { JobError::Lock(e) }
     /// }
     ///
-    /// let locks = Redlock::new(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
-    ///     .map_err(JobError::Lock)?;
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"]).map_err(JobError::Lock)?;
     /// let total = locks.with_lock("nightly-report", Duration::from_secs(10), |guard| {
     ///     let mut total = 0;
     ///     for chunk in 0..1_000 {
-    ///         guard.check()?; // the lock may be lost: stop writing at once
+    ///         guard.check()?; // a LockError, converted into a JobError
     ///         if chunk > 10_000 { return Err(JobError::Invalid(format!("chunk {chunk}"))); }
     ///         total += chunk;
     ///     }
     ///     Ok(total)
     /// })?;
-    /// println!("total {total}, computed under an exclusive lock the whole time");
+    /// println!("total {total}");
     /// # Ok::<(), JobError>(())
     /// ```
     ///
     /// # Errors
     ///
-    /// - Whatever [`lock`](Self::lock) returns; `f` does not run then. Nor
-    ///   does it run if the validity ran out before it could start
-    ///   ([`LockError::Lost`]).
-    /// - `f`'s own error, if it returned one. It comes first, even if the
-    ///   lock was also lost, because it says why the work stopped (often it
-    ///   is the lost-lock error from [`check`](LockGuard::check)), and the
-    ///   work is not reported as done either way.
-    /// - [`LockError::Lost`] if `f` returned `Ok` but the lock was lost at
-    ///   some moment while it ran (an extension was refused, or the validity
-    ///   ran out, for instance past the hold cap), or the release found it
-    ///   gone (or [`LockError::Panicked`], as [`LockGuard::check`] says).
-    ///   `f`'s value is dropped: the work may have overlapped another
-    ///   holder's, and must not be reported as done under the lock.
+    /// - What [`lock`](Self::lock) returns. `f` does not run then.
+    /// - `f`'s own error. It comes first, even if the lock was also lost: it
+    ///   says why the work stopped.
+    /// - [`LockError::Lost`] if `f` returned `Ok`, but the lock was lost
+    ///   while it ran or the release found it gone. `f`'s value is dropped:
+    ///   the work may have overlapped another holder's. [`LockError::Panicked`]
+    ///   replaces `Lost` as for [`check`](LockGuard::check).
     ///
-    /// A release that reaches too few nodes is not an error: the work was
-    /// done under a valid lock, and the keys left behind expire within
-    /// the TTL.
+    /// A release that reaches too few nodes is not an error. The keys left
+    /// behind expire within the TTL.
     ///
     /// # Panics
     ///
-    /// Only if `f` panics: the lock is released as the panic unwinds (with
-    /// `panic = "abort"`, the keys expire within the TTL instead).
+    /// If `f` panics, after releasing the lock. With `panic = "abort"`, the
+    /// keys expire within the TTL instead.
     pub fn with_lock<T, E, F>(
         &self,
         resources: impl IntoResources,
@@ -888,24 +620,8 @@ impl Redlock {
         run_locked(self.lock(resources, options), f)
     }
 
-    /// Like [`with_lock`](Self::with_lock), but one attempt only, as
-    /// [`try_acquire`](Self::try_acquire): no retry, so it returns at once
-    /// when another client holds the lock.
-    ///
-    /// ```no_run
-    /// # use std::time::Duration;
-    /// # use redlock_sync::{LockError, Redlock};
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// match locks.try_with_lock("job:17", Duration::from_secs(10), |guard| {
-    ///     guard.check()?;
-    ///     Ok::<_, LockError>("done") // run job 17
-    /// }) {
-    ///     Ok(outcome) => println!("job 17: {outcome}"),
-    ///     Err(LockError::Contended { .. }) => println!("another worker has job 17"),
-    ///     Err(e) => return Err(e),
-    /// }
-    /// # Ok::<(), LockError>(())
-    /// ```
+    /// Like [`with_lock`](Self::with_lock), but one attempt only: it returns
+    /// at once when another client holds the lock.
     ///
     /// # Errors
     ///
@@ -913,7 +629,7 @@ impl Redlock {
     ///
     /// # Panics
     ///
-    /// Only if `f` panics, after releasing the lock.
+    /// If `f` panics, after releasing the lock.
     pub fn try_with_lock<T, E, F>(
         &self,
         resources: impl IntoResources,
@@ -927,9 +643,8 @@ impl Redlock {
         run_locked(self.try_lock(resources, options), f)
     }
 
-    /// Acquires as `options` say (one attempt if `once`), and puts the lock
-    /// under a guard whose watchdog extends it by the TTL: `lock` and
-    /// `try_lock`.
+    /// Acquires per `options` and puts the lock under a guard: the body of
+    /// `lock` and `try_lock`.
     fn keep_alive(
         &self,
         resources: Vec<String>,
@@ -943,18 +658,15 @@ impl Redlock {
             client: self.clone(),
         };
         let due = lease.due(&mut lease.state());
-        // Out of validity already, or no watchdog: no guard (its drop
-        // releases).
+        // Out of validity already, or no watchdog: no guard (its drop releases).
         let due = due.ok_or_else(|| lease.lost())?;
         let watched = self.watchdog().add(self, (due, lease, lock));
         watched.map(|()| guard).map_err(LockError::Thread)
     }
 }
 
-/// Runs `f` under the guard that `locked` holds, then releases the lock:
-/// the body of every `with_lock*` call. `f`'s error comes first; then a
-/// lock lost at any moment; a release that reached too few nodes is not an
-/// error (the work was done under a valid lock).
+/// The body of every `with_lock*` call: `f` under the guard, then the
+/// release. `f`'s error comes first, then a loss.
 fn run_locked<T, E, F>(locked: Result<LockGuard, LockError>, f: F) -> Result<T, E>
 where
     F: FnOnce(&LockGuard) -> Result<T, E>,

@@ -1,6 +1,5 @@
-//! `inspect`: a read-only look at what each node holds for a resource, and
-//! what a quorum of them says. One round of one read-only script, through
-//! the client's own connections and checks.
+//! `inspect`: a read-only look at what each node holds for a resource, in
+//! one round of one read-only script.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,9 +9,8 @@ use crate::error::{ArgumentError, LockError, NodeError, NodeOutcome};
 use crate::kind::fence_keys;
 use crate::script::{Command, Script};
 
-/// Reads the lock key, its time left and the fencing counter; writes
-/// nothing. Its bit is none: it always goes as `EVAL`, and is never loaded
-/// with the lock scripts.
+/// Reads the lock key, its time left and the fencing counter. It has no bit:
+/// it always goes as `EVAL`, and is never loaded with the lock scripts.
 const INSPECT: Script = Script {
     bit: 0,
     body: "return {redis.call('get', KEYS[1]) or '', redis.call('pttl', KEYS[1]), redis.call('get', KEYS[2]) or ''}",
@@ -23,18 +21,8 @@ const INSPECT: Script = Script {
 /// enough to tell holders apart, too few to release the lock with.
 const SHOWN: usize = 8;
 
-/// What [`Redlock::inspect`] found: what each node holds, and the verdict
-/// of a quorum ([`verdict`](Self::verdict)).
-///
-/// ```no_run
-/// # use redlock_sync::{Redlock, Verdict};
-/// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-/// let seen = locks.inspect("invoice:42")?;
-/// if let Verdict::Held { token, .. } = seen.verdict() {
-///     println!("held by {token}…");
-/// }
-/// # Ok::<(), redlock_sync::LockError>(())
-/// ```
+/// What [`Redlock::inspect`] found: each node's view, and a quorum's
+/// [`verdict`](Self::verdict).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Inspection {
@@ -47,15 +35,6 @@ pub struct Inspection {
 }
 
 /// What one node holds for the resource.
-///
-/// ```no_run
-/// # use redlock_sync::Redlock;
-/// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-/// for view in locks.inspect("invoice:42")?.nodes {
-///     println!("{}: {:?}, fence {:?}", view.node, view.holding, view.fence);
-/// }
-/// # Ok::<(), redlock_sync::LockError>(())
-/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct NodeView {
@@ -87,31 +66,20 @@ pub struct NodeView {
 pub enum Holding {
     /// No key.
     Free,
-    /// A key: the first 8 characters of the holder's token, and its time
-    /// left (`None`: it never expires, not a key this crate sets).
+    /// A key: the holder's token, shortened, and its time left. `None`: the
+    /// key never expires, so this crate did not set it.
     Held {
         /// The token's first 8 characters.
         token: String,
         /// The key's time left.
         ttl: Option<Duration>,
     },
-    /// The node did not answer (timed out, failed, or does not vote: the
-    /// same server as another node, or restarted within the grace).
+    /// The node did not answer, or does not vote: the same server as another
+    /// node, or restarted within the grace.
     Unknown(NodeOutcome),
 }
 
 /// What a quorum of nodes says.
-///
-/// ```no_run
-/// # use redlock_sync::{Redlock, Verdict};
-/// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-/// match locks.inspect("invoice:42")?.verdict() {
-///     Verdict::Held { token, nodes } => println!("held by {token}… on {nodes} nodes"),
-///     Verdict::Free => println!("free"),
-///     _ => println!("too few nodes answered to tell"),
-/// }
-/// # Ok::<(), redlock_sync::LockError>(())
-/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Verdict {
@@ -122,26 +90,15 @@ pub enum Verdict {
         /// On how many nodes.
         nodes: usize,
     },
-    /// No token is on a quorum, nor can be on the nodes that did not
-    /// answer.
+    /// No token is on a quorum, nor can be with the nodes that did not answer.
     Free,
     /// Too few nodes answered to tell.
     Unknown,
 }
 
 impl Inspection {
-    /// Held by one token (on a quorum of nodes), free (no token can be on
-    /// a quorum, counting the nodes that did not answer as holding it), or
-    /// unknown.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::{Redlock, Verdict};
-    /// # use std::time::Duration;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// let lock = locks.acquire("invoice:42", Duration::from_secs(10))?;
-    /// assert!(matches!(locks.inspect("invoice:42")?.verdict(), Verdict::Held { .. }));
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
+    /// Held by one token on a quorum, or else free if no token can be on a
+    /// quorum, else unknown. Free counts the silent nodes as holding it.
     pub fn verdict(&self) -> Verdict {
         let tokens = self.nodes.iter().filter_map(|n| match &n.holding {
             Holding::Held { token, .. } => Some(token),
@@ -164,22 +121,10 @@ impl Inspection {
 }
 
 impl Redlock {
-    /// Looks, without writing anything, at what each node holds for
-    /// `resource`: held (by which token, its first 8 characters, and for
-    /// how long) or free, or why the node did not answer; and what a quorum
-    /// says ([`Inspection::verdict`]). One round through the client's own
-    /// connections, with all its checks: a server named by two URLs
-    /// answers once, a node within its restart grace does not count, and
-    /// a node that does not answer within `io_timeout` is unknown.
-    ///
-    /// ```no_run
-    /// # use redlock_sync::Redlock;
-    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// for node in locks.inspect("invoice:42")?.nodes {
-    ///     println!("{}: {:?}", node.node, node.holding);
-    /// }
-    /// # Ok::<(), redlock_sync::LockError>(())
-    /// ```
+    /// Reads, without writing, what each node holds for `resource`, and what
+    /// a quorum says ([`Inspection::verdict`]). The round goes through the
+    /// client's own connections and checks. A node within its restart grace
+    /// does not count, and one that does not answer is unknown.
     ///
     /// # Errors
     ///

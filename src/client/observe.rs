@@ -1,9 +1,6 @@
-//! What the observer hears: change, not every round. A node's failure
-//! when it starts and when the node answers again, an operation's failed
-//! rounds when they start failing (or fail otherwise) and when they end,
-//! each with a count ([`Failures`], and [`NodesSeen`] for the nodes). The
-//! observer, like all user code the client calls, runs under
-//! `catch_unwind` ([`caught`]).
+//! What the observer hears: changes, not rounds. A node fails, or answers
+//! again. An operation's failed rounds start, or end, with their count.
+//! The observer runs under `catch_unwind`, like all user code ([`caught`]).
 
 use std::mem::{self, Discriminant};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -28,10 +25,9 @@ pub(crate) fn caught<T>(f: impl FnOnce() -> T) -> Result<T, String> {
 #[derive(Default)]
 pub(crate) struct NodesSeen(Mutex<Vec<u32>>);
 
-/// The failed rounds of one operation in a row, as its observer is told
-/// of them: the first, and one that fails for another reason than the
-/// last (another error variant), each with the count so far; the count
-/// goes with the event that ends the run.
+/// One operation's failed rounds in a row. The observer hears of the first,
+/// and of each that fails for another reason. The event that ends the run
+/// carries the count.
 #[derive(Debug, Default)]
 pub(crate) struct Failures {
     count: u32,
@@ -70,14 +66,10 @@ impl Redlock {
         self.observe_counted(Some(what), ids, (attempt, 0), outcome);
     }
 
-    /// Tells the observer, if any, about a round on `resources` by
-    /// `token`, the operation's attempt number and failed rounds so far
-    /// being `counts`, that ended in `outcome`: first each node whose state
-    /// changed (it failed after answering, or answered after failing) or
-    /// that re-took the key, then the round's outcome as `what`, if the
-    /// round is to be told. Every round the nodes answer comes here, told or
-    /// not: the nodes' state is kept on all of them. A panic in the
-    /// observer is caught.
+    /// Tells the observer, if any, of a round on `resources` by `token` that
+    /// ended in `outcome`. First each node whose state changed or that
+    /// re-took the key, then `what`, if any. Every round comes here, told or
+    /// not, to keep the nodes' state.
     pub(crate) fn observe_counted(
         &self,
         what: Option<What>,
@@ -123,9 +115,8 @@ impl Redlock {
 }
 
 impl NodesSeen {
-    /// The nodes of a round whose state changed for the observer, with
-    /// what to tell and the rounds they failed; and those that re-took
-    /// the key.
+    /// The nodes whose state changed for the observer, and those that re-took
+    /// the key. Each comes with what to tell and its failed rounds.
     fn changes<'a>(&self, nodes: &'a [NodeReport]) -> Vec<(What, &'a NodeReport, u32)> {
         let mut down = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if down.len() < nodes.len() {

@@ -1,37 +1,16 @@
-//! One watchdog thread per client, which keeps every guard of that client
-//! alive, and one notifier thread, which runs the guards' loss callbacks:
-//! the only threads a client's guards cost, however many there are.
+//! One watchdog thread per client keeps its guards alive, and one notifier
+//! thread runs their loss callbacks.
 //!
-//! The watchdog starts with the first guard, holds the client weakly (the
-//! guards hold it strongly), and exits when the client is dropped or after
-//! [`IDLE`] with no guard. It sleeps until the earliest due extension; each
-//! guard's lease says when it is due next. Every guard due by then (up to
-//! [`MAX_BATCH`] a round) is extended in one round, whose script extends
-//! them all on each node ([`Redlock::extend_all`]; each guard's votes
-//! counted on their own): a guard that falls due while a round runs starts
-//! in the next one, so its extension starts at most one round
-//! (`connect_timeout` + `io_timeout`) after its point, however slow a node
-//! is (and one round more for each [`MAX_BATCH`] guards due at once). A
-//! failed extension is retried by the schedule, never by sleeping on
-//! the watchdog. A guard claims its part of a round under its lease's
-//! mutex, and a guard that is done claims none: none is written after its
-//! release starts (see `guard.rs`). (A round, the watchdog's as any
-//! other, connects several nodes that all need a new connection side by
-//! side on short-lived threads, and resolves host names on a helper: with
-//! the connections open, as while locks are held, it starts none.)
+//! The watchdog starts with the first guard and holds the client weakly. It
+//! exits when the client is dropped, or after [`IDLE`] with no guard. Each
+//! round extends every guard due by then, up to [`MAX_BATCH`]
+//! ([`Redlock::extend_all`]). So an extension starts at most one round after
+//! it is due, however slow a node is. A failed extension is rescheduled,
+//! never slept on.
 //!
-//! Loss callbacks run on the notifier thread, one at a time, each under
-//! `catch_unwind`, and only while their guard is not done: a callback that
-//! blocks delays the callbacks after it, never an extension, and none runs
-//! on the watchdog (where no notifier can start, the callbacks wait in the
-//! queue for the next try). The notifier starts with the first callback and
-//! exits when the client is dropped.
-//!
-//! User code is fenced off per lease: the retry policy's backoff, which
-//! the watchdog asks after a failed extension, ends only the lease whose
-//! turn it was if it panics (see `guard.rs`); a panic in the round
-//! that extends a batch ends the leases of that batch, each told, none
-//! dropped silently. The observer is called under `catch_unwind`.
+//! The notifier runs callbacks one at a time, each under `catch_unwind`.
+//! None runs on the watchdog. A panic in a batch's round ends that batch's
+//! leases, each told.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -46,23 +25,23 @@ use crate::lock::Lock;
 /// guard starts it again.
 const IDLE: Duration = Duration::from_secs(30);
 
-/// The most guards one round extends, so that one script call stays short
-/// on the nodes (each node runs it whole before anything else).
+/// The most guards one round extends. A node runs a script whole before
+/// anything else, so one call must stay short.
 const MAX_BATCH: usize = 1024;
 
 /// A callback to run on the notifier thread.
 pub(crate) type Job = Box<dyn FnOnce() + Send>;
 
 /// A client's watchdog and notifier: their schedule and queue, under one
-/// lock and one condition variable.
+/// lock.
 #[derive(Default)]
 pub(crate) struct Watchdog {
     schedule: Mutex<Schedule>,
     wake: Condvar,
 }
 
-/// A lease the watchdog keeps: when it is due next, the lease, and its
-/// lock as the watchdog's extensions measure it.
+/// A lease the watchdog keeps: when it is due next, the lease, and its lock
+/// as the extensions measure it.
 pub(crate) type Kept = (Instant, Arc<Lease>, Lock);
 
 #[derive(Default)]
@@ -83,8 +62,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Watchdog {
-    /// Puts `entry` under the watchdog of `client`; starts the watchdog if
-    /// it does not run.
+    /// Puts `entry` under the watchdog, and starts it if it does not run.
     pub(crate) fn add(self: &Arc<Self>, client: &Redlock, entry: Kept) -> std::io::Result<()> {
         let mut schedule = lock(&self.schedule);
         if !schedule.running {
@@ -105,9 +83,8 @@ impl Watchdog {
         self.wake.notify_all();
     }
 
-    /// Queues `job` for the notifier thread, and starts it if it does not
-    /// run. Where it cannot start, the job waits for the next call's try:
-    /// it never runs here.
+    /// Queues `job` for the notifier, and starts it if it does not run. If
+    /// it cannot start, the job waits for the next call: it never runs here.
     pub(crate) fn notify(self: &Arc<Self>, job: Job) {
         let mut schedule = lock(&self.schedule);
         schedule.notices.push_back(job);
@@ -119,8 +96,8 @@ impl Watchdog {
         self.wake.notify_all();
     }
 
-    /// The notifier: runs the queued jobs one at a time, a panic in each
-    /// caught; exits once the client is gone and the queue is empty.
+    /// The notifier: runs the queued jobs one at a time, catching panics. It
+    /// exits once the client is gone and the queue is empty.
     fn notifier(&self) {
         loop {
             let waiting = |s: &mut Schedule| s.notices.is_empty() && !s.closed;
@@ -134,8 +111,8 @@ impl Watchdog {
         }
     }
 
-    /// The watchdog: waits for the next due leases, steps them, puts them
-    /// back with their next due time.
+    /// The watchdog: extends the due leases, and puts them back by their
+    /// next due time.
     fn run(&self, weak: &WeakRedlock) {
         // The client is upgraded for one turn at a time: while the
         // watchdog waits, it does not keep its client alive.
@@ -145,8 +122,8 @@ impl Watchdog {
         }
     }
 
-    /// Waits until some leases are due, and takes them out of the
-    /// schedule; `None` once closed or idle (the watchdog exits).
+    /// Waits until some leases are due, and takes them out of the schedule.
+    /// `None` once closed or idle: the watchdog exits.
     fn next_batch(&self) -> Option<Vec<Kept>> {
         let (mut schedule, mut idle) = (lock(&self.schedule), false);
         loop {
@@ -177,9 +154,8 @@ impl Watchdog {
     }
 }
 
-/// Steps every lease of `batch`: extends in one round those that claim
-/// an extension; returns the leases that stay, with their next due time.
-/// A panic in the round ends the leases it extended, each told.
+/// Steps the leases of `batch`, extending in one round those that claim an
+/// extension. Returns the leases that stay, by their next due time.
 fn step_all(client: &Redlock, batch: Vec<Kept>) -> Vec<Kept> {
     let (mut kept, mut claimed) = (Vec::new(), Vec::new());
     for (_, lease, lock) in batch {
