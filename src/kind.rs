@@ -14,7 +14,7 @@ use crate::token::Token;
 /// A counter never expires: it must outlive every lock to keep tokens
 /// rising. It costs one small key per resource ever locked with
 /// [`Kind::Fenced`]. The prefix is reserved: locking a name under it fails
-/// with [`ArgumentError::ReservedResource`](crate::ArgumentError::ReservedResource).
+/// with [`ArgumentError::ReservedResource`].
 /// Deleting a counter is safe, given the clock caveats in [`Kind`].
 ///
 /// ```

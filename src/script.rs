@@ -142,10 +142,10 @@ pub(crate) const ACQUIRE_MANY: Script = Script {
     sha: "593a40f397e4a826c82cc7adb7cc44d68ccec191",
 };
 
-/// Fenced acquisition, round one. If the lock key (KEYS[1]) is taken, it
+/// Fenced acquisition, round one. If the lock key (`KEYS[1]`) is taken, it
 /// returns 0 and writes nothing. Otherwise it raises the fencing counter
-/// (KEYS[2]) to `max(counter + 1, node clock in µs)`. It sets the lock to
-/// our token (ARGV[1]) for ARGV[2] ms, and returns the counter. A counter
+/// (`KEYS[2]`) to `max(counter + 1, node clock in µs)`. It sets the lock to
+/// our token (`ARGV[1]`) for `ARGV[2]` ms, and returns the counter. A counter
 /// that is not a number fails before the lock is set. The counter never
 /// expires. One at 2^53 or above, where Lua loses precision, is refused.
 pub(crate) const FENCE_ACQUIRE: Script = Script {
@@ -168,8 +168,8 @@ pub(crate) const FENCE_ACQUIRE: Script = Script {
     sha: "f39ef435254ddb2cde2e278c131f430e536ecba4",
 };
 
-/// Fenced acquisition, round two. If KEYS[1] still holds our token
-/// (ARGV[1]), it raises the counter KEYS[2] to at least ARGV[2]. It then
+/// Fenced acquisition, round two. If `KEYS[1]` still holds our token
+/// (`ARGV[1]`), it raises the counter `KEYS[2]` to at least `ARGV[2]`. It then
 /// returns 1; otherwise it writes nothing and returns 0.
 pub(crate) const FENCE_CONFIRM: Script = Script {
     bit: 128,
