@@ -111,9 +111,9 @@ pub enum LockError {
 
     /// Too few nodes are left for a quorum without those that failed for
     /// good ([`NodeError::is_permanent`]). Each of those refused the
-    /// credentials, lacks an ACL permission, failed TLS, or names a host that
-    /// does not exist.
-    /// Every wait ends at once with it, whatever its patience.
+    /// credentials, lacks an ACL permission, failed TLS, or names a host
+    /// that does not exist. Every wait ends at once with it, whatever its
+    /// patience.
     #[error("too few nodes can serve `{resource}`: {}", Failed(report.unusable().collect()))]
     #[non_exhaustive]
     Unusable {
@@ -555,8 +555,8 @@ impl NodeError {
         match self {
             NodeError::Auth { .. } => true,
             NodeError::Server(text) => text.starts_with("NOPERM"),
-            // TLS reports these as handshake I/O errors; a handshake cut
-            // short, which a restart can cause, is not permanent.
+            // A refused certificate or no crypto provider, which TLS reports
+            // as I/O errors; not a handshake cut short, as a restart can do.
             NodeError::Connect(text) | NodeError::Io(text)
                 if text.contains("certificate") || text.contains("crypto provider") =>
             {

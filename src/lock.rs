@@ -11,8 +11,9 @@ use crate::token::Token;
 ///
 /// [`Redlock::release`](crate::Redlock::release) consumes it. Dropping it
 /// does not release it: others wait until the TTL runs out. Hence
-/// `#[must_use]`. For a lock released at the end of its scope, and kept
-/// alive meanwhile, use [`Redlock::lock`](crate::Redlock::lock).
+/// `#[must_use]`: `locks.acquire(..)?;` alone warns. For a lock released at
+/// the end of its scope, and kept alive meanwhile, use
+/// [`Redlock::lock`](crate::Redlock::lock).
 ///
 /// ```no_run
 /// # use redlock_sync::Redlock;

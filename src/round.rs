@@ -1,5 +1,6 @@
 //! One multiplexed round. It writes the same command to every node, then
-//! reads the replies against one deadline, until the caller says decided.
+//! reads the replies against one deadline, until the caller says it is
+//! decided.
 //!
 //! A round knows connections and deadlines, not what a reply means: the
 //! caller's `decided` callback counts.

@@ -63,7 +63,7 @@ impl Token {
     /// The 40 hex characters that go on the wire (and that `Display` shows).
     pub(crate) fn hex(&self) -> [u8; 2 * TOKEN_BYTES] {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        // Digit `i` is the high half of byte `i / 2` if `i` is even.
+        // Digit `i` is byte `i / 2`'s high half if `i` is even, else its low.
         std::array::from_fn(|i| DIGITS[usize::from((self.0[i / 2] >> (4 * (1 - i % 2))) & 0x0f)])
     }
 }

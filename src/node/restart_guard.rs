@@ -30,8 +30,8 @@ pub(crate) struct Seen(Mutex<(Option<String>, Option<Instant>)>);
 ///
 /// `uptime_in_seconds` is the difference of two whole-second readings of
 /// the node's clock. So a node reporting `u` has been up more than `u - 1`
-/// seconds, maybe not much more. That lower bound meets the grace, erring
-/// on the side of refusing.
+/// seconds, maybe not much more. That lower bound is compared with the
+/// grace, erring on the side of refusing.
 ///
 /// The node's clock may be stepped after it started (time sync after a bad
 /// boot clock), and its uptime jumps. So a restart seen here keeps the node
