@@ -225,8 +225,7 @@ pub enum Loss {
     /// Another client's token held the key on this many nodes.
     #[error("another token held it on {0} node(s)")]
     Taken(usize),
-    /// The key was gone, or changed, on this many nodes: a restart, a
-    /// flush, eviction, or expiry.
+    /// The key was gone, or changed, on this many nodes: a restart, a flush, eviction, or expiry.
     #[error("its key was gone from {0} node(s)")]
     Gone(usize),
 }
@@ -357,8 +356,7 @@ pub enum ArgumentError {
     #[error(transparent)]
     Token(#[from] ParseTokenError),
 
-    /// A fenced lock was asked for over several resources; a fencing token
-    /// covers one.
+    /// A fenced lock was asked for over several resources; a fencing token covers one.
     #[error("a fenced lock covers one resource; lock the others with a plain lock, or fence each on its own")]
     FencedMany,
 
@@ -393,8 +391,7 @@ pub enum ArgumentError {
 /// # Ok::<(), redlock_sync::LockError>(())
 /// ```
 pub enum NodeOutcome {
-    /// The node did what was asked: it set the key, or found our token and
-    /// extended or deleted it.
+    /// The node did what was asked: it set the key, or found our token and extended or deleted it.
     Granted,
     /// The node answered no: another client holds the key (acquire), or our
     /// token was not there (extend, release).
@@ -699,8 +696,7 @@ fn reason(node: &NodeReport) -> Option<String> {
     }
 }
 
-/// A string that is not a token: a token is exactly 40 lowercase hex
-/// characters (`0-9`, `a-f`).
+/// A string that is not a token: a token is exactly 40 lowercase hex characters (`0-9`, `a-f`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("a token is 40 lowercase hex characters (0-9, a-f): {problem}")]
 /// ```
@@ -720,8 +716,7 @@ pub(crate) fn server_error_text(e: &redis::ServerError) -> String {
     }
 }
 
-/// Why an exchange with a node produced no reply. A round turns it into a
-/// [`NodeOutcome`].
+/// Why an exchange with a node produced no reply. A round turns it into a [`NodeOutcome`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Failure {
     /// The round's deadline passed first.

@@ -28,32 +28,26 @@ use crate::error::{LockError, NodeOutcome};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum What {
-    /// An attempt won the lock ([`Event::failures`]: the rounds that
-    /// failed before it).
+    /// An attempt won the lock ([`Event::failures`]: the rounds that failed before it).
     Acquired,
     /// An acquisition found the lock held, and waits to try again.
     Contended,
-    /// An acquisition failed otherwise (too few nodes answered, too slow),
-    /// and waits to try again.
+    /// An acquisition failed otherwise (too few nodes answered, too slow), and waits to try again.
     AttemptFailed,
     /// An acquisition gave up ([`Event::error`] is what it returns).
     GaveUp,
-    /// A node that had been answering failed or timed out
-    /// ([`Event::node`] says which).
+    /// A node that had been answering failed or timed out ([`Event::node`] says which).
     NodeFailed,
     /// A node answered again ([`Event::failures`]: the rounds it had failed).
     NodeRecovered,
-    /// An extension succeeded ([`Event::failures`]: the rounds that
-    /// failed before it).
+    /// An extension succeeded ([`Event::failures`]: the rounds that failed before it).
     Extended,
     /// An extension set the key again on a node that had lost it
     /// ([`Event::node`]; see [`Redlock::extend`](crate::Redlock::extend)).
     Retook,
-    /// A guard's extensions started failing; its watchdog retries them
-    /// while validity is left.
+    /// A guard's extensions started failing; its watchdog retries them while validity is left.
     ExtendFailed,
-    /// A guard's lock is lost, or its guard released it
-    /// ([`LockError::Panicked`]).
+    /// A guard's lock is lost, or its guard released it ([`LockError::Panicked`]).
     Lost,
     /// A release round ended ([`Event::error`] says if it failed).
     Released,

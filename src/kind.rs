@@ -138,8 +138,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// Checks the resources: some, none empty, none twice, and one only
-    /// for a fenced lock.
+    /// Checks the resources: some, none empty, none twice, and one only for a fenced lock.
     pub(crate) fn check(self, resources: &[String]) -> Result<(), ArgumentError> {
         if resources.is_empty() {
             return Err(ArgumentError::NoResources);
@@ -171,8 +170,7 @@ impl Kind {
         nodes / 2 + 1
     }
 
-    /// Whether an acquisition takes two rounds, the second confirming the
-    /// first's fencing token.
+    /// Whether an acquisition takes two rounds, the second confirming the first's fencing token.
     pub(crate) fn confirms(self) -> bool {
         self == Kind::Fenced
     }
@@ -282,8 +280,7 @@ pub(crate) fn extend_vote(value: &Value) -> Result<(bool, u64), &Value> {
     }
 }
 
-/// A release's reply as a vote: granted if it deleted all `resources`
-/// keys.
+/// A release's reply as a vote: granted if it deleted all `resources` keys.
 pub(crate) fn release_vote(resources: usize) -> impl Fn(&Value) -> Result<(bool, u64), &Value> {
     let wanted = resources as i64;
     move |value| match value {

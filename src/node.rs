@@ -78,8 +78,7 @@ impl Node {
         }
     }
 
-    /// The node's address for people: `host:port`, `tls host:port`, or the
-    /// socket path.
+    /// The node's address for people: `host:port`, `tls host:port`, or the socket path.
     pub(crate) fn name(&self) -> &Arc<str> {
         &self.connector.endpoint.name
     }

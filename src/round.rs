@@ -62,8 +62,7 @@ pub(crate) fn run(
     for (i, queued) in turn.queue(cmd, &connected, connecting.is_empty()) {
         round.record(i, queued.and(Err(Failure::NotAwaited)));
     }
-    // Connect the others side by side: one hung connect must not use up
-    // the others' time.
+    // Connect the others side by side: one hung connect must not use up the others' time.
     let connect = |i: usize| nodes[i].submit(cmd, bounds, false);
     for (i, sent) in side_by_side(&connecting, connect) {
         sent.iter().for_each(|&ticket| turn.sent(i, ticket));
@@ -98,8 +97,7 @@ struct Round<D> {
     decided: D,
     /// `decided` returned true: stop waiting for replies.
     done: bool,
-    /// The fewest results that can decide the round; then how many
-    /// `decided` has counted.
+    /// The fewest results that can decide the round; then how many `decided` has counted.
     to_decide: usize,
     counted: usize,
     /// The nodes whose command went once more, on a new connection.
@@ -111,15 +109,13 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<D> {
     /// none is left. The nodes not read stay in `pending`.
     fn read_until_decided(&mut self, turn: &mut Turn, cmd: &Command, pending: &mut Vec<usize>) {
         while !pending.is_empty() && !self.done {
-            // Take what needs no sleep: a stored reply, or a connection
-            // nobody else reads.
+            // Take what needs no sleep: a stored reply, or a connection nobody else reads.
             let before = pending.len();
             let mut k = 0;
             while k < pending.len() && !self.done {
                 let i = pending[k];
                 match turn.poll(i, cmd) {
-                    // A closed connection (the node restarted): send once
-                    // more, on a new one.
+                    // A closed connection (the node restarted): send once more, on a new one.
                     Some(Err(Failure::Error(NodeError::Io(e)))) if !self.resent[i] => {
                         self.resent[i] = true;
                         match turn.resend(i, cmd, Failure::Error(NodeError::Io(e))) {
@@ -152,8 +148,7 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<D> {
     }
 }
 
-/// The nodes for which `ask` is true: those that must connect first, and
-/// the others.
+/// The nodes for which `ask` is true: those that must connect first, and the others.
 fn by_connect(nodes: &[Node], ask: impl Fn(usize) -> bool) -> (Vec<usize>, Vec<usize>) {
     (0..nodes.len())
         .filter(|&i| ask(i))

@@ -1,10 +1,8 @@
-//! Time helpers: a checked TTL, a deadline that never overflows, a random
-//! pause.
+//! Time helpers: a checked TTL, a deadline that never overflows, a random pause.
 
 use std::time::{Duration, Instant};
 
-/// `t + d`, or a year after `t` where that overflows (a `Duration::MAX`
-/// delay, budget or TTL).
+/// `t + d`, or a year after `t` where that overflows (a `Duration::MAX` delay, budget or TTL).
 pub(crate) fn later(t: Instant, d: Duration) -> Instant {
     t.checked_add(d)
         .unwrap_or_else(|| t + Duration::from_secs(365 * 86_400))
@@ -16,8 +14,7 @@ pub(crate) fn random_below(bound: Duration) -> Duration {
     Duration::from_nanos(getrandom::u64().unwrap_or(0) % nanos)
 }
 
-/// A checked TTL in whole milliseconds, Redis' unit. Validity is measured
-/// on it too.
+/// A checked TTL in whole milliseconds, Redis' unit. Validity is measured on it too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Ttl(u64);
 

@@ -59,8 +59,7 @@ const WAKE_SPREAD: Duration = Duration::from_micros(500);
 /// The waiting threads of one client, and its line.
 pub(crate) struct Waiters {
     state: Mutex<Waiting>,
-    /// Signalled when a waiter wakes, the reader or the line frees up, or a
-    /// line opens.
+    /// Signalled when a waiter wakes, the reader or the line frees up, or a line opens.
     changed: Condvar,
     /// Whether there is a line or a waiter; if not, fast paths take no lock.
     active: AtomicBool,
@@ -115,8 +114,7 @@ struct Hints {
     nodes: usize,
     waiters: Vec<Waiter>,
     next_id: u64,
-    /// The resources the line listens (or asked to) for, with when a waiter
-    /// last came or left.
+    /// The resources the line listens (or asked to) for, with when a waiter last came or left.
     channels: HashMap<String, Instant>,
     line: LineState,
     /// When the line was last heard, and when its owed answer is overdue.
@@ -243,8 +241,7 @@ impl Waiters {
         self.changed.notify_all();
     }
 
-    /// Reads the line outside the lock, until `until` at most, and records
-    /// what it heard.
+    /// Reads the line outside the lock, until `until` at most, and records what it heard.
     fn read<'a>(
         &'a self,
         st: MutexGuard<'a, Waiting>,
@@ -307,8 +304,7 @@ impl Waiters {
         st
     }
 
-    /// Adds a waiter for `resources`, sends what the line needs, and returns
-    /// its id.
+    /// Adds a waiter for `resources`, sends what the line needs, and returns its id.
     fn register(&self, st: &mut Waiting, resources: &[String], now: Instant) -> u64 {
         let (id, out) = st.hints.register(resources, now, self.io_timeout);
         self.send(st, &out, now);
@@ -431,8 +427,7 @@ impl Hints {
         woken.map(|w| w.woken = Some(why)).count() > 0
     }
 
-    /// This client released `resources`: wakes one waiter of each. Returns
-    /// whether it woke any.
+    /// This client released `resources`: wakes one waiter of each. Returns whether it woke any.
     fn released_here(&mut self, resources: &[String]) -> bool {
         let woke = (resources.iter()).filter(|r| self.wake(r, Wake::ReleasedHere, false));
         woke.count() > 0

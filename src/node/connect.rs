@@ -168,8 +168,7 @@ impl Connector {
         .map_err(connect_failure)
     }
 
-    /// Resolves the node's host name, then connects to its addresses in
-    /// turn, all within `limit`.
+    /// Resolves the node's host name, then connects to its addresses in turn, all within `limit`.
     fn connect_resolved(&self, resolver: &Resolver, limit: Duration) -> Result<Stream, Failure> {
         let start = Instant::now();
         let addrs = resolver.resolve(limit)?;

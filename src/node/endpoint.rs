@@ -14,8 +14,7 @@ use crate::script;
 
 /// A parsed node URL.
 pub(crate) struct Endpoint {
-    /// `host:port`, `tls host:port`, or the socket path; never the
-    /// password.
+    /// `host:port`, `tls host:port`, or the socket path; never the password.
     pub(crate) name: Arc<str>,
     /// What makes two nodes the same server: the address without the db.
     pub(crate) identity: String,

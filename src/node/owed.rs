@@ -33,8 +33,7 @@ struct Debt {
     bytes: Vec<u8>,
 }
 
-/// The clean-ups due on a new connection: their packed commands, and
-/// which entries they are.
+/// The clean-ups due on a new connection: their packed commands, and which entries they are.
 #[derive(Default)]
 pub(super) struct Due {
     pub(super) bytes: Vec<u8>,

@@ -40,8 +40,7 @@ pub(crate) struct Pace {
 }
 
 impl Pace {
-    /// One more thread will queue commands soon. Returns true if no other
-    /// thread was awake.
+    /// One more thread will queue commands soon. Returns true if no other thread was awake.
     pub(crate) fn hold(&self) -> bool {
         self.awake.fetch_add(1, Ordering::AcqRel) == 0
     }

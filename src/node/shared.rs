@@ -83,8 +83,7 @@ const AWAKE_REPLY: u8 = 1;
 const AWAKE_OTHER: u8 = 2;
 
 impl Sleeper {
-    /// A waiter for this thread, woken once `need` (at least one) of its
-    /// replies are stored.
+    /// A waiter for this thread, woken once `need` (at least one) of its replies are stored.
     pub(crate) fn new(need: usize) -> Arc<Sleeper> {
         Arc::new(Sleeper {
             thread: thread::current(),
@@ -115,14 +114,12 @@ impl Sleeper {
     }
 }
 
-/// Everything behind a node's mutex: this epoch's connection, and what
-/// outlives it.
+/// Everything behind a node's mutex: this epoch's connection, and what outlives it.
 #[derive(Default)]
 struct Link {
     /// Bumped whenever the connection is dropped.
     epoch: u64,
-    /// The connection of this epoch (none open yet, if nobody holds or
-    /// left a writer).
+    /// The connection of this epoch (none open yet, if nobody holds or left a writer).
     conn: Connection,
     /// Why the last epoch ended.
     ended: Option<(u64, Failure)>,
@@ -175,8 +172,7 @@ struct Connection {
     reader: Option<Reader>,
     /// A thread is writing (it has taken `writer`, or is connecting).
     writing: bool,
-    /// A thread is reading (it has taken `reader`, or on an unsplit
-    /// connection `writer`).
+    /// A thread is reading (it has taken `reader`, or on an unsplit connection `writer`).
     reading: bool,
     /// Bits of the scripts known to be cached on this connection's server.
     scripts: u8,
@@ -194,8 +190,7 @@ struct Connection {
     /// stopped waiting, so its reply is discarded. Never replayed: a command
     /// sent again could land behind a later one of ours and undo it.
     abandoned: VecDeque<bool>,
-    /// Requests whose threads still want the reply (not read, not
-    /// abandoned).
+    /// Requests whose threads still want the reply (not read, not abandoned).
     live: u64,
 }
 
@@ -461,8 +456,7 @@ impl Shared {
             let sent = w.send(&out, bounds.deadline);
             link = self.lock();
             if link.epoch != epoch {
-                // The reader ended the connection meanwhile: what was just
-                // written failed with it.
+                // The reader ended the connection meanwhile: what was just written failed with it.
                 return link;
             }
             if let Err(failure) = sent {

@@ -17,8 +17,7 @@ use super::transport::{failure, Reader, Writer};
 use crate::error::Failure;
 use crate::script::{pack, RELEASED_CHANNEL_PREFIX};
 
-/// Writes subscription commands. Their answers come through the
-/// [`Listener`], in order.
+/// Writes subscription commands. Their answers come through the [`Listener`], in order.
 pub(crate) struct Sender(Writer);
 
 /// Reads what the server pushes on a subscription connection.

@@ -52,7 +52,6 @@ pub(crate) mod counts {
 /// per read.
 const TIMEOUT_SLACK: Duration = Duration::from_micros(500);
 
-/// A socket of ours.
 /// Runs `$body` with `$s` bound to `$stream`'s socket, of either kind.
 macro_rules! on_socket {
     ($stream:expr, $s:ident => $body:expr) => {
@@ -64,6 +63,7 @@ macro_rules! on_socket {
     };
 }
 
+/// A socket of ours.
 pub(crate) enum Stream {
     Tcp(TcpStream),
     #[cfg(unix)]
@@ -279,8 +279,7 @@ impl Reader {
                     )));
                 }
                 Ok(n) => self.end += n,
-                // A signal: with a socket timeout set, the OS does not
-                // restart the read by itself.
+                // A signal: with a socket timeout set, the OS does not restart the read by itself.
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     let failure = failure(e);
@@ -398,8 +397,7 @@ fn refresh<E>(
     Ok(())
 }
 
-/// What a failed read or write means for the round: a timeout, or an
-/// error.
+/// What a failed read or write means for the round: a timeout, or an error.
 pub(crate) fn failure(e: impl Into<redis::RedisError>) -> Failure {
     failure_as(e.into(), NodeError::Io)
 }
