@@ -4,40 +4,35 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Everything that can go wrong when building a [`Redlock`](crate::Redlock)
-/// or running one of its operations.
+/// Everything that can go wrong building a [`Redlock`](crate::Redlock) or
+/// running one of its operations.
 ///
 /// Match on the variant to decide what to do:
 ///
 /// | variant | what happened | what to do |
 /// |---|---|---|
-/// | [`Config`](Self::Config) | the client's configuration is invalid | fix the configuration |
-/// | [`Argument`](Self::Argument) | an argument of the call is invalid | fix the call |
-/// | [`Contended`](Self::Contended) | another client holds the lock | wait and try again, or give up |
+/// | [`Config`](Self::Config) | the configuration is invalid | fix it |
+/// | [`Argument`](Self::Argument) | an argument is invalid | fix the call |
+/// | [`Contended`](Self::Contended) | another client holds the lock | wait and retry, or give up |
 /// | [`NoQuorum`](Self::NoQuorum) | too few nodes answered to decide | check the nodes in the report |
-/// | [`TooSlow`](Self::TooSlow) | a quorum agreed, but no validity was left | use a longer TTL |
-/// | [`Lost`](Self::Lost) | the lock had expired or was taken | assume your critical section may have overlapped another's |
-/// | [`Unusable`](Self::Unusable) | too few nodes can serve this client at all | fix the nodes named (URL, password, ACL, TLS, host name) |
-/// | [`Cancelled`](Self::Cancelled) | the call's [`Cancel`](crate::Cancel) was cancelled | stop, as whoever cancelled asked |
+/// | [`TooSlow`](Self::TooSlow) | a quorum agreed, with no validity left | use a longer TTL |
+/// | [`Lost`](Self::Lost) | the lock expired or was taken | assume your work may have overlapped another's |
+/// | [`Unusable`](Self::Unusable) | too few nodes can serve this client at all | fix the nodes named (URL, password, ACL, TLS, host) |
+/// | [`Cancelled`](Self::Cancelled) | the call's [`Cancel`](crate::Cancel) fired | stop |
 /// | [`Random`](Self::Random) | the OS random source failed | retry; check the system |
-/// | [`Thread`](Self::Thread) | no thread for the watchdog of `with_lock` or `lock` | retry; check the system's thread limits |
-/// | [`Panicked`](Self::Panicked) | code run for a guard on the watchdog (the retry policy's backoff) panicked: the guard released its lock | fix that code; the work stopped being protected |
+/// | [`Thread`](Self::Thread) | no thread for the watchdog | retry; check the thread limits |
+/// | [`Panicked`](Self::Panicked) | the backoff panicked on the watchdog; the lock was released | fix the backoff; the work is unprotected |
 ///
-/// Every variant that comes from talking to the nodes carries a [`Report`]
-/// of the last round: what each node answered and how long it took. These
-/// variants (and [`NodeError`]'s with fields) are `#[non_exhaustive]`, so
-/// that a later version may tell more: match them with `{ field, .. }`.
-/// The errors about input ([`ConfigError`], [`ArgumentError`]) compare
-/// with `==` and can be built, to check them in tests.
+/// Variants from talking to nodes carry a [`Report`] of the last round.
+/// They are `#[non_exhaustive]`, as are [`NodeError`]'s with fields: match
+/// them with `{ field, .. }`. [`ConfigError`] and [`ArgumentError`] compare
+/// with `==` and can be built in tests.
 ///
-/// The errors of this crate say everything in their `Display` message,
-/// causes included (a wrapped [`ConfigError`], the OS error), and return no
-/// [`source`](std::error::Error::source): printing the message is enough,
-/// and a report that walks the chain shows nothing twice. The cause is
-/// still there to match on, in the variant.
+/// Each `Display` message includes its causes, and
+/// [`source`](std::error::Error::source) returns `None`. So a report that
+/// walks the chain shows nothing twice. The cause is still in the variant.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-///
 /// ```no_run
 /// # use std::time::Duration;
 /// use redlock_sync::{LockError, Redlock};
@@ -60,8 +55,8 @@ pub enum LockError {
     #[error("invalid argument: {0}")]
     Argument(ArgumentError),
 
-    /// The lock is held by another client: the last round reached enough
-    /// nodes to decide, and too few of them granted it.
+    /// Another client holds the lock: the last round reached enough nodes
+    /// to decide, and too few granted.
     #[error("`{resource}` is held by another client after {attempts} attempt(s): {report}")]
     #[non_exhaustive]
     Contended {
@@ -86,9 +81,9 @@ pub enum LockError {
         report: Report,
     },
 
-    /// A quorum granted the lock, but the round took so long that no
-    /// validity was left (`elapsed + drift >= ttl`). Use a longer TTL, or
-    /// find out why the nodes are slow.
+    /// A quorum granted the lock, but no validity was left
+    /// (`elapsed + drift >= ttl`). Use a longer TTL, or find out why the
+    /// nodes are slow.
     #[error("`{resource}` was granted by a quorum, but the round used up the whole TTL of {ttl:?}: {report}")]
     #[non_exhaustive]
     TooSlow {
@@ -100,9 +95,8 @@ pub enum LockError {
         report: Report,
     },
 
-    /// The lock was lost, for the `reason` given: another client may have
-    /// held it meanwhile, so the critical section may have overlapped
-    /// another holder's (see [the contract](crate::contract)). No other
+    /// The lock was lost, for the `reason` given. Another client may have
+    /// held it meanwhile (see [the contract](crate::contract)). No other
     /// client's key was touched.
     #[error("the lock on `{resource}` was lost: {reason}; last round: {report}")]
     #[non_exhaustive]
@@ -115,25 +109,23 @@ pub enum LockError {
         reason: Loss,
     },
 
-    /// Too few nodes are left for a quorum once those that failed with
-    /// errors that waiting cannot fix are set aside: each refused this
-    /// client's credentials, lacks an ACL permission this client needs
-    /// (`NOPERM`), failed TLS, or names a host that does not exist (see
-    /// [`NodeError::is_permanent`]). Every wait ends at once with it,
-    /// whatever its patience.
+    /// Too few nodes are left for a quorum without those that failed for
+    /// good ([`NodeError::is_permanent`]). Each of those refused the
+    /// credentials, lacks an ACL permission, failed TLS, or names a host
+    /// that does not exist. Every wait ends at once with it, whatever its
+    /// patience.
     #[error("too few nodes can serve `{resource}`: {}", Failed(report.unusable().collect()))]
     #[non_exhaustive]
     Unusable {
         /// The resource asked for (the first one, for a multi-resource lock).
         resource: String,
-        /// What each node answered in the last round: the nodes that failed
-        /// for good are those whose error [`is_permanent`](NodeError::is_permanent).
+        /// What each node answered in the last round.
         report: Report,
     },
 
-    /// The call's [`Cancel`](crate::Cancel) was cancelled: it stopped
-    /// waiting. A lock won meanwhile was released; a cancelled `extend`
-    /// left the lock as it was.
+    /// The call's [`Cancel`](crate::Cancel) fired, and it stopped waiting.
+    /// A lock won meanwhile was released; a cancelled `extend` left the
+    /// lock as it was.
     #[error("waiting for `{resource}` was cancelled")]
     #[non_exhaustive]
     Cancelled {
@@ -141,18 +133,17 @@ pub enum LockError {
         resource: String,
     },
 
-    /// The operating system's random source failed while making a token or
-    /// a retry delay. The error is the OS error where there is one
+    /// The OS random source failed while making a token or a retry delay.
+    /// It holds the OS error where there is one
     /// ([`raw_os_error`](std::io::Error::raw_os_error)).
     #[error("the operating system's random source failed: {0}")]
     Random(std::io::Error),
 
-    /// Code that the watchdog ran for a guard panicked: the retry
-    /// policy's [`backoff`](crate::RetryPolicy::backoff), planning the
-    /// pause after a failed extension. The guard stopped holding the lock
-    /// and released it (the other guards go on): what
-    /// [`check`](crate::LockGuard::check), [`unlock`](crate::LockGuard::unlock)
-    /// and the loss callbacks get, in the place of [`Lost`](Self::Lost).
+    /// The retry policy's [`backoff`](crate::RetryPolicy::backoff) panicked
+    /// on the watchdog, after a failed extension. The guard released its
+    /// lock; other guards go on. [`check`](crate::LockGuard::check),
+    /// [`unlock`](crate::LockGuard::unlock) and the loss callbacks get it
+    /// instead of [`Lost`](Self::Lost).
     #[error("the guard of `{resource}` released its lock: {message}")]
     #[non_exhaustive]
     Panicked {
@@ -162,10 +153,10 @@ pub enum LockError {
         message: String,
     },
 
-    /// The operating system could not start the watchdog thread of
+    /// The OS could not start the watchdog thread of
     /// [`with_lock`](crate::Redlock::with_lock) or
-    /// [`lock`](crate::Redlock::lock). The lock was released (and the
-    /// closure did not run).
+    /// [`lock`](crate::Redlock::lock). The lock was released; the closure
+    /// did not run.
     #[error("could not start the watchdog thread (the lock was released): {0}")]
     Thread(std::io::Error),
 }
@@ -182,8 +173,8 @@ impl From<ArgumentError> for LockError {
     }
 }
 
-/// A token string that does not parse is an argument error, so that
-/// `token.parse()?` works in a function returning `LockError`.
+/// A bad token string is an argument error, so `token.parse()?` works in a
+/// function returning `LockError`.
 ///
 /// ```
 /// use redlock_sync::{ArgumentError, Kind, Lock, LockError};
@@ -227,15 +218,14 @@ impl LockError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Loss {
-    /// Its validity ran out before a quorum renewed it: too few nodes
+    /// Its validity ran out before a quorum renewed it. Too few nodes
     /// answered in time, or the hold cap stopped the extensions.
     #[error("its validity ran out before a quorum renewed it")]
     Expired,
     /// Another client's token held the key on this many nodes.
     #[error("another token held it on {0} node(s)")]
     Taken(usize),
-    /// The key was gone, or not as the acquisition stored it, on this many
-    /// nodes: a restart, a flush, eviction, or it had expired there.
+    /// The key was gone, or changed, on this many nodes: a restart, a flush, eviction, or expiry.
     #[error("its key was gone from {0} node(s)")]
     Gone(usize),
 }
@@ -243,7 +233,6 @@ pub enum Loss {
 /// An invalid client configuration, found when the client is built.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
-///
 /// ```
 /// use redlock_sync::{ConfigError, LockError, Redlock};
 /// let none: [&str; 0] = [];
@@ -269,16 +258,15 @@ pub enum ConfigError {
     NodeUrl {
         /// The URL, with any password replaced by `***`.
         url: String,
-        /// Why it was rejected, naming the part that is wrong (the scheme,
-        /// the port, the host, the database, a password character to
-        /// percent-encode, the socket path).
+        /// Why it was rejected. It names the wrong part: the scheme, port,
+        /// host, database, socket path, or a password character to escape.
         reason: String,
     },
 
     /// The same node is listed twice; it would count twice toward the quorum.
-    /// The same host and port with another database (`/1`) is the same
-    /// server, and so is a server reached under two names (found when both
-    /// connect: [`NodeError::SameServer`]).
+    /// Another database (`/1`) on the same host and port is the same node.
+    /// One server under two names shows on connect
+    /// ([`NodeError::SameServer`]).
     #[error("node `{node}` is listed twice; one server must have one vote (list each independent master once)")]
     DuplicateNode {
         /// The node's address (host and port, or socket path).
@@ -319,7 +307,6 @@ pub enum ConfigError {
 /// An invalid argument to one operation.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
-///
 /// ```
 /// # use std::time::Duration;
 /// use redlock_sync::{ArgumentError, LockError, Redlock};
@@ -347,8 +334,7 @@ pub enum ArgumentError {
     #[error("the TTL is under 1 ms, Redis' unit; give at least a few milliseconds more than the drift term (ttl * drift_factor + 2 ms)")]
     ZeroTtl,
 
-    /// The TTL is not longer than the drift term, so no validity could ever
-    /// be left.
+    /// The TTL is not longer than the drift term: no validity could be left.
     #[error("the TTL of {ttl:?} is not longer than the drift term of {drift:?} (ttl * drift_factor + 2 ms), so no validity would be left; give a longer TTL, long enough for the work (seconds are usual)")]
     TtlBelowDrift {
         /// The TTL given.
@@ -370,8 +356,7 @@ pub enum ArgumentError {
     #[error(transparent)]
     Token(#[from] ParseTokenError),
 
-    /// A fenced lock was asked for over several resources: a fencing
-    /// token covers one resource.
+    /// A fenced lock was asked for over several resources; a fencing token covers one.
     #[error("a fenced lock covers one resource; lock the others with a plain lock, or fence each on its own")]
     FencedMany,
 
@@ -391,7 +376,6 @@ pub enum ArgumentError {
 /// What one node answered in one round.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-///
 /// ```no_run
 /// # use std::time::Duration;
 /// use redlock_sync::{NodeOutcome, Redlock};
@@ -407,32 +391,27 @@ pub enum ArgumentError {
 /// # Ok::<(), redlock_sync::LockError>(())
 /// ```
 pub enum NodeOutcome {
-    /// The node did what was asked: it set the key (acquire), or our token
-    /// was there and it was extended or deleted (extend, release).
+    /// The node did what was asked: it set the key, or found our token and extended or deleted it.
     Granted,
     /// The node answered no: another client holds the key (acquire), or our
     /// token was not there (extend, release).
     Refused,
     /// No answer before the round's deadline. The connection was dropped,
-    /// unless the round was already late when it came to read this node and
-    /// other threads were still waiting for replies on it (then they read
-    /// on), or the connect never started for want of time.
+    /// with two exceptions. A round already late on reaching this node
+    /// keeps it for other threads still waiting on it. And a connect may
+    /// never have started, for want of time.
     TimedOut,
     /// The node could not be asked, or answered with an error. An I/O or
-    /// connect error dropped the connection; an error reply from the server
-    /// (an unexpected reply to our command) did not.
+    /// connect error dropped the connection; an error reply did not.
     Failed(NodeError),
-    /// The round was decided before this node's reply was read (a quorum had
-    /// already answered, or could no longer be reached). The command was
-    /// sent; its reply is read and discarded before the connection's next
-    /// reply.
+    /// The round was decided before this node's reply was read. The command
+    /// was sent; its reply is read and discarded before the next one.
     NotAwaited,
 }
 
 /// Why a node failed in a round.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-///
 /// ```no_run
 /// # use std::time::Duration;
 /// use redlock_sync::{NodeOutcome, Redlock};
@@ -449,12 +428,12 @@ pub enum NodeError {
     /// Connecting (or selecting the database) failed.
     #[error("connect: {0}")]
     Connect(String),
-    /// The node refused this client's credentials (`WRONGPASS`, or any
-    /// other error reply to `AUTH`), or it asks for a password and the URL
-    /// gives none (`NOAUTH`). Fix the node's URL: a password alone goes
-    /// after a colon, `redis://:password@host:port`; `redis://secret@host`
-    /// names a *user* `secret` with no password. Its message is the hint:
-    /// a report names the node, and the reply is in its field.
+    /// The node refused this client's credentials (`WRONGPASS`, or another
+    /// error reply to `AUTH`). Or it wants a password the URL lacks
+    /// (`NOAUTH`). A password alone goes after a colon:
+    /// `redis://:password@host:port`. `redis://secret@host` names a *user*
+    /// `secret` with no password. The message is the hint; a report names
+    /// the node.
     #[error("refused authentication: {hint}")]
     #[non_exhaustive]
     Auth {
@@ -475,29 +454,27 @@ pub enum NodeError {
     /// The server answered something this client does not expect.
     #[error("unexpected reply: {0}")]
     Protocol(String),
-    /// The restarted-node guard kept the node out: it has been up for less
-    /// than the grace period set with
-    /// [`RedlockBuilder::restart_grace`](crate::RedlockBuilder::restart_grace),
-    /// so it may have forgotten locks that are still held. It votes again
-    /// once its uptime reaches the grace period, and the grace has passed
-    /// since this client saw it restart.
+    /// The restarted-node guard kept the node out. It has been up for less
+    /// than the grace period
+    /// ([`RedlockBuilder::restart_grace`](crate::RedlockBuilder::restart_grace)),
+    /// so it may have forgotten held locks. It votes again once its uptime,
+    /// and the time since this client saw it restart, reach the grace.
     #[error(
         "restarted {uptime:?} ago, less than the restart grace of {grace:?}: not voting until then"
     )]
     #[non_exhaustive]
     Restarted {
-        /// The node's uptime as it reported it (`uptime_in_seconds`: whole
-        /// seconds, and the real uptime may be up to a second less); or,
-        /// where this client saw the node restart and keeps it out on its
-        /// own clock, the time since it saw that.
+        /// The node's reported uptime, in whole seconds (the real one may be
+        /// up to a second less). Where this client saw the restart, the time
+        /// since then.
         uptime: Duration,
         /// The grace period configured.
         grace: Duration,
     },
 
-    /// This node reached the same server (the same `run_id`) as another node
-    /// of this client, under another name: one server must have one vote,
-    /// so this one does not vote. List each server once.
+    /// This node reached the same server (the same `run_id`) as another
+    /// node, under another name. One server has one vote, so this one does
+    /// not vote. List each server once.
     #[error("the same server as node `{other}` (one run_id under two names): it does not vote twice; list each server once")]
     #[non_exhaustive]
     SameServer {
@@ -509,7 +486,6 @@ pub enum NodeError {
 /// One node's answer in a round, and how long after the round began it came.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-///
 /// ```no_run
 /// # use std::time::Duration;
 /// use redlock_sync::{NodeOutcome, Redlock};
@@ -527,20 +503,18 @@ pub struct NodeReport {
     /// Time from the start of the round to the answer (or the failure).
     pub elapsed: Duration,
     /// The node granted an extension by setting our token again where the
-    /// key was gone (it had restarted empty, or evicted or lost the key):
-    /// a re-take (see [`Redlock::extend`](crate::Redlock::extend)). False
-    /// in every other round.
+    /// key was gone: a re-take (see [`Redlock::extend`](crate::Redlock::extend)).
+    /// False in every other round.
     pub retook: bool,
 }
 
 /// What every node answered in one round of an operation.
 ///
-/// A successful operation keeps it too ([`Lock::report`](crate::Lock::report),
-/// the return value of [`Redlock::release`](crate::Redlock::release)), for
-/// debugging a flaky quorum.
+/// A success keeps it too, for debugging a flaky quorum: see
+/// [`Lock::report`](crate::Lock::report) and
+/// [`Redlock::release`](crate::Redlock::release).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
-///
 /// ```no_run
 /// # use std::time::Duration;
 /// use redlock_sync::{NodeOutcome, Redlock};
@@ -562,13 +536,11 @@ pub struct Report {
 }
 
 impl NodeError {
-    /// Whether waiting cannot fix this error: the node refused this
-    /// client's credentials ([`Auth`](Self::Auth)), lacks an ACL permission
-    /// the client needs (a `NOPERM` reply), failed TLS (a certificate it or
-    /// this client does not accept, no crypto provider), or its host name
-    /// does not exist. Such a node keeps failing until its configuration
-    /// is fixed. (It reads the error's text where the error has no variant
-    /// of its own: a `NOPERM` reply, a TLS or name lookup failure.)
+    /// Whether waiting cannot fix this error. The node refused the
+    /// credentials ([`Auth`](Self::Auth)), or lacks an ACL permission
+    /// (`NOPERM`). Or TLS failed (a certificate refused, no crypto
+    /// provider), or the host name does not exist. Such a node fails until
+    /// its configuration is fixed.
     ///
     /// ```
     /// use redlock_sync::NodeError;
@@ -580,9 +552,8 @@ impl NodeError {
         match self {
             NodeError::Auth { .. } => true,
             NodeError::Server(text) => text.starts_with("NOPERM"),
-            // A certificate refused, or no crypto provider (the TLS library
-            // reports these as I/O errors of the handshake): not a handshake
-            // cut short, which a restart can cause.
+            // A refused certificate or no crypto provider, which TLS reports
+            // as I/O errors; not a handshake cut short, as a restart can do.
             NodeError::Connect(text) | NodeError::Io(text)
                 if text.contains("certificate") || text.contains("crypto provider") =>
             {
@@ -668,9 +639,9 @@ impl fmt::Display for NodeOutcome {
     }
 }
 
-/// The counts, then each failure once with the nodes that had it:
+/// The counts, then each failure with its nodes:
 /// `2/5 agreed (quorum 3), 1 refused, in 1.2ms; h:1, h:2: timed out`. The
-/// alternate form (`{:#}`) stops before the failures.
+/// alternate form (`{:#}`) leaves out the failures.
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (agreed, all, quorum) = (self.granted(), self.nodes.len(), self.quorum);
@@ -725,11 +696,9 @@ fn reason(node: &NodeReport) -> Option<String> {
     }
 }
 
-/// A string that is not a token: a token is exactly 40 lowercase hex
-/// characters (`0-9`, `a-f`).
+/// A string that is not a token: a token is exactly 40 lowercase hex characters (`0-9`, `a-f`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("a token is 40 lowercase hex characters (0-9, a-f): {problem}")]
-///
 /// ```
 /// use redlock_sync::Token;
 /// let err = "ABC".parse::<Token>().unwrap_err();
@@ -747,15 +716,14 @@ pub(crate) fn server_error_text(e: &redis::ServerError) -> String {
     }
 }
 
-/// Why one exchange with a node did not produce a reply: what a node tells
-/// a round, and a round its client (which turns it into a [`NodeOutcome`]).
+/// Why an exchange with a node produced no reply. A round turns it into a [`NodeOutcome`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Failure {
     /// The round's deadline passed first.
     TimedOut,
     /// The round was decided without this node's reply (or it was not asked).
     NotAwaited,
-    /// A connect (or its handshake) timed out: as `TimedOut`, and the node
+    /// A connect or its handshake timed out: as `TimedOut`, and the node
     /// backs off reconnecting. Never leaves the node.
     ConnectTimedOut,
     /// Anything else.

@@ -7,16 +7,16 @@ use crate::error::{LockError, NodeOutcome};
 
 /// What an [`Event`] reports.
 ///
-/// The observer hears of change, not of every round. An acquisition tells
-/// [`Contended`](Self::Contended) or [`AttemptFailed`](Self::AttemptFailed)
-/// when its rounds start failing and it waits to try again, and again only
-/// if they fail for another reason; it ends with
-/// [`Acquired`](Self::Acquired) or [`GaveUp`](Self::GaveUp). A guard's
-/// watchdog tells [`ExtendFailed`](Self::ExtendFailed) in the same way,
-/// then [`Extended`](Self::Extended) or [`Lost`](Self::Lost). A node's
-/// failure is told once, [`NodeFailed`](Self::NodeFailed), until
+/// The observer hears of change, not of every round. An acquisition whose
+/// rounds start failing tells [`Contended`](Self::Contended) or
+/// [`AttemptFailed`](Self::AttemptFailed). It tells again only when the
+/// reason changes. It ends with [`Acquired`](Self::Acquired) or
+/// [`GaveUp`](Self::GaveUp). A guard's watchdog tells
+/// [`ExtendFailed`](Self::ExtendFailed) likewise, then
+/// [`Extended`](Self::Extended) or [`Lost`](Self::Lost). A node's failure
+/// is told once, [`NodeFailed`](Self::NodeFailed), until
 /// [`NodeRecovered`](Self::NodeRecovered). [`Event::failures`] counts the
-/// rounds that were not told one by one.
+/// rounds not told.
 ///
 /// ```
 /// use redlock_sync::{Event, What};
@@ -28,34 +28,26 @@ use crate::error::{LockError, NodeOutcome};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum What {
-    /// An attempt won the lock ([`Event::failures`]: the rounds that
-    /// failed before it).
+    /// An attempt won the lock ([`Event::failures`]: the rounds that failed before it).
     Acquired,
-    /// An acquisition found the lock held by another client, and waits to
-    /// try again.
+    /// An acquisition found the lock held, and waits to try again.
     Contended,
-    /// An acquisition failed otherwise (too few nodes answered, too slow),
-    /// and waits to try again.
+    /// An acquisition failed otherwise (too few nodes answered, too slow), and waits to try again.
     AttemptFailed,
     /// An acquisition gave up ([`Event::error`] is what it returns).
     GaveUp,
-    /// A node failed or timed out in a round, after answering until then
-    /// ([`Event::node`] says which).
+    /// A node that had been answering failed or timed out ([`Event::node`] says which).
     NodeFailed,
     /// A node answered again ([`Event::failures`]: the rounds it had failed).
     NodeRecovered,
-    /// An extension succeeded ([`Event::failures`]: the rounds that
-    /// failed before it).
+    /// An extension succeeded ([`Event::failures`]: the rounds that failed before it).
     Extended,
-    /// In an extension, a node that had lost the key (a restart, an
-    /// eviction) set it again ([`Event::node`] says which; see
-    /// [`Redlock::extend`](crate::Redlock::extend)).
+    /// An extension set the key again on a node that had lost it
+    /// ([`Event::node`]; see [`Redlock::extend`](crate::Redlock::extend)).
     Retook,
-    /// A guard's extensions started failing; its watchdog retries them
-    /// while validity is left.
+    /// A guard's extensions started failing; its watchdog retries them while validity is left.
     ExtendFailed,
-    /// A guard's lock is lost (refused, or its validity ran out), or its
-    /// guard released it ([`LockError::Panicked`]).
+    /// A guard's lock is lost, or its guard released it ([`LockError::Panicked`]).
     Lost,
     /// A release round ended ([`Event::error`] says if it failed).
     Released,
@@ -71,13 +63,11 @@ impl What {
     }
 }
 
-/// Something the client did, for logs and metrics: what the builder's
-/// [`observer`](crate::RedlockBuilder::observer) gets (see [`What`] for
-/// when). It carries the resource, the token's first 8 characters, the
-/// node's address where there is one (never a password), timings and the
-/// outcome; never a whole token. Its `Debug` output is a log line: the
-/// error shows as its variant and the round's counts, since the nodes'
-/// failures have events of their own.
+/// Something the client did, for logs and metrics, as the builder's
+/// [`observer`](crate::RedlockBuilder::observer) gets it ([`What`] says
+/// when). It never holds a whole token or a password. Its `Debug` output
+/// is one log line. There the error shows as its variant and the round's
+/// counts: the nodes' failures have events of their own.
 ///
 /// ```
 /// use redlock_sync::{Event, What};
@@ -99,12 +89,11 @@ pub struct Event<'a> {
     pub token: &'a str,
     /// The attempt's number, for the acquisition's events; else 0.
     pub attempt: u32,
-    /// The rounds that failed in a row, this one included: for a node's
-    /// events its own, for the others the operation's (0 when none did).
-    /// The events that end a run ([`What::Acquired`], [`What::GaveUp`],
-    /// [`What::Extended`], [`What::Lost`], [`What::NodeRecovered`]) count
-    /// all of its rounds, told or not: a metric of failed rounds adds
-    /// theirs up.
+    /// The rounds that failed in a row, this one included: the node's, for
+    /// a node's event, else the operation's. An event that ends a run
+    /// ([`What::Acquired`], [`What::GaveUp`], [`What::Extended`],
+    /// [`What::Lost`], [`What::NodeRecovered`]) counts all of its rounds. A
+    /// metric of failed rounds adds those up.
     pub failures: u32,
     /// How long the round took, or the node's part of it.
     pub elapsed: Duration,
@@ -116,8 +105,8 @@ pub struct Event<'a> {
     pub error: Option<&'a LockError>,
 }
 
-/// One line: the fields that are set, the node's outcome and the error
-/// as text, the error without the nodes' failures.
+/// One line: the fields that are set, the outcome and the error as text,
+/// the error without the nodes' failures.
 impl std::fmt::Debug for Event<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut event = f.debug_struct("Event");

@@ -6,15 +6,14 @@ use crate::error::{LockError, Report};
 use crate::kind::Kind;
 use crate::token::Token;
 
-/// A lock held on a quorum of nodes: its resource(s), its token, and until
-/// when it is valid by this process's monotonic clock.
+/// A lock held on a quorum of nodes: its resources, its token, and its
+/// validity by this process's monotonic clock.
 ///
-/// A `Lock` is not `Clone`: [`Redlock::release`](crate::Redlock::release)
-/// consumes it. Dropping a `Lock` does not release it (the keys expire at
-/// the end of their TTL, and everyone else waits until then): release it
-/// when done. So a `Lock` is `#[must_use]`: `locks.acquire(..)?;` on its
-/// own warns. For a lock that is released when it goes out of scope, and
-/// kept alive meanwhile, use [`Redlock::lock`](crate::Redlock::lock).
+/// [`Redlock::release`](crate::Redlock::release) consumes it. Dropping it
+/// does not release it: others wait until the TTL runs out. Hence
+/// `#[must_use]`: `locks.acquire(..)?;` alone warns. For a lock released at
+/// the end of its scope, and kept alive meanwhile, use
+/// [`Redlock::lock`](crate::Redlock::lock).
 ///
 /// ```no_run
 /// # use redlock_sync::Redlock;
@@ -26,15 +25,15 @@ use crate::token::Token;
 /// # Ok::<(), redlock_sync::LockError>(())
 /// ```
 ///
-/// Its `Debug` output shows the token redacted (see [`Token`]).
+/// Its `Debug` output redacts the token (see [`Token`]).
 #[derive(Debug)]
 #[must_use = "a lock stays held until its TTL runs out unless released: pass it to Redlock::release when done"]
 pub struct Lock {
     pub(crate) resources: Vec<String>,
     pub(crate) token: Token,
     pub(crate) kind: Kind,
-    /// When its validity runs out, as a round of this process measured it:
-    /// none for a lock rebuilt from its token until an extension succeeds.
+    /// When its validity runs out, as measured here. `None` for a rebuilt
+    /// lock until an extension succeeds.
     pub(crate) valid_until: Option<Instant>,
     pub(crate) report: Report,
     /// Set by the fenced acquisitions only.
@@ -42,16 +41,14 @@ pub struct Lock {
 }
 
 impl Lock {
-    /// A lock rebuilt from its resource(s), token and kind, for releasing
-    /// or extending in another process (or another
-    /// [`Redlock`](crate::Redlock) value) a lock that was acquired
-    /// elsewhere.
+    /// A lock rebuilt from its resources, token and kind, to release or
+    /// extend a lock acquired elsewhere.
     ///
-    /// This process did not time the acquisition, so it cannot know how much
-    /// validity is left: [`validity`](Self::validity) is zero until a
-    /// successful [`extend`](crate::Redlock::extend) measures it anew.
-    /// The nodes decide whether the token still holds the lock. A fenced
-    /// lock rebuilt here has no [`fencing_token`](Self::fencing_token).
+    /// This process did not time the acquisition, so
+    /// [`validity`](Self::validity) is zero until an
+    /// [`extend`](crate::Redlock::extend) succeeds. The nodes decide whether
+    /// the token still holds the lock. A rebuilt fenced lock has no
+    /// [`fencing_token`](Self::fencing_token).
     ///
     /// ```no_run
     /// use redlock_sync::{Kind, Lock, Redlock, Token};
@@ -144,8 +141,7 @@ impl Lock {
     }
 
     /// How long the lock is still valid, by the monotonic clock; zero once
-    /// it has run out. Do the protected work only while this is comfortably
-    /// above zero.
+    /// it has run out. Work only while this is well above zero.
     ///
     /// ```
     /// # use redlock_sync::{Kind, Lock, Token};
@@ -174,8 +170,8 @@ impl Lock {
         !self.validity().is_zero()
     }
 
-    /// The instant (monotonic clock) at which the validity runs out: now,
-    /// for a lock rebuilt from its token that no extension measured yet.
+    /// When the validity runs out, by the monotonic clock. Now, for a
+    /// rebuilt lock no extension has measured.
     ///
     /// ```
     /// # use redlock_sync::{Kind, Lock, Token};
@@ -189,7 +185,7 @@ impl Lock {
     }
 
     /// What each node answered in the round that acquired or last extended
-    /// this lock (empty for a lock made by [`from_token`](Self::from_token)).
+    /// this lock. Empty after [`from_token`](Self::from_token).
     ///
     /// ```
     /// # use redlock_sync::{Kind, Lock, Token};
@@ -202,12 +198,11 @@ impl Lock {
         &self.report
     }
 
-    /// The fencing token, for a lock acquired as [`Kind::Fenced`]; `None`
-    /// for every other lock. It stays the same across extensions.
+    /// The fencing token of a lock acquired as [`Kind::Fenced`], else `None`.
+    /// Extensions keep it.
     ///
-    /// Pass it with every write to the protected resource, and have the
-    /// resource reject a write whose token is lower than the highest it has
-    /// seen (see [`Kind`]).
+    /// Pass it with every write to the protected resource. The resource
+    /// rejects a token lower than the highest it has seen (see [`Kind`]).
     ///
     /// ```no_run
     /// # use redlock_sync::{Kind, LockOptions, Redlock};
@@ -225,9 +220,9 @@ impl Lock {
     }
 }
 
-/// What a call locks: one resource (`&str`, `String`, `&String`) or several
-/// held as one lock, all or nothing (`&[S]`, `[S; N]`, `&[S; N]`, `Vec<S>`,
-/// `&Vec<S>`, for any `S: AsRef<str>`).
+/// What a call locks: one resource (`&str`, `String`, `&String`), or
+/// several as one lock, all or nothing. A list is `&[S]`, `[S; N]`,
+/// `&[S; N]`, `Vec<S>` or `&Vec<S>`, for any `S: AsRef<str>`.
 ///
 /// ```no_run
 /// # use std::time::Duration;
@@ -245,7 +240,6 @@ pub trait IntoResources {
     fn into_resources(self) -> Vec<String>;
 }
 
-/// One name (`&str`, `String`, `&String`), or a list: every element's name.
 macro_rules! resource_lists {
     ($($one:ty),*; $([$($generics:tt)*] $list:ty),*) => {
         $(impl IntoResources for $one {

@@ -1,21 +1,19 @@
-//! One node: what a round may ask of it (submit a command, wait for or poll
-//! its reply, abandon it), over one connection that every thread shares;
-//! and a round's [`Turn`] at the client's nodes, the one door to batching.
+//! One node, over one connection all threads share: submit a command, poll
+//! or wait for its reply, abandon it. And a round's [`Turn`] at the nodes,
+//! the one door to batching.
 //!
 //! - [`endpoint`]: the node URL, read once.
 //! - [`connect`]: opening a connection within the round's deadline.
-//! - [`shared`]: the shared connection: epochs, outbox, the writer and
-//!   reader roles.
+//! - [`shared`]: the shared connection: epochs, outbox, writer and reader.
 //! - [`transport`]: a socket split in a writing and a reading half.
 //! - [`subscription`]: a connection of its own for listening to releases.
-//! - [`resolve`], [`servers`], [`restart_guard`]: host names with a time
-//!   bound, one vote per server process, the uptime check.
+//! - [`resolve`], [`servers`], [`restart_guard`]: bounded name lookups, one
+//!   vote per server, the uptime check.
 //! - [`owed`]: clean-ups that could not be sent, for the next connection.
-//! - [`pace`]: batching, and yielding before parking: when queued commands
-//!   are written.
+//! - [`pace`]: batching, and yielding before parking.
 //!
-//! No async runtime, no background thread: the threads that want answers do
-//! the I/O.
+//! No async runtime, no background thread: the threads that want answers
+//! do the I/O.
 
 mod connect;
 mod endpoint;
@@ -53,16 +51,13 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    /// The node at `endpoint`, the `index`th of a client whose nodes
-    /// record in `servers` which server each reached (one server, one
-    /// vote). Nothing is connected yet.
+    /// The client's `index`th node, at `endpoint`; not connected yet.
+    /// `servers` records which server each node reached: one vote each.
     ///
-    /// With a `restart_grace` (a zero grace leaves it off) every new
-    /// connection reads the server's uptime with `INFO server`, pipelined
-    /// with the handshake, and fails with
-    /// [`NodeError::Restarted`](crate::NodeError::Restarted) while the
-    /// uptime is below the grace. After a connect timed out, the node does
-    /// not connect again for `reconnect_backoff`.
+    /// With a nonzero `restart_grace`, each new connection reads the uptime
+    /// (`INFO server`, pipelined with the handshake). Below the grace it
+    /// fails with [`NodeError::Restarted`](crate::NodeError::Restarted).
+    /// After a connect timed out, the node waits `reconnect_backoff`.
     pub(crate) fn new(
         endpoint: Endpoint,
         index: usize,
@@ -83,14 +78,13 @@ impl Node {
         }
     }
 
-    /// The node's address for people: `host:port`, `tls host:port`, or the
-    /// socket path.
+    /// The node's address for people: `host:port`, `tls host:port`, or the socket path.
     pub(crate) fn name(&self) -> &Arc<str> {
         &self.connector.endpoint.name
     }
 
-    /// Queues `cmd` on the connection: with `eval` written now, a script
-    /// as `EVAL`, otherwise left for the batch (see [`Shared::submit`]).
+    /// Queues `cmd` on the connection (see [`Shared::submit`]). With `eval`
+    /// it is written now, a script as `EVAL`; else it waits for the batch.
     pub(crate) fn submit(
         &self,
         cmd: &Command,
@@ -100,9 +94,8 @@ impl Node {
         Ok(self.shared.submit(&self.connector, cmd, bounds, eval)?.0)
     }
 
-    /// Writes `cmd`, whose reply nobody reads, now: whether it is on the
-    /// wire. Not when it failed, nor when it waits behind another thread's
-    /// write or connect, which may yet fail (see [`Shared::submit`]).
+    /// Writes `cmd` now, for no reader. Returns whether it is on the wire:
+    /// not if it failed or waits behind another thread that may yet fail.
     pub(crate) fn send(&self, cmd: &Command, bounds: Bounds) -> bool {
         let sent = self.shared.submit(&self.connector, cmd, bounds, true);
         sent.is_ok_and(|(ticket, written)| {
@@ -116,15 +109,14 @@ impl Node {
         self.shared.flush(&self.connector, bounds, wake_reader);
     }
 
-    /// The pace of the client's threads: the same for all its nodes.
+    /// The pace of the client's threads, shared by all its nodes.
     pub(crate) fn pace(&self) -> &Pace {
         &self.connector.servers.pace
     }
 
     /// Opens a subscription connection to this node, apart from the shared
-    /// one, within `connect_timeout` and never past `deadline`. `None` if
-    /// the node's connections cannot be split (TLS): see
-    /// [`subscription`].
+    /// one, never past `deadline`. `None` if connections cannot be split
+    /// (TLS; see [`subscription`]).
     pub(crate) fn subscribe_line(
         &self,
         deadline: Instant,
@@ -133,9 +125,8 @@ impl Node {
         subscription::open(&self.connector, deadline, connect_timeout)
     }
 
-    /// Sends `cmd` (a release after a failed attempt) first thing on the
-    /// node's next connection, unless `until` passed by then: for a
-    /// clean-up that could not be sent now.
+    /// Sends `cmd`, a clean-up that could not go now, first on the next
+    /// connection, unless `until` has passed.
     pub(crate) fn owe(&self, cmd: &Command, until: Instant) {
         self.connector.owed.add(cmd.bytes_for(0).to_vec(), until);
     }
@@ -147,22 +138,20 @@ impl Node {
 }
 
 /// One round's turn at the client's nodes: the requests it awaits, and
-/// when its commands are written (the batching of [`pace`], behind this
-/// one door). A round queues its command on the nodes through it, polls
-/// and sleeps through it, and leaves it.
+/// when its commands are written. A round queues, polls, sleeps and leaves
+/// through it; [`pace`]'s batching sits behind it.
 ///
-/// The turn holds the client's [`Pace`] while it queues its command on
-/// every node, and again once woken with a reply, until it polls, sleeps
-/// or leaves: the last thread to let go writes every node's queue, in one
-/// write per node, as an event loop writes once all its tasks ran. A
-/// thread alone is the last at once, and writes its own command, unless
-/// enough other rounds await replies from its nodes (see
-/// [`pace::BATCH_FROM`]): the threads those replies wake write it then,
-/// with their own next commands. A command still queued after a sleep of
-/// [`RECHECK`] (its writer is overdue), or past the batch's wait, is
-/// written by its own thread; a round that leaves while it waits for a
-/// batch writes its nodes' queues unless another thread is awake (the
-/// last of those writes them).
+/// The turn holds the client's [`Pace`] while it queues, and again once a
+/// reply wakes it. It lets go when it polls, sleeps or leaves. The last
+/// thread to let go writes every node's queue, one write per node, like an
+/// event loop. A thread alone is the last at once and writes its own
+/// command. The exception: enough other rounds await replies from its
+/// nodes ([`pace::BATCH_FROM`]). The threads those replies wake then write
+/// it, with their own next commands.
+///
+/// Its own thread writes a command still queued after [`RECHECK`] (the
+/// writer is overdue), or past the batch's wait. A round leaving during
+/// such a wait writes its nodes' queues, unless another thread is awake.
 pub(crate) struct Turn<'a> {
     nodes: &'a [Node],
     pace: &'a Pace,
@@ -176,8 +165,7 @@ pub(crate) struct Turn<'a> {
 }
 
 impl<'a> Turn<'a> {
-    /// A round's turn at `nodes` (at least one), within `bounds`; nothing
-    /// sent yet.
+    /// A round's turn at `nodes` (at least one), within `bounds`.
     pub(crate) fn new(nodes: &'a [Node], bounds: Bounds) -> Turn<'a> {
         Turn {
             nodes,
@@ -194,9 +182,8 @@ impl<'a> Turn<'a> {
         self.awaited[i].is_some()
     }
 
-    /// Sends `cmd` to node `i` once more, on a new connection, after its
-    /// connection failed with `failure` (returned if the deadline has
-    /// passed, or the new send fails with its own).
+    /// Sends `cmd` to node `i` again, on a new connection, after `failure`.
+    /// Returns `failure` past the deadline, or the new send's own.
     pub(crate) fn resend(
         &mut self,
         i: usize,
@@ -210,19 +197,17 @@ impl<'a> Turn<'a> {
         Ok(())
     }
 
-    /// Node `i` was sent the round's command (with [`Node::submit`]) as
-    /// `ticket`.
+    /// Node `i` was sent the command ([`Node::submit`]) as `ticket`.
     pub(crate) fn sent(&mut self, i: usize, ticket: Ticket) {
         self.awaited[i] = Some(ticket);
     }
 
-    /// Queues `cmd` on the `connected` nodes, first, so that their replies
-    /// travel while the round connects to the others. It is written with
-    /// the commands of the client's other threads, in one write per node,
-    /// by the last of them to let go of the pace: this thread, unless
-    /// others are queuing too, or the round waits for the next batch (if
-    /// it `may_batch`: it connects to no node). Returns whether each was
-    /// queued.
+    /// Queues `cmd` on the `connected` nodes first, so their replies travel
+    /// while the round connects to the others. The last thread to let go of
+    /// the pace writes it, with the others' commands. That is this thread,
+    /// unless others queue too or the round waits for a batch. It may wait
+    /// only if it `may_batch` (connects to no node). Returns whether each
+    /// was queued.
     pub(crate) fn queue(
         &mut self,
         cmd: &Command,
@@ -250,14 +235,12 @@ impl<'a> Turn<'a> {
         queued
     }
 
-    /// Node `i`'s reply, if it can be had without sleeping: it is stored,
-    /// or nobody else reads the connection (the read may block).
+    /// Node `i`'s reply, if it needs no sleep. It is stored, or nobody else
+    /// reads the connection (the read may block).
     ///
-    /// The node's script cache bookkeeping, once the reply came: a script
-    /// that ran is known to be cached on the connection's server, a
-    /// `NOSCRIPT` says it is not. After a `NOSCRIPT` the command goes once
-    /// more as `EVAL`, within the same deadline, and that reply is awaited
-    /// instead.
+    /// A script that ran is then known to be cached on the server; a
+    /// `NOSCRIPT` says it is not. After a `NOSCRIPT` the command goes again
+    /// as `EVAL`, within the same deadline, and that reply is awaited.
     pub(crate) fn poll(&mut self, i: usize, cmd: &Command) -> Option<Result<Value, Failure>> {
         let ticket = self.awaited[i]?;
         if self.batch_until.is_some_and(|by| Instant::now() >= by) {
@@ -283,10 +266,9 @@ impl<'a> Turn<'a> {
         Some(reply)
     }
 
-    /// Sleeps until `need` of the replies from `pending` are stored, or a
-    /// reading role among them is free, or a connection ends, or the
-    /// deadline or [`RECHECK`] passes. One wake-up, not one per node. The
-    /// caller polls after.
+    /// Sleeps until `need` replies from `pending` are stored, or a reader
+    /// role frees up. A closed connection, the deadline or [`RECHECK`] also
+    /// ends it. One wake-up, not one per node. The caller polls after.
     pub(crate) fn sleep_on(&mut self, pending: &[usize], need: usize) {
         self.let_go(false, false);
         let waiter = Sleeper::new(need);
@@ -315,8 +297,7 @@ impl<'a> Turn<'a> {
         }
         self.held |= waiter.holds_pace();
         if !ready && !waiter.woken() && Instant::now() < self.bounds.deadline {
-            // The thread owing the write of our command is overdue: write
-            // what is queued ourselves.
+            // The thread owing our write is overdue: write it ourselves.
             for &(i, ticket) in &enlisted {
                 if !self.nodes[i].shared.written(ticket) {
                     self.nodes[i].flush(self.bounds, false);
@@ -325,9 +306,9 @@ impl<'a> Turn<'a> {
         }
     }
 
-    /// The round is decided: leaves node `i`'s reply to be read and
-    /// discarded later, except on a connection with so many unread replies
-    /// that it is drained now: then returns the reply.
+    /// The round is decided: node `i`'s reply is discarded later. A
+    /// connection with too many unread replies is drained now instead, and
+    /// the reply returned.
     pub(crate) fn leave_unread(
         &mut self,
         i: usize,
@@ -347,11 +328,9 @@ impl<'a> Turn<'a> {
         }
     }
 
-    /// Stops waiting for the next batch: writes the round's commands still
-    /// queued; a round `leaving` writes whatever its nodes have queued (its
-    /// abandoned commands among it), waking a reader for them, only if no
-    /// other thread is awake: else the last of those writes it, with their
-    /// own commands, in one write per node.
+    /// Stops waiting for the next batch and writes the round's queued
+    /// commands. A round `leaving` writes all its nodes' queues and wakes a
+    /// reader, if no other thread is awake. Else the last awake writes them.
     fn end_batch(&mut self, leaving: bool) {
         if self.batch_until.take().is_some() {
             let last = leaving && !self.pace.others_awake();
@@ -363,13 +342,12 @@ impl<'a> Turn<'a> {
         }
     }
 
-    /// Lets go of the pace, if held. The last thread to let go writes what
-    /// every node has queued, and wakes a sleeper to read a node whose
-    /// replies are due and unread; unless it goes on to read that node
-    /// itself (it awaits a reply there and is not `leaving`): like an event
-    /// loop, it then reads its nodes in turn, and the replies it reads wake
-    /// the other threads. With `batch` (the round starts to wait for the
-    /// next batch), it leaves the queues of its own nodes to that batch.
+    /// Lets go of the pace, if held. The last thread to let go writes every
+    /// node's queue. It wakes a sleeper to read a node with unread replies.
+    /// It reads that node itself instead if it awaits a reply there and is
+    /// not `leaving`. Like an event loop, the replies it reads wake the
+    /// others.
+    /// With `batch`, it leaves its own nodes' queues to the next batch.
     fn let_go(&mut self, leaving: bool, batch: bool) {
         if !std::mem::take(&mut self.held) || !self.pace.release() {
             return;

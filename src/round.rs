@@ -1,9 +1,9 @@
-//! One multiplexed round: the same command to every node, written to every
-//! node first, then the replies read against one deadline, until the caller
-//! says the outcome is decided.
+//! One multiplexed round. It writes the same command to every node, then
+//! reads the replies against one deadline, until the caller says it is
+//! decided.
 //!
-//! A round knows connections and deadlines, not what a reply means for the
-//! lock: the caller's `decided` callback does the counting.
+//! A round knows connections and deadlines, not what a reply means: the
+//! caller's `decided` callback counts.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -23,17 +23,14 @@ pub(crate) struct Reply {
     pub(crate) elapsed: Duration,
 }
 
-/// Runs `cmd` on the nodes for which `ask` is true. Returns one reply a node,
-/// in node order.
+/// Runs `cmd` on the nodes for which `ask` is true. Returns one reply per
+/// node, in node order.
 ///
 /// `decided` is the tally: the fewest results that can decide the round,
-/// and a callback called after each reply (or failure). A round asleep is
-/// woken once as many replies are in as could decide it (one wake-up, not
-/// one per node). Once the callback returns true, the replies still
-/// outstanding are not waited for: they are read and discarded later,
-/// before anything else on their connections. Nothing in
-/// here blocks past `deadline`, except that a reply already received is
-/// still collected just after it.
+/// and a callback run after each result. A sleeping round wakes once, when
+/// enough replies are in to decide it. Once the callback returns true, the
+/// outstanding replies are left to be discarded later. Nothing blocks past
+/// `deadline`, but a reply already received is still collected.
 pub(crate) fn run(
     nodes: &[Node],
     cmd: &Command,
@@ -65,8 +62,7 @@ pub(crate) fn run(
     for (i, queued) in turn.queue(cmd, &connected, connecting.is_empty()) {
         round.record(i, queued.and(Err(Failure::NotAwaited)));
     }
-    // The other nodes are connected side by side, so that one node whose
-    // connect hangs does not use up the others' time.
+    // Connect the others side by side: one hung connect must not use up the others' time.
     let connect = |i: usize| nodes[i].submit(cmd, bounds, false);
     for (i, sent) in side_by_side(&connecting, connect) {
         sent.iter().for_each(|&ticket| turn.sent(i, ticket));
@@ -75,18 +71,16 @@ pub(crate) fn run(
     let mut pending = connected;
     pending.extend(connecting);
     pending.retain(|&i| turn.awaits(i));
-    // Read the nodes that keep us waiting (or timed out last time) last, so
-    // a round that a quorum decided need not wait for them; among equally
-    // quick nodes, rotated, so the replies left unread spread out.
+    // Read slow nodes last, so a quorum decides without them. Equally quick
+    // ones rotate, to spread the replies left unread.
     pending.sort_unstable();
     let rotation = ROTATION.fetch_add(1, Ordering::Relaxed) % pending.len().max(1);
     pending.rotate_left(rotation);
     // (Each node asked once: the question takes its lock.)
     pending.sort_by_cached_key(|&i| nodes[i].shared.lateness());
     round.read_until_decided(&mut turn, cmd, &mut pending);
-    // The outcome is decided: the replies still pending are left to be
-    // read and discarded later, except on a connection with so many
-    // unread replies that it is drained now.
+    // Decided: pending replies are discarded later, unless a connection
+    // has so many unread that it is drained now.
     for i in pending {
         if let Some(result) = turn.leave_unread(i, cmd) {
             round.record(i, result);
@@ -103,8 +97,7 @@ struct Round<D> {
     decided: D,
     /// `decided` returned true: stop waiting for replies.
     done: bool,
-    /// The fewest results that can decide the round, and how many
-    /// `decided` has counted.
+    /// The fewest results that can decide the round; then how many `decided` has counted.
     to_decide: usize,
     counted: usize,
     /// The nodes whose command went once more, on a new connection.
@@ -112,20 +105,17 @@ struct Round<D> {
 }
 
 impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<D> {
-    /// Reads replies, in `pending`'s order as far as they come, until the
-    /// outcome is decided or none is left; the nodes not read stay in
-    /// `pending`.
+    /// Reads replies, in `pending`'s order as they come, until decided or
+    /// none is left. The nodes not read stay in `pending`.
     fn read_until_decided(&mut self, turn: &mut Turn, cmd: &Command, pending: &mut Vec<usize>) {
         while !pending.is_empty() && !self.done {
-            // Take whatever can be had without sleeping: a stored reply, or
-            // a connection nobody else is reading.
+            // Take what needs no sleep: a stored reply, or a connection nobody else reads.
             let before = pending.len();
             let mut k = 0;
             while k < pending.len() && !self.done {
                 let i = pending[k];
                 match turn.poll(i, cmd) {
-                    // A connection found closed (a node restarted since it
-                    // was opened): the command goes once more, on a new one.
+                    // A closed connection (the node restarted): send once more, on a new one.
                     Some(Err(Failure::Error(NodeError::Io(e)))) if !self.resent.contains(&i) => {
                         self.resent.push(i);
                         match turn.resend(i, cmd, Failure::Error(NodeError::Io(e))) {
@@ -137,9 +127,8 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<D> {
                     None => k += 1,
                 }
             }
-            // Every connection still awaited is being read by another
-            // thread (or its write is owed by one): sleep until enough of
-            // our replies are handed over to decide, on any of them.
+            // Other threads read (or owe the write of) every awaited
+            // connection: sleep until enough replies are handed over.
             if pending.len() == before && !self.done {
                 let need = (self.to_decide.saturating_sub(self.counted)).clamp(1, before);
                 turn.sleep_on(pending, need);
@@ -147,9 +136,8 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<D> {
         }
     }
 
-    /// Records node `i`'s result: its reply, why there is none, or (while
-    /// the reply is awaited) `NotAwaited`; and counts it unless it is that
-    /// or the outcome is already decided.
+    /// Records node `i`'s result, or `NotAwaited` while its reply is awaited.
+    /// Counts it, unless it is `NotAwaited` or the round is decided.
     fn record(&mut self, i: usize, result: Result<Value, Failure>) {
         self.replies[i].elapsed = self.start.elapsed();
         if result != Err(Failure::NotAwaited) && !self.done {
@@ -160,17 +148,16 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<D> {
     }
 }
 
-/// The nodes for which `ask` is true: those that must be connected first
-/// (which may take up to the connect timeout), and the others.
+/// The nodes for which `ask` is true: those that must connect first, and the others.
 fn by_connect(nodes: &[Node], ask: impl Fn(usize) -> bool) -> (Vec<usize>, Vec<usize>) {
     (0..nodes.len())
         .filter(|&i| ask(i))
         .partition(|&i| nodes[i].shared.will_connect())
 }
 
-/// Runs `f` for each of `items`, the first on this thread and the others
-/// each on a thread of its own (or here, after the first, if no thread can
-/// be started), and returns the results with their items.
+/// Runs `f` for each of `items`, the first here and each other on its own
+/// thread. Where no thread starts, it runs here after the first. Returns
+/// the results with their items.
 fn side_by_side<T: Send>(items: &[usize], f: impl Fn(usize) -> T + Sync) -> Vec<(usize, T)> {
     let Some((&first, rest)) = items.split_first() else {
         return Vec::new();
@@ -199,11 +186,10 @@ fn side_by_side<T: Send>(items: &[usize], f: impl Fn(usize) -> T + Sync) -> Vec<
     })
 }
 
-/// Writes `cmd` to the nodes for which `ask` is true and does not wait for
-/// the replies (they are read and discarded later). For clean-up: a node
-/// that cannot be sent it now is owed it until `owed_until`, and gets it
-/// first on its next connection. A script goes as `EVAL`: nobody reads the
-/// reply, so a `NOSCRIPT` would go unnoticed.
+/// Writes `cmd` to the nodes for which `ask` is true, without waiting for
+/// replies. For clean-up: a node that cannot take it now is owed it until
+/// `owed_until`, first on its next connection. A script goes as `EVAL`:
+/// nobody reads the reply, so a `NOSCRIPT` would go unnoticed.
 pub(crate) fn send_only(
     nodes: &[Node],
     cmd: &Command,
@@ -212,16 +198,14 @@ pub(crate) fn send_only(
     owed_until: Instant,
     ask: impl Fn(usize) -> bool,
 ) {
-    // As in a round: nodes that must be connected first are connected side
-    // by side, so that the clean-up costs one connect timeout at most.
+    // Connect side by side, as in a round: one connect timeout at most.
     let (connecting, connected) = by_connect(nodes, &ask);
     let bounds = Bounds {
         deadline,
         connect_timeout,
     };
-    // Not on the wire: failed, or queued behind another thread's write or
-    // connect, which may yet fail. Owed then (a release sent twice is
-    // harmless, its token guards it).
+    // Not on the wire (failed, or queued behind another thread that may
+    // yet fail): owed. A release sent twice is harmless.
     let send = |i: usize| {
         if !nodes[i].send(cmd, bounds) {
             nodes[i].owe(cmd, owed_until);

@@ -1,9 +1,9 @@
 //! The Lua scripts, and the commands that run them.
 //!
-//! A script goes as `EVALSHA` on a connection whose server is known to have
-//! it, and as `EVAL` (which also caches it on the server) otherwise. A
-//! `NOSCRIPT` answer (after `SCRIPT FLUSH`, say) is retried as `EVAL` within
-//! the same round. So the common path costs one round trip, always.
+//! A script goes as `EVALSHA` where the server is known to have it, else as
+//! `EVAL`, which caches it. A `NOSCRIPT` reply (after `SCRIPT FLUSH`, say)
+//! is retried as `EVAL` in the same round. The common path is one round
+//! trip.
 
 use std::io::Write;
 use std::sync::OnceLock;
@@ -13,39 +13,38 @@ use redis::Value;
 use crate::token::Token;
 
 /// One Lua script, its SHA1 (hex), and its bit in a connection's set of
-/// scripts known to be cached on the server.
+/// scripts the server has cached.
 pub(crate) struct Script {
     pub(crate) bit: u8,
     pub(crate) body: &'static str,
     pub(crate) sha: &'static str,
 }
 
-/// Where a release says which resource it freed: the channel of resource
-/// `r` is this prefix followed by `r`. Under the crate's reserved prefix, so
-/// no application channel is mistaken for one.
+/// The channel on which a release of resource `r` is announced is this
+/// prefix, then `r`. The crate's reserved prefix keeps application channels
+/// apart.
 pub(crate) const RELEASED_CHANNEL_PREFIX: &str = "redlock-sync:released:";
 
-/// What a clean-up after a failed attempt passes as the release script's
-/// second argument: it publishes nothing.
+/// A clean-up's second argument to the release script: publish nothing.
 pub(crate) const QUIET: &[u8] = b"quiet";
 
-/// Deletes each key whose value is our token; returns how many it deleted.
-/// The node still held the lock when that equals the number of keys.
-/// For one key this is the classic `if get == token then del` script.
+/// Deletes each key whose value is our token. Returns how many of those
+/// were unmarked. The node held the lock if that equals the key count. For
+/// one key this is the classic `if get == token then del` script.
 ///
-/// Each key it deletes is also announced, in the same call, with a
-/// `PUBLISH` of the token on the key's channel
-/// ([`RELEASED_CHANNEL_PREFIX`]): waiting clients wake at once instead of
-/// sleeping out their retry pause. A `PUBLISH` that nobody listens to costs
-/// the server a hash lookup; a key held by another publishes nothing. A
-/// holder's release (no second argument) publishes where the key is absent
-/// too: the holder may never have reached that node, and it may be the one
-/// a waiter listens on. A clean-up ([`QUIET`]) publishes nothing: its key
-/// was never the lock, and waiters of two clients whose clean-ups woke each
-/// other would try again and again while the lock stays held. The
-/// `PUBLISH` goes by `pcall`: where the user may not publish (an ACL user
-/// without channel permissions, the default for new users since Redis 7)
-/// the release still happens, and waiters sleep out their pause.
+/// Each deleted key is announced in the same call: a `PUBLISH` of the token
+/// on its channel ([`RELEASED_CHANNEL_PREFIX`]). Waiters wake at once
+/// instead of sleeping out their pause. An unheard `PUBLISH` costs a hash
+/// lookup. A key held by another publishes nothing.
+///
+/// A holder's release (no second argument) also publishes where the key is
+/// absent. The holder may never have reached that node, and a waiter may
+/// listen there. A clean-up ([`QUIET`]) publishes nothing: its key was
+/// never the lock. Two clients' clean-ups would otherwise wake each other's
+/// waiters again and again.
+///
+/// `PUBLISH` goes by `pcall`. A user without channel permissions (the ACL
+/// default since Redis 7) still releases; waiters sleep out their pause.
 pub(crate) const RELEASE: Script = Script {
     bit: 1,
     body: "local n = 0\n\
@@ -64,25 +63,23 @@ pub(crate) const RELEASE: Script = Script {
     sha: "dbaffd54b616371c6d2492796d503fff79292f0c",
 };
 
-/// Extends many locks in one call. `ARGV[1]` is the round's re-take mark;
-/// then, for each lock, four arguments (how many of the keys are its own,
-/// the value its acquisition stored, its new TTL in milliseconds, and its
-/// re-take: empty for none) and its keys, in the same order. Returns one
-/// reply a lock, in order, each lock all or nothing over its keys:
+/// Extends many locks in one call. `ARGV[1]` is the round's re-take mark.
+/// Each lock then has four arguments, and its keys in the same order. The
+/// arguments: its key count, its stored value, its new TTL in ms, and its
+/// re-take (empty for none). It returns one reply per lock, in order. Each
+/// lock is all or nothing over its keys:
 ///
-/// - 1, *renewed*: every key holds the stored value (our key, there since it
-///   was written or confirmed); each gets the new TTL, its value kept.
-/// - 2, *re-taken*: no key holds another token, and some are absent or hold
-///   a re-take not yet confirmed; with a re-take, every key is set to the
-///   token marked with this round's mark (see [`CONFIRM`]) with the new TTL.
+/// - 1, *renewed*: every key holds the stored value, so it was there all
+///   along. Each gets the new TTL, its value kept.
+/// - 2, *re-taken*: no key holds another token, and some are absent or
+///   marked. Every key gets the token, marked with this round's mark (see
+///   [`CONFIRM`]), and the new TTL.
 /// - 0: a key holds another token; nothing is written.
-/// - 3: no key holds another token, and some are absent or hold a re-take
-///   not yet confirmed, but the lock may not re-take; nothing is written.
+/// - 3: as 2, but the lock may not re-take; nothing is written.
 ///
-/// A re-take above zero is a fenced lock's token: its last key is then its
-/// fencing counter, raised to at least that token (read before any write
-/// of the lock: a counter that is not a number makes that lock's reply an
-/// error, unwritten).
+/// A re-take above zero is a fenced lock's token. Its last key is then its
+/// fencing counter, raised to at least that token. The counter is read
+/// before any write: one that is not a number makes the reply an error.
 pub(crate) const EXTEND: Script = Script {
     bit: 2,
     body: "local mark, out, k = ARGV[1], {}, 0\n\
@@ -112,10 +109,10 @@ pub(crate) const EXTEND: Script = Script {
     sha: "c9389e5729d0a60af56077d86a6b8932534f9540",
 };
 
-/// Confirms the re-takes of one round: each key that holds a value marked
-/// with `ARGV[1]` (see [`EXTEND`]) gets it unmarked, its TTL kept. Sent only
-/// to the nodes whose re-take reply a round that held has read: a re-take
-/// that landed anywhere else keeps its mark, and never counts as renewed.
+/// Confirms one round's re-takes: a key marked with `ARGV[1]` (see
+/// [`EXTEND`]) loses the mark, its TTL kept. It goes only where a round
+/// that held read the re-take's reply. A re-take elsewhere keeps its mark,
+/// and never counts as renewed.
 pub(crate) const CONFIRM: Script = Script {
     bit: 8,
     body: "local tail = '~' .. ARGV[1]\n\
@@ -129,8 +126,8 @@ pub(crate) const CONFIRM: Script = Script {
     sha: "6b45265586bd75cb7b17f1dc8e0dd628f362fb5f",
 };
 
-/// Sets every key to our token with a TTL if, and only if, none of them
-/// exists: all or nothing on this node. Returns 1 if it set them, 0 if not.
+/// Sets every key to our token with a TTL, if none of them exists. Returns
+/// 1 if it set them, 0 if not.
 pub(crate) const ACQUIRE_MANY: Script = Script {
     bit: 4,
     body: "for _, key in ipairs(KEYS) do\n  \
@@ -145,14 +142,12 @@ pub(crate) const ACQUIRE_MANY: Script = Script {
     sha: "593a40f397e4a826c82cc7adb7cc44d68ccec191",
 };
 
-/// Fenced acquisition, round one: if the lock key (KEYS[1]) is free, raises
-/// the resource's fencing counter (KEYS[2]) to the larger of its value plus
-/// one and the node's clock in microseconds since the epoch, sets the lock
-/// to our token (ARGV[1]) with a TTL (ARGV[2], milliseconds), and returns the
-/// counter. Returns 0, and writes nothing, if the lock is taken. The counter
-/// is read before the lock is written, so a counter that is not a number
-/// fails the script before it sets anything; the counter never expires. A
-/// counter at 2^53 or above (where Lua's numbers lose precision) is refused.
+/// Fenced acquisition, round one. If the lock key (`KEYS[1]`) is taken, it
+/// returns 0 and writes nothing. Otherwise it raises the fencing counter
+/// (`KEYS[2]`) to `max(counter + 1, node clock in µs)`. It sets the lock to
+/// our token (`ARGV[1]`) for `ARGV[2]` ms, and returns the counter. A counter
+/// that is not a number fails before the lock is set. The counter never
+/// expires. One at 2^53 or above, where Lua loses precision, is refused.
 pub(crate) const FENCE_ACQUIRE: Script = Script {
     bit: 64,
     body: "if redis.call('exists', KEYS[1]) == 1 then\n  \
@@ -173,10 +168,9 @@ pub(crate) const FENCE_ACQUIRE: Script = Script {
     sha: "f39ef435254ddb2cde2e278c131f430e536ecba4",
 };
 
-/// Fenced acquisition, round two: if the lock key (KEYS[1]) still holds our
-/// token (ARGV[1]), raises the fencing counter (KEYS[2]) to at least the
-/// token's fencing number (ARGV[2]) and returns 1; otherwise writes nothing
-/// and returns 0.
+/// Fenced acquisition, round two. If `KEYS[1]` still holds our token
+/// (`ARGV[1]`), it raises the counter `KEYS[2]` to at least `ARGV[2]`. It then
+/// returns 1; otherwise it writes nothing and returns 0.
 pub(crate) const FENCE_CONFIRM: Script = Script {
     bit: 128,
     body: "if redis.call('get', KEYS[1]) ~= ARGV[1] then\n  \
@@ -256,8 +250,7 @@ pub(crate) const SCRIPTS: [&Script; 6] = [
     &FENCE_CONFIRM,
 ];
 
-/// Every script's bit: what a connection knows once the handshake loaded
-/// them all.
+/// Every script's bit: what a connection knows after its handshake.
 pub(crate) const ALL_SCRIPTS: u8 = RELEASE.bit
     | EXTEND.bit
     | CONFIRM.bit

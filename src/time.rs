@@ -1,10 +1,8 @@
-//! Helpers of time: a checked TTL, a deadline that never overflows, and a
-//! random pause.
+//! Time helpers: a checked TTL, a deadline that never overflows, a random pause.
 
 use std::time::{Duration, Instant};
 
-/// `t + d`, or a year after `t` where that is past the clock's range (a
-/// `Duration::MAX` retry delay, wait budget or TTL).
+/// `t + d`, or a year after `t` where that overflows (a `Duration::MAX` delay, budget or TTL).
 pub(crate) fn later(t: Instant, d: Duration) -> Instant {
     t.checked_add(d)
         .unwrap_or_else(|| t + Duration::from_secs(365 * 86_400))
@@ -16,8 +14,7 @@ pub(crate) fn random_below(bound: Duration) -> Duration {
     Duration::from_nanos(getrandom::u64().unwrap_or(0) % nanos)
 }
 
-/// A TTL that passed the client's checks, in whole milliseconds (Redis'
-/// unit, on which validity is measured too): converted once.
+/// A checked TTL in whole milliseconds, Redis' unit. Validity is measured on it too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Ttl(u64);
 

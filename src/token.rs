@@ -8,14 +8,12 @@ use crate::error::{LockError, ParseTokenError};
 /// How many random bytes a token has: 160 bits.
 const TOKEN_BYTES: usize = 20;
 
-/// The proof of ownership of a lock: 160 random bits from the operating
-/// system's random source (the kernel's, the same as `/dev/urandom`),
-/// shown as 40 lowercase hex characters.
+/// The proof of ownership of a lock: 160 random bits from the OS (as
+/// `/dev/urandom`), in 40 lowercase hex characters.
 ///
-/// Each acquisition gets a fresh token; the nodes store it as the lock key's
-/// value, and only the holder of the token can extend or release the lock.
-/// A token can be written out and parsed back, so a lock acquired in one
-/// process can be released or extended in another (see
+/// Each acquisition gets a fresh token, stored as the lock key's value.
+/// Only its holder can extend or release the lock. A token written out and
+/// parsed back lets another process release or extend the lock (see
 /// [`Lock::from_token`](crate::Lock::from_token)).
 ///
 /// ```
@@ -32,12 +30,12 @@ const TOKEN_BYTES: usize = 20;
 pub struct Token([u8; TOKEN_BYTES]);
 
 impl Token {
-    /// A new token from the operating system's random source.
+    /// A new token from the OS random source.
     ///
     /// # Errors
     ///
-    /// [`LockError::Random`] if the random source fails (it practically
-    /// never does on a running system).
+    /// [`LockError::Random`] if the random source fails (practically
+    /// never).
     ///
     /// ```
     /// use redlock_sync::Token;
@@ -65,7 +63,7 @@ impl Token {
     /// The 40 hex characters that go on the wire (and that `Display` shows).
     pub(crate) fn hex(&self) -> [u8; 2 * TOKEN_BYTES] {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        // Digit `i` is the high half of byte `i / 2` if `i` is even, else the low half.
+        // Digit `i` is byte `i / 2`'s high half if `i` is even, else its low.
         std::array::from_fn(|i| DIGITS[usize::from((self.0[i / 2] >> (4 * (1 - i % 2))) & 0x0f)])
     }
 }
@@ -77,9 +75,9 @@ impl fmt::Display for Token {
     }
 }
 
-/// Only the first 8 hex characters, as `redlock status` shows them: the
-/// whole token is enough to release or extend the lock from anywhere, and
-/// `Debug` output ends up in logs. `Display` shows all of it.
+/// Only the first 8 hex characters, as `redlock status` shows. `Debug`
+/// output ends up in logs, and the whole token can release the lock from
+/// anywhere. `Display` shows all of it.
 ///
 /// ```
 /// # use redlock_sync::Token;

@@ -1,37 +1,34 @@
-//! Wake-up hints on release: a waiting thread retries as soon as it hears
-//! that its resource was released, instead of sleeping out its retry pause.
+//! Wake-up hints on release. A waiter retries as soon as it hears of a
+//! release, instead of sleeping out its pause.
 //!
-//! A holder's release (the release script) `PUBLISH`es on the resource's
-//! channel (`redlock-sync:released:<resource>`) on every node it reaches
-//! where the key was its own or absent; a clean-up after a failed attempt
-//! publishes nothing, so the waiters of two clients cannot wake each other
-//! in a loop. A client listens on one node at a time, over one subscription
-//! connection (its *line*) that all its waiting threads share; a release
-//! through the same client wakes its own waiters without the network.
+//! A holder's release publishes on the resource's channel
+//! (`redlock-sync:released:<resource>`). It does so on each node where the
+//! key was its own or absent. A clean-up publishes nothing, so two clients'
+//! waiters cannot wake each other in a loop. A client listens on one node
+//! at a time, over one subscription connection: its *line*. All its
+//! waiting threads share it. A release through the same client wakes its
+//! own waiters directly.
 //!
-//! These are hints: a woken waiter runs an ordinary attempt, so safety never
-//! depends on them. A missed hint costs at most the retry pause, which still
-//! bounds every wait; a spurious one (a message that sat in the socket since
-//! before the attempt, this client's own release heard back) costs an
+//! These are hints: a woken waiter runs an ordinary attempt, so safety
+//! never depends on them. A missed hint costs at most the retry pause. A
+//! spurious one (a stale message, our own release heard back) costs an
 //! attempt.
 //!
-//! - A waiter counts from the start of its attempt ([`Waiters::listen`]): a
-//!   message that comes during the attempt ends the wait after it at once.
-//! - A message on a resource's channel wakes one of its waiters (the first
-//!   registered): one lock to take, no stampede. The confirmation of a
-//!   subscription wakes all the channel's waiters: a release before it went
-//!   unheard.
-//! - The line is opened by the first waiter that needs it, to the next node
-//!   once one fails us (a failed connect, a refused subscription, no answer
-//!   within `io_timeout` to what was sent, or to a `PING` on a line quiet
-//!   that long). Once every node failed in a row, waiters only sleep their
-//!   pause for a backoff that doubles each time, from [`BACKOFF`] up to
-//!   [`MAX_BACKOFF`], until a subscription is confirmed. A channel nobody
-//!   waited on for [`LINGER`] is unsubscribed as a waiter comes; the
-//!   client's next operation closes the line once no thread has waited for
-//!   that long.
-//! - No background thread: the waiting threads take turns at reading the
-//!   line, in slices of at most `io_timeout`.
+//! - A waiter counts from the start of its attempt ([`Waiters::listen`]). A
+//!   message during the attempt ends the wait after it at once.
+//! - A message wakes one waiter of its resource, the first registered: one
+//!   lock to take, no stampede. A confirmed subscription wakes all the
+//!   channel's waiters, since a release before it went unheard.
+//! - The first waiter that needs the line opens it. It moves on to the next
+//!   node after a failed connect, a refused subscription, or no answer
+//!   within `io_timeout`. A quiet line is checked with `PING`.
+//! - Once every node failed in a row, waiters just sleep their pause. The
+//!   backoff doubles from [`BACKOFF`] to [`MAX_BACKOFF`] until a
+//!   subscription is confirmed.
+//! - A channel unwaited for [`LINGER`] is unsubscribed when a waiter comes.
+//!   The client's next operation closes a line idle that long.
+//! - No background thread: waiters take turns reading the line, in slices
+//!   of at most `io_timeout`.
 //!
 //! The bookkeeping ([`Hints`]) is plain data, apart from the sockets.
 
@@ -45,31 +42,26 @@ use crate::node::{Listener, Message, Node, Sender};
 use crate::time::random_below;
 
 /// How long a channel stays subscribed, and the line open, after the last
-/// thread that waited on it left: back-to-back waits (the usual case under
-/// contention) then find it ready.
+/// waiter left. Back-to-back waits, usual under contention, find it ready.
 const LINGER: Duration = Duration::from_secs(1);
 
 /// The first backoff once every node failed to serve the line in a row.
 const BACKOFF: Duration = Duration::from_secs(1);
 
-/// The longest backoff: the line is tried again at least this often (a
-/// user may be given channel permissions later).
+/// The longest backoff. A user may get channel permissions later.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
-/// A thread woken by a node's message waits a random share of this before
-/// its attempt: the waiters of several clients woken by one release (or
-/// one that this client's release woke and one that its echo woke) spread
-/// out instead of splitting the nodes' votes among them.
+/// A thread woken by a node's message first waits a random share of this.
+/// Waiters woken by one release then spread out, instead of splitting the
+/// nodes' votes. That holds across clients, and for a release and its echo.
 const WAKE_SPREAD: Duration = Duration::from_micros(500);
 
 /// The waiting threads of one client, and its line.
 pub(crate) struct Waiters {
     state: Mutex<Waiting>,
-    /// Signalled when a waiter is woken, the reading role or the line frees
-    /// up, or a line opens.
+    /// Signalled when a waiter wakes, the reader or the line frees up, or a line opens.
     changed: Condvar,
-    /// Whether there is a line or a waiter at all: when there is not, the
-    /// fast paths take no lock.
+    /// Whether there is a line or a waiter; if not, fast paths take no lock.
     active: AtomicBool,
     /// How long a node has to answer on the line.
     io_timeout: Duration,
@@ -88,8 +80,8 @@ pub(crate) enum Wake {
     TimedOut,
 }
 
-/// A waiter registered as its attempt started: the wait after the attempt
-/// takes it over; dropped unused (the attempt won), it unregisters.
+/// A waiter registered as its attempt started. The wait after the attempt
+/// takes it over. Dropped unused (the attempt won), it unregisters.
 pub(crate) struct Listening<'a> {
     waiters: &'a Waiters,
     id: Option<u64>,
@@ -106,10 +98,9 @@ impl Drop for Listening<'_> {
 
 struct Waiting {
     hints: Hints,
-    /// The line: its sender, and its listener unless a thread reads with
-    /// it. Only that thread drops the line while it reads (whoever else
-    /// finds it broken says so in `hints`): the listener it brings back is
-    /// of this line.
+    /// The line: its sender, and its listener unless a thread reads with it.
+    /// Only the reader drops the line meanwhile; others mark it in `hints`.
+    /// So the listener it brings back is this line's.
     line: Option<(Sender, Option<Listener>)>,
 }
 
@@ -123,12 +114,10 @@ struct Hints {
     nodes: usize,
     waiters: Vec<Waiter>,
     next_id: u64,
-    /// The resources the line listens (or asked to) for, by name: when a
-    /// waiter last came or left.
+    /// The resources the line listens (or asked to) for, with when a waiter last came or left.
     channels: HashMap<String, Instant>,
     line: LineState,
-    /// When the line was last heard, and when the answer it owes (to what
-    /// was sent since) is overdue.
+    /// When the line was last heard, and when its owed answer is overdue.
     heard: Option<Instant>,
     due: Option<Instant>,
     /// The node to listen on next.
@@ -137,8 +126,8 @@ struct Hints {
     /// The next backoff once every node failed in a row.
     backoff: Duration,
     connect_after: Option<Instant>,
-    /// The nodes' connections cannot be split (TLS): no line, waiters hear
-    /// only of this client's releases.
+    /// The connections cannot be split (TLS): no line. Waiters hear only of
+    /// this client's releases.
     unsupported: bool,
 }
 
@@ -158,8 +147,7 @@ struct Waiter {
 }
 
 impl Waiters {
-    /// No line, no waiter, for a client of `nodes` nodes whose nodes have
-    /// `io_timeout` to answer and `connect_timeout` to connect.
+    /// No line and no waiter, for a client of `nodes` nodes.
     pub(crate) fn new(nodes: usize, io_timeout: Duration, connect_timeout: Duration) -> Waiters {
         Waiters {
             state: Mutex::new(Waiting {
@@ -177,9 +165,9 @@ impl Waiters {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Called as an attempt on `resources` starts: while the line listens
-    /// for all of them, a message from now on counts for the wait after
-    /// it. Costs nothing while the client has no line.
+    /// Called as an attempt on `resources` starts. If the line listens for
+    /// them all, a message from now on counts for the wait after it. Free
+    /// while the client has no line.
     pub(crate) fn listen(&self, resources: &[String]) -> Listening<'_> {
         let mut listening = Listening {
             waiters: self,
@@ -203,11 +191,10 @@ impl Waiters {
         }
     }
 
-    /// Waits, after the attempt that `listening` began, until a release of one
-    /// of `resources` is heard of, or until `until`, or until `stop` says so
-    /// (then as if timed out; whoever makes `stop` true calls
-    /// [`nudge`](Self::nudge) after). Never past `until`, give or take a
-    /// read's socket timeout.
+    /// Waits after the attempt `listening` began. It ends on a release of
+    /// one of `resources`, at `until`, or when `stop` says so. A stop reads
+    /// as a timeout; whoever sets it calls [`nudge`](Self::nudge). Never
+    /// past `until`, give or take a read's socket timeout.
     pub(crate) fn wait(
         &self,
         mut listening: Listening<'_>,
@@ -241,8 +228,7 @@ impl Waiters {
                 st = self.read(st, listener, until);
                 continue;
             }
-            // Another thread reads or connects, or no node serves: sleep
-            // until news or the end of the pause.
+            // Another thread reads or connects, or no node serves: sleep.
             let left = st.hints.sleep_for(now, until);
             let slept = self.changed.wait_timeout(st, left);
             st = slept.map_or_else(|e| e.into_inner().0, |r| r.0);
@@ -255,8 +241,7 @@ impl Waiters {
         self.changed.notify_all();
     }
 
-    /// Reads the line with its `listener` outside the lock, until `until`
-    /// at most, and records what it heard.
+    /// Reads the line outside the lock, until `until` at most, and records what it heard.
     fn read<'a>(
         &'a self,
         st: MutexGuard<'a, Waiting>,
@@ -289,8 +274,8 @@ impl Waiters {
         st
     }
 
-    /// Opens a line to the next node, outside the lock. A connect that the
-    /// waiter's own pause cut short says nothing about the node.
+    /// Opens a line to the next node, outside the lock. A connect cut short
+    /// by the waiter's own pause says nothing about the node.
     fn connect<'a>(
         &'a self,
         mut st: MutexGuard<'a, Waiting>,
@@ -319,16 +304,15 @@ impl Waiters {
         st
     }
 
-    /// Adds a waiter for `resources`, and sends what the line needs for
-    /// it. Returns its id.
+    /// Adds a waiter for `resources`, sends what the line needs, and returns its id.
     fn register(&self, st: &mut Waiting, resources: &[String], now: Instant) -> u64 {
         let (id, out) = st.hints.register(resources, now, self.io_timeout);
         self.send(st, &out, now);
         id
     }
 
-    /// Sends `out`, if anything, on the line, if there is one. A failed
-    /// write leaves the line overdue: its next read fails it.
+    /// Sends `out` on the line, if any. A failed write leaves the line
+    /// overdue, so its next read fails it.
     fn send(&self, st: &mut Waiting, out: &Out, now: Instant) {
         if let Some((sender, _)) = st.line.as_mut().filter(|_| !out.is_empty()) {
             if sender.send(out, now + self.io_timeout).is_err() {
@@ -337,11 +321,10 @@ impl Waiters {
         }
     }
 
-    /// Closes the line if no thread has waited for [`LINGER`]: for the
-    /// client's operations that do not [`listen`](Self::listen) (extensions
-    /// and releases), so that a client that stopped waiting and goes on
-    /// only holding its locks does not keep the line open. Costs nothing
-    /// while the client has no line.
+    /// Closes the line if no thread has waited for [`LINGER`]. Extensions
+    /// and releases call it, as they do not [`listen`](Self::listen). A
+    /// client that only holds locks keeps no line open. Free while the
+    /// client has no line.
     pub(crate) fn close_if_idle(&self) {
         if self.active.load(Ordering::Acquire) {
             self.tidy(&mut self.lock(), Instant::now());
@@ -365,8 +348,7 @@ impl Hints {
         }
     }
 
-    /// Whether the line is up and listens (or asked to) for every one of
-    /// `resources`.
+    /// Whether the line is up and listens (or asked to) for all `resources`.
     fn listens_for(&self, resources: &[String]) -> bool {
         self.line == LineState::Up && resources.iter().all(|r| self.channels.contains_key(r))
     }
@@ -383,11 +365,10 @@ impl Hints {
         (id, self.listen(resources, now, io))
     }
 
-    /// What to send on a line that is up to listen for `resources`: the
-    /// subscriptions missing, the channels nobody waited on for [`LINGER`]
-    /// (so that the set stays as small as the resources waited on lately),
-    /// and a `PING` if the line owes nothing and has been quiet for `io`.
-    /// The line owes an answer to each.
+    /// What to send on an up line to listen for `resources`. That is the
+    /// missing subscriptions, and unsubscribing channels unwaited for
+    /// [`LINGER`]. A line quiet for `io` that owes nothing also gets a
+    /// `PING`. The line owes an answer to each.
     fn listen(&mut self, resources: &[String], now: Instant, io: Duration) -> Out {
         let mut out = Out::new();
         if self.line != LineState::Up {
@@ -412,8 +393,7 @@ impl Hints {
         out
     }
 
-    /// Forgets the channels that nobody waits on and nobody waited on for
-    /// [`LINGER`]. Returns them.
+    /// Forgets and returns the channels nobody waited on for [`LINGER`].
     fn forget_unwaited(&mut self, now: Instant) -> Vec<String> {
         let waiters = &self.waiters;
         let waited = |r: &String| waiters.iter().any(|w| w.resources.contains(r));
@@ -447,8 +427,7 @@ impl Hints {
         woken.map(|w| w.woken = Some(why)).count() > 0
     }
 
-    /// This client released `resources`: wakes one waiter of each. Returns
-    /// whether it woke any.
+    /// This client released `resources`: wakes one waiter of each. Returns whether it woke any.
     fn released_here(&mut self, resources: &[String]) -> bool {
         let woke = (resources.iter()).filter(|r| self.wake(r, Wake::ReleasedHere, false));
         woke.count() > 0
@@ -467,9 +446,9 @@ impl Hints {
         }
     }
 
-    /// When the reader must be back: at the end of its pause, after at most
-    /// `io` (so that what is sent meanwhile is checked in time), or when
-    /// the line owes an answer.
+    /// When the reader must be back: at the end of its pause, when an answer
+    /// is due, or after `io` at most. The last checks in time what others
+    /// send meanwhile.
     fn read_deadline(&self, now: Instant, until: Instant, io: Duration) -> Instant {
         self.due.into_iter().fold(until.min(now + io), Instant::min)
     }
@@ -486,10 +465,9 @@ impl Hints {
             && self.connect_after.is_none_or(|t| now >= t)
     }
 
-    /// How long a waiter that neither reads nor connects sleeps, unless
-    /// something changes: until the end of its pause, or of the backoff if
-    /// that comes first and is still ahead (a backoff over is no reason to
-    /// wake: whoever connects or reads says when it is done).
+    /// How long a waiter that neither reads nor connects sleeps: to the end
+    /// of its pause, or of a backoff still ahead. A backoff already over is
+    /// no reason to wake: whoever connects or reads says when done.
     fn sleep_for(&self, now: Instant, until: Instant) -> Duration {
         let end = match self.connect_after {
             Some(after) if after > now && self.line == LineState::Down => after.min(until),
@@ -507,10 +485,9 @@ impl Hints {
         self.listen(&waited.collect::<Vec<_>>(), now, io)
     }
 
-    /// The line (or its connect) failed us: the next node, whose
-    /// subscriptions will wake the waiters (what came in between is
-    /// unknown), after a backoff once all failed in a row, twice as long as
-    /// the last one.
+    /// The line or its connect failed: move to the next node. Its
+    /// subscriptions will wake the waiters. Once all failed in a row, wait a
+    /// backoff twice the last.
     fn line_failed(&mut self, now: Instant) {
         self.line = LineState::Down;
         self.node = (self.node + 1) % self.nodes;

@@ -1,8 +1,7 @@
-//! Opening a node's connection within the round's deadline: resolve the
-//! host name, connect (TCP, Unix socket, or TLS through the `redis` crate),
-//! then one pipelined handshake: `AUTH` and `SELECT`, `SCRIPT LOAD`, and
-//! `INFO server` for the restart guard and for one vote per server, and
-//! any clean-ups the node is owed.
+//! Opening a node's connection within the round's deadline. Resolve the
+//! host, connect (TCP, Unix socket, or TLS through the `redis` crate), then
+//! one pipelined handshake. It sends `AUTH`, `SELECT`, `SCRIPT LOAD`,
+//! `INFO server`, and any clean-ups the node is owed.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -22,38 +21,33 @@ use crate::script;
 /// What a node needs to open a connection, and whose vote it is.
 pub(crate) struct Connector {
     pub(super) endpoint: Endpoint,
-    /// The restarted-node guard: with a grace period, a node up for less
-    /// does not vote (its uptime comes with the handshake's `INFO server`).
+    /// The restarted-node guard's grace: a node up for less does not vote.
     pub(super) restart_grace: Option<Duration>,
-    /// This node's place among its client's nodes, and the servers they
-    /// reached (by `run_id`): a node that reaches a server another node
-    /// reached first does not vote.
+    /// This node's place, and the servers the client's nodes reached (by
+    /// `run_id`). A node reaching a server another reached first does not
+    /// vote.
     pub(super) index: usize,
     pub(super) servers: Arc<Servers>,
-    /// How long to wait before connecting again after a connect (or its
-    /// handshake) timed out: a node that accepts connections but never
-    /// answers (a stopped process) would otherwise cost every round its
-    /// whole deadline.
+    /// How long to wait before connecting again after a connect timed out.
+    /// Else a node that accepts but never answers (a stopped process) would
+    /// cost every round its whole deadline.
     pub(super) reconnect_backoff: Duration,
-    /// Clean-ups the node could not be sent: the next connection sends
-    /// them right after its handshake.
+    /// Clean-ups the node could not be sent, for after the next handshake.
     pub(super) owed: Owed,
 }
 
 /// A new connection, its handshake done.
 pub(super) struct Opened {
     pub(super) writer: Writer,
-    /// The reading half; none for an unsplit connection, whose writer
-    /// reads.
+    /// The reading half; none when unsplit, as the writer reads.
     pub(super) reader: Option<Reader>,
     /// Bits of our scripts the server has (`SCRIPT LOAD` went through).
     pub(super) scripts: u8,
 }
 
 impl Connector {
-    /// [`connect`](Self::connect), unless a connect timed out less than the
-    /// reconnect backoff ago: then fail at once. A timeout starts the
-    /// backoff (the caller records it through the failure).
+    /// [`connect`](Self::connect), or fail at once within the reconnect
+    /// backoff. A timeout starts the backoff; the caller records it.
     pub(super) fn connect_unless_backing_off(
         &self,
         connect_after: Option<Instant>,
@@ -147,8 +141,7 @@ impl Connector {
         })
     }
 
-    /// The node's failure when the server refused our credentials or
-    /// wants some.
+    /// The failure when the server refused our credentials or wants some.
     fn auth_failure(&self, e: &redis::ServerError) -> Failure {
         Failure::Error(NodeError::Auth {
             node: self.endpoint.name.to_string(),
@@ -159,9 +152,8 @@ impl Connector {
 
     /// Connects through the `redis` crate (TLS), within `limit`.
     fn connect_unsplit(&self, limit: Duration) -> Result<redis::Connection, Failure> {
-        // rustls panics when the application selected no crypto provider.
-        // A panic here would also leave this node's roles taken for every
-        // other thread: turn it into this node's failure.
+        // rustls panics when no crypto provider was selected. A panic here
+        // would leave this node's roles taken: make it a failure.
         std::panic::catch_unwind(AssertUnwindSafe(|| {
             self.endpoint.client.get_connection_with_timeout(limit)
         }))
@@ -176,8 +168,7 @@ impl Connector {
         .map_err(connect_failure)
     }
 
-    /// Resolves the node's host name, then connects to its addresses in
-    /// turn, all within `limit`.
+    /// Resolves the node's host name, then connects to its addresses in turn, all within `limit`.
     fn connect_resolved(&self, resolver: &Resolver, limit: Duration) -> Result<Stream, Failure> {
         let start = Instant::now();
         let addrs = resolver.resolve(limit)?;
@@ -209,9 +200,9 @@ fn is_server_full(e: &redis::ServerError) -> bool {
         .is_some_and(|details| details.starts_with("max number of clients reached"))
 }
 
-/// How long to try the next of `remaining` addresses, with `left` for all:
-/// an equal share, so that an address that never answers (an IPv6 route
-/// that drops packets, say) leaves time for the ones after it.
+/// How long to try the next of `remaining` addresses: an equal share of
+/// `left`. An address that never answers (a dead IPv6 route) leaves time
+/// for the rest.
 fn share(left: Duration, remaining: usize) -> Duration {
     left / u32::try_from(remaining.max(1)).unwrap_or(u32::MAX)
 }

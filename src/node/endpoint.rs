@@ -1,6 +1,6 @@
-//! A node URL read once, into what connecting needs: the name shown to
-//! people (never the password), the identity that tells two URLs of one
-//! server apart, the route to the server, and the handshake bytes.
+//! A node URL read once, into what connecting needs. That is the name
+//! shown to people (never the password), the server's identity, the route
+//! and the handshake bytes.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -14,8 +14,7 @@ use crate::script;
 
 /// A parsed node URL.
 pub(crate) struct Endpoint {
-    /// `host:port`, `tls host:port`, or the socket path; never the
-    /// password.
+    /// `host:port`, `tls host:port`, or the socket path; never the password.
     pub(crate) name: Arc<str>,
     /// What makes two nodes the same server: the address without the db.
     pub(crate) identity: String,
@@ -24,12 +23,12 @@ pub(crate) struct Endpoint {
     pub(super) client: redis::Client,
     /// How the node is reached.
     pub(super) route: Route,
-    /// What a new connection sends first, packed: `AUTH` and `SELECT` if
-    /// the URL asks for them, then `SCRIPT LOAD` for our scripts.
+    /// What a new connection sends first, packed: `AUTH` and `SELECT` as
+    /// the URL asks, then `SCRIPT LOAD`.
     pub(super) handshake: Vec<u8>,
-    /// How many replies the `AUTH` and `SELECT` give (an error there fails
-    /// the connection); a `SCRIPT LOAD` reply for every script follows (an
-    /// error there only means the scripts go as `EVAL`).
+    /// How many replies `AUTH` and `SELECT` give; an error there fails the
+    /// connection. A `SCRIPT LOAD` reply per script follows; an error there
+    /// means the scripts go as `EVAL`.
     pub(super) checked_replies: usize,
     /// The handshake begins with `AUTH`.
     pub(super) sends_auth: bool,
@@ -40,9 +39,9 @@ pub(crate) struct Endpoint {
 }
 
 impl Endpoint {
-    /// Parses a node URL: `redis://` or `valkey://`, `redis+unix://` or
-    /// `valkey+unix://`, or (with the `tls` feature) `rediss://` or
-    /// `valkeys://`; user, password and db as the redis crate reads them.
+    /// Parses a node URL: `redis://`, `valkey://`, `redis+unix://`,
+    /// `valkey+unix://`, or with the `tls` feature `rediss://`, `valkeys://`.
+    /// User, password and db are read as the redis crate does.
     pub(crate) fn parse(url: &str) -> Result<Endpoint, ConfigError> {
         let bad = |reason: String| ConfigError::NodeUrl {
             url: redact(url),
@@ -60,8 +59,7 @@ impl Endpoint {
             )));
         }
         let route = route(info.addr()).map_err(bad)?;
-        // `host:port` or the socket path; a TLS node is the same server as
-        // a plain one at its address.
+        // A TLS node is the same server as a plain one at its address.
         let addr = info.addr().to_string();
         let unix = matches!(info.addr(), ConnectionAddr::Unix(_));
         let name = match info.addr() {
@@ -97,9 +95,9 @@ impl Endpoint {
     }
 }
 
-/// What to check in the URL when the node refuses to authenticate us,
-/// given what the URL holds. Never quotes the URL: a password given in the
-/// wrong place (`redis://secret@host`) would show.
+/// What to check in the URL when the node refuses to authenticate us.
+/// Never quotes the URL: a misplaced password (`redis://secret@host`)
+/// would show.
 fn auth_hint(user: bool, password: bool, unix: bool) -> &'static str {
     match (user, password, unix) {
         (_, true, false) => "check the password: redis://:password@host:port",
@@ -112,10 +110,10 @@ fn auth_hint(user: bool, password: bool, unix: bool) -> &'static str {
     }
 }
 
-/// Which part of a URL the redis crate refused, and why, in words: the
-/// scheme is known to be one we take. `None` when no part looks wrong (the
-/// redis crate's own message then stands). Quotes only what the redacted
-/// URL shows too: nothing before the last `@` of the address.
+/// Which part of a URL the redis crate refused, and why, in words. The
+/// scheme is known to be ours. `None` when no part looks wrong; the redis
+/// crate's message then stands. Like the redacted URL, it quotes nothing
+/// before the address's last `@`.
 fn diagnose(url: &str) -> Option<String> {
     let (scheme, rest) = url.split_once("://")?;
     if scheme.ends_with("unix") {
@@ -202,14 +200,12 @@ pub(super) enum Route {
     /// A Unix socket.
     #[cfg(unix)]
     Unix(std::path::PathBuf),
-    /// Through the `redis` crate's own connection (TLS): one that cannot be
-    /// split.
+    /// Through the `redis` crate's own connection (TLS), which cannot split.
     Unsplit,
 }
 
-/// The URL with any password replaced by `***`, for error messages: the
-/// one before the `@`, and every query value but `db`'s and `user`'s (a
-/// Unix socket URL's `pass=`).
+/// The URL with any password replaced by `***`, for error messages. That
+/// hides the one before the `@`, and every query value but `db` and `user`.
 pub(crate) fn redact(url: &str) -> String {
     // Without a "://" (a mistyped scheme, say) the text may still hold a
     // password before an '@': read it all as the address.
@@ -218,10 +214,9 @@ pub(crate) fn redact(url: &str) -> String {
     // What to hide, as ranges of `url`.
     let mut hide = Vec::new();
     match rest.rfind('@') {
-        // The last '@' anywhere, not only in the authority: a password may
-        // hold a raw '/', '?' or '#', and the error for that malformed URL
-        // must still hide it. Without a ':' the one name there may be a
-        // password whose colon was left out (`redis://secret@host`).
+        // The last '@' anywhere: a password may hold a raw '/', '?' or '#',
+        // and that malformed URL's error must still hide it. Without a ':'
+        // the one name may be a password missing its colon.
         Some(at) => {
             hide.push(scheme_end + rest[..at].find(':').map_or(0, |c| c + 1)..scheme_end + at)
         }
@@ -234,9 +229,8 @@ pub(crate) fn redact(url: &str) -> String {
         }
         None => {}
     }
-    // The query as written, also where that '@' was in it (`?user=a@b&pass=`):
-    // only `db` and `user` show (the redis crate decodes names, so `pa%73s`
-    // is `pass` too).
+    // The query as written, even holding that '@': only `db` and `user`
+    // show. The redis crate decodes names, so `pa%73s` is `pass` too.
     if let Some(mut at) = url.find('?').map(|q| q + 1) {
         for pair in url[at..].split('&') {
             let name = pair.split_once('=').map(|(name, _)| name);
@@ -281,7 +275,7 @@ fn check_scheme(url: &str) -> Result<(), String> {
 }
 
 /// How to reach `addr`: by address, by name (resolved with a timeout), or
-/// through the redis crate (TLS, and Unix sockets where the OS has none).
+/// via the redis crate. The last is for TLS, or Unix sockets the OS lacks.
 fn route(addr: &ConnectionAddr) -> Result<Route, String> {
     Ok(match addr {
         ConnectionAddr::Tcp(_, 0) | ConnectionAddr::TcpTls { port: 0, .. } => {
@@ -301,11 +295,10 @@ fn route(addr: &ConnectionAddr) -> Result<Route, String> {
     })
 }
 
-/// A new connection's handshake, packed: `AUTH` and `SELECT` as the URL
-/// asks (their replies checked: how many), every script loaded (loaded
-/// scripts, unlike those that come in by `EVAL`, are not evicted from the
-/// server's cache), and last `INFO server` (its run_id, and its uptime for
-/// the restart guard).
+/// A new connection's handshake, packed, and how many replies it checks.
+/// `AUTH` and `SELECT` as the URL asks, then every script loaded: loaded
+/// scripts, unlike `EVAL`'s, are not evicted. Last, `INFO server` for the
+/// `run_id` and the uptime.
 fn handshake(redis: &RedisConnectionInfo) -> (Vec<u8>, usize) {
     let mut handshake = redis::pipe();
     if let Some(password) = redis.password() {

@@ -1,18 +1,16 @@
-//! Clean-ups a node is owed: releases that could not be sent after a failed
-//! attempt (the node was unreachable, or backing off reconnecting), kept
-//! while the key they release could still be alive, and sent first on the
-//! node's next connection, before any other command.
+//! Clean-ups a node is owed: releases after a failed attempt that could not
+//! be sent. They are kept while their key could be alive, and sent first on
+//! the node's next connection.
 //!
-//! Without them, a `SET` that landed late on a node the clean-up could not
-//! reach would hold the resource for the rest of its TTL, for every client.
-//! A release is guarded by the attempt's token, so sending one twice, or
-//! after the key expired, is harmless.
+//! Without them, a late `SET` where the clean-up missed would hold the
+//! resource for its whole TTL. The token guards a release, so
+//! sending it twice, or after the key expired, is harmless.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-/// At most this many clean-ups are kept per node; past it the oldest is
-/// dropped (its key then expires on its own, as it would have before).
+/// At most this many clean-ups are kept per node. Past it the oldest is
+/// dropped, and its key expires on its own.
 const MAX_OWED: usize = 1024;
 
 /// The clean-ups one node is owed.
@@ -31,13 +29,11 @@ struct Debt {
     id: u64,
     /// Past this, the key the release is for has expired.
     until: Instant,
-    /// The packed command (`EVAL`: a new connection may not know the
-    /// script yet).
+    /// The packed command, as `EVAL`: a new connection may lack the script.
     bytes: Vec<u8>,
 }
 
-/// What a new connection sends for the clean-ups due: their packed
-/// commands, one after the other, and which entries they are.
+/// The clean-ups due on a new connection: their packed commands, and which entries they are.
 #[derive(Default)]
 pub(super) struct Due {
     pub(super) bytes: Vec<u8>,

@@ -1,11 +1,10 @@
 //! Host name resolution with a time bound.
 //!
-//! The standard library resolves names with a blocking call that has no
-//! timeout, and a node's connect must not outlast its connect timeout. So
-//! the lookup runs on a helper thread, and the connect waits for it at most
-//! the time it has. A lookup still running when the next connect starts is
-//! waited for again, not started anew: a resolver that hangs costs one
-//! thread per node, not one per round.
+//! The standard library's lookup blocks with no timeout, but a connect must
+//! not outlast its timeout. So the lookup runs on a helper thread, and the
+//! connect waits at most the time it has. The next connect waits again for
+//! a lookup still running. A hung resolver costs one thread per node, not
+//! per round.
 
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -84,7 +83,7 @@ impl Resolver {
         std::thread::Builder::new()
             .name("redlock-sync resolver".to_string())
             .spawn(move || {
-                // Nobody may be waiting any more: then the answer is dropped.
+                // If nobody waits any more, the answer is dropped.
                 let _ = send.send(lookup(&host, port));
             })
             .map_err(|e| {

@@ -1,18 +1,16 @@
-//! The restarted-node guard: a node whose uptime is below the configured
-//! grace period does not vote.
+//! The restarted-node guard: a node up for less than the grace period does
+//! not vote.
 //!
-//! A node that restarts without persistence has forgotten every lock it
-//! held. If it voted at once, a second client could win a quorum that
-//! includes it while the first client still holds the lock on the others.
-//! Keeping it out of every round until it has been up for longer than the
-//! longest TTL in use lets every lock it forgot expire first.
+//! A node restarted without persistence forgot every lock it held. If it
+//! voted at once, a second client could win a quorum with it. The first
+//! would still hold the lock elsewhere. Kept out until up longer than the
+//! longest TTL, it lets every lock it forgot expire first.
 //!
-//! The uptime is read with `INFO server`, pipelined with the connection's
-//! handshake, so the guard costs no extra round trip. It is read on every
-//! new connection, and every new server process is reached through a new
-//! connection (a connection to a process that died fails, and a failed
-//! connection is never reused), so no command of a round ever reaches a
-//! server process that has been up for less than the grace period.
+//! `INFO server`, pipelined with the handshake, gives the uptime: no extra
+//! round trip. Every new connection reads it. A new server process is
+//! reached only through a new connection. One to a dead process fails, and
+//! is never reused. So no round's command reaches a process younger than
+//! the grace.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -22,30 +20,26 @@ use redis::Value;
 use super::servers::info_fields;
 use crate::error::NodeError;
 
-/// What the guard saw of one node's restarts: the server process (its
-/// `run_id`) the node last reached, and until when a restart seen keeps the
-/// node out, by this client's monotonic clock.
+/// What the guard saw of one node's restarts. It holds the `run_id` last
+/// reached, and until when a seen restart keeps the node out (our clock).
 #[derive(Default)]
 pub(crate) struct Seen(Mutex<(Option<String>, Option<Instant>)>);
 
-/// Checks an `INFO server` reply against the grace period: `Ok` if the node
-/// has certainly been up for at least `grace`, by its own word and by what
-/// this client saw of it (`seen`).
+/// Checks an `INFO server` reply against the grace period. `Ok` if the node
+/// has surely been up for `grace`, by its word and by what we saw (`seen`).
 ///
 /// `uptime_in_seconds` is the difference of two whole-second readings of
-/// the node's clock (now, and when it started), so a node that reports `u`
-/// seconds has been up for more than `u - 1` seconds and possibly not much
-/// more: that lower bound is what is compared with the grace, which errs on
-/// the side of refusing.
+/// the node's clock. So a node reporting `u` has been up more than `u - 1`
+/// seconds, maybe not much more. That lower bound is compared with the
+/// grace, erring on the side of refusing.
 ///
-/// The node's clock may be stepped after it started (time sync after a boot
-/// with a wrong clock), and then its uptime jumps. So once this client sees
-/// a restart (a `run_id` other than the one it reached before, or a new one
-/// with an uptime below the grace), it keeps the node out for the whole
-/// grace from then on its own clock, whatever uptime the node reports later.
+/// The node's clock may be stepped after it started (time sync after a bad
+/// boot clock), and its uptime jumps. So a restart seen here keeps the node
+/// out for the whole grace, on this client's clock. A restart is a new
+/// `run_id`, or a first one younger than the grace.
 ///
-/// A reply without a readable uptime is refused too: with the guard on, a
-/// node that cannot show how long it has been up does not vote.
+/// A reply without a readable uptime is refused: a node that cannot show
+/// its uptime does not vote.
 pub(crate) fn check(info: &Value, grace: Duration, seen: &Seen) -> Result<(), NodeError> {
     let info = info_fields(info);
     let Some(uptime) = info.get("uptime_in_seconds").map(Duration::from_secs) else {

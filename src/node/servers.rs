@@ -1,11 +1,11 @@
-//! Which server process each node reached: one server must have one vote,
-//! also when two URLs name it differently (`localhost` and `127.0.0.1`, two
-//! ports forwarded to one server), which no check of the URLs can see.
+//! Which server process each node reached. One server has one vote, even
+//! under two names (`localhost` and `127.0.0.1`, or two forwarded ports).
+//! No check of the URLs can see that.
 //!
-//! Every new connection's handshake reads the server's `run_id` (`INFO
-//! server`), a random id each Redis or Valkey process draws when it starts.
-//! The first node of a client to reach a server claims its id; any other
-//! node of the same client that reaches the same server does not vote.
+//! Each handshake reads the server's `run_id` (`INFO server`). Each Redis
+//! or Valkey process draws this random id at start. The client's first node
+//! to reach a server claims its id. Any other node reaching it does not
+//! vote.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,9 +15,8 @@ use redis::{InfoDict, Value};
 use super::pace::Pace;
 use crate::error::NodeError;
 
-/// What the nodes of one client share: the servers they reached, by
-/// `run_id`, and the pace of the client's threads (which decides when
-/// queued commands are written).
+/// What one client's nodes share: the servers they reached, by `run_id`,
+/// and the pace of the client's threads.
 #[derive(Default)]
 pub(crate) struct Servers {
     claimed: Mutex<HashMap<String, (usize, Arc<str>)>>,
@@ -27,8 +26,8 @@ pub(crate) struct Servers {
 impl Servers {
     /// Records that node `index` (named `name`) reached the server that
     /// answered `info`. Fails if another node reached it first. A reply
-    /// without a `run_id` (INFO disabled, an odd server) is let through:
-    /// there is nothing to compare.
+    /// without a `run_id` (INFO disabled, an odd server) passes: there is
+    /// nothing to compare.
     pub(crate) fn claim(
         &self,
         info: &Value,

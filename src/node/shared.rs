@@ -1,25 +1,21 @@
-//! The shared connection of one node: every thread that has a command for
-//! the node queues it here, and the threads that want answers do the I/O.
+//! The shared connection of one node. Threads with a command queue it
+//! here; the threads that want answers do the I/O.
 //!
-//! Commands are queued on the connection's outbox, and whoever writes
-//! empties it in one write (when that happens is [`Pace`]'s business: see
-//! `Turn` in [`crate::node`]). Writing and reading are separate roles: a
-//! command never waits for a read to return (except over TLS, whose
-//! connection cannot be split: there its reader writes what was queued
-//! once its read returns). Replies come back in order: each is matched to
-//! its request by sequence number and handed to the thread that asked (or
-//! discarded, if that thread stopped waiting). A reader hands out every
-//! reply one read brought. A round sleeps once, on all its nodes at a time
-//! (a [`Sleeper`]): readers count its replies, and the one that stores as
-//! many as could decide the round wakes it. A reader that lets the reading
-//! role go with replies due wakes a sleeper to read on only when no thread
-//! is awake to poll the node, and one sleeper woken to read serves every
-//! node it waits on (see [`hand_off`]).
+//! Commands go to the outbox. A writer empties it in one write, when
+//! [`Pace`] says (see `Turn` in [`crate::node`]). Writing and reading are
+//! separate roles, so a command never waits for a read. TLS cannot be
+//! split: there the reader writes what was queued after its read.
 //!
-//! Any error or timeout on the connection ends its *epoch*: the connection is
-//! dropped for every thread that shared it, and every request still on it
-//! fails. A reply is never matched across epochs, so a late reply can never
-//! be taken for the answer to another command.
+//! Replies come in order. Each is matched to its request by sequence number
+//! and handed to its thread, or discarded if that stopped waiting. A round
+//! sleeps once, on all its nodes (a [`Sleeper`]). The reader that stores
+//! enough of its replies to decide it wakes it. A reader leaving with
+//! replies due wakes a sleeper only if no thread is awake (see
+//! [`hand_off`]).
+//!
+//! Any error or timeout ends the connection's *epoch*: it is dropped for
+//! every thread, and every request on it fails. A reply is never matched
+//! across epochs, so a late reply never answers another command.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -38,13 +34,12 @@ use super::transport::{Reader, Writer};
 use crate::error::{Failure, NodeError};
 use crate::script::{is_noscript, Command};
 
-/// Past this many unread replies on a connection, a round waits for its
-/// reply even after the outcome is decided, draining the backlog (or, on a
-/// hung node, ending the connection). A node that is always read last (the
-/// slowest) is read at least every this many rounds, so it learns soon
-/// enough what its unread replies said (a `NOSCRIPT` after `SCRIPT FLUSH`:
-/// until then, its unread releases do not happen); and a merely slow node
-/// holds up one round in this many.
+/// Past this many unread replies, a round waits for its reply even once
+/// decided. That drains the backlog, or ends a hung node's connection. So
+/// a node always read last is read at least every this many rounds. It
+/// learns soon what its unread replies said: a `NOSCRIPT` means its unread
+/// releases did not happen. A merely slow node holds up one round in this
+/// many.
 const MAX_BACKLOG: u64 = 32;
 
 /// The bounds of one round's I/O: nothing blocks past `deadline`, and a
@@ -68,17 +63,15 @@ pub(crate) struct Shared {
     link: Mutex<Link>,
 }
 
-/// A thread asleep until enough of its replies come, on any of the nodes
-/// it waits on (a round waits on all its nodes at once), or until the
-/// reading role of one of them is free: one wake-up per round, not one per
-/// node. Readers count its replies; the one that stores the `need`th
-/// wakes it.
+/// A thread asleep until enough of its replies come on any of its nodes,
+/// or a reader role frees up. One wake-up per round, not per node.
+/// The reader that stores the `need`th reply wakes it.
 pub(crate) struct Sleeper {
     thread: Thread,
     need: usize,
     stored: AtomicUsize,
-    /// `AWAKE_NO`, `AWAKE_REPLY` or `AWAKE_OTHER`: set once, by the thread
-    /// that wakes it, with the lock of the node where it did held.
+    /// `AWAKE_NO`, `AWAKE_REPLY` or `AWAKE_OTHER`. Set once, by the waking
+    /// thread, under the lock of the node where it woke it.
     woken: AtomicU8,
 }
 
@@ -86,12 +79,11 @@ pub(crate) struct Sleeper {
 const AWAKE_NO: u8 = 0;
 /// Woken with its replies stored: it holds the pace (see [`Pace`]).
 const AWAKE_REPLY: u8 = 1;
-/// Woken to take a reading role over, or because an epoch ended.
+/// Woken to take over a reader role, or because an epoch ended.
 const AWAKE_OTHER: u8 = 2;
 
 impl Sleeper {
-    /// A waiter for this thread, woken once `need` of its replies are
-    /// stored (at least one).
+    /// A waiter for this thread, woken once `need` (at least one) of its replies are stored.
     pub(crate) fn new(need: usize) -> Arc<Sleeper> {
         Arc::new(Sleeper {
             thread: thread::current(),
@@ -106,14 +98,13 @@ impl Sleeper {
         self.woken.load(Ordering::Acquire) != AWAKE_NO
     }
 
-    /// Whether it was woken with its replies stored: it holds the pace
-    /// then. Read it once the waiter is delisted from every node.
+    /// Whether it was woken with its replies stored, so holds the pace.
+    /// Read it once delisted from every node.
     pub(crate) fn holds_pace(&self) -> bool {
         self.woken.load(Ordering::Acquire) == AWAKE_REPLY
     }
 
-    /// Marks it woken, unless it was woken already: then returns the
-    /// thread to unpark.
+    /// Marks it woken, unless it was already. Returns the thread to unpark.
     fn wake(&self, why: u8) -> Option<&Thread> {
         let (no, order) = (AWAKE_NO, Ordering::AcqRel);
         let cas = self
@@ -123,44 +114,40 @@ impl Sleeper {
     }
 }
 
-/// Everything behind a node's mutex: the connection of the current epoch,
-/// and what outlives it.
+/// Everything behind a node's mutex: this epoch's connection, and what outlives it.
 #[derive(Default)]
 struct Link {
     /// Bumped whenever the connection is dropped.
     epoch: u64,
-    /// The connection of this epoch (none open yet, if nobody holds or
-    /// left a writer).
+    /// The connection of this epoch (none open yet, if nobody holds or left a writer).
     conn: Connection,
     /// Why the last epoch ended.
     ended: Option<(u64, Failure)>,
-    /// The threads asleep until their replies come (or the reading role is
-    /// free), by request, in this epoch: a thread that stores one of these
-    /// replies counts it for that sleeper (and drops it from the list); one
-    /// that lets the reading role go while replies are due wakes one
-    /// sleeper to take it over; the end of an epoch wakes all. Nobody else
-    /// is woken: every thread woken for nothing costs a context switch and
-    /// two syscalls.
+    /// Threads asleep until their replies come (or a reader role frees), by
+    /// request, in this epoch. Storing one of these replies counts it for
+    /// its sleeper and delists it. Leaving the reader role with replies due
+    /// wakes one sleeper to take over. An epoch's end wakes all. Nobody else
+    /// is woken: each needless wake-up costs a context switch and two
+    /// syscalls.
     sleepers: Vec<(Ticket, Arc<Sleeper>)>,
     /// The last connection ended in a timeout, and no reply came since.
     slow: bool,
     /// No connect before this, after one timed out.
     connect_after: Option<Instant>,
-    /// A moving average of how long a read of this node blocked, in
-    /// microseconds: rounds read the nodes that keep them waiting last.
+    /// A moving average of how long a read of this node blocked, in µs.
+    /// Rounds read the slowest nodes last.
     wait_us: u64,
 }
 
 /// One connection, from its connect to the end of its epoch: its halves,
-/// who holds them, and the requests on it. Ending the epoch replaces it
-/// with a fresh `Connection::default()` in one assignment, so nothing of
-/// one connection is left over for the next.
+/// who holds them, and its requests. Ending the epoch replaces it with
+/// `Connection::default()` in one assignment: nothing carries over.
 ///
 /// # Who holds the halves
 ///
-/// A half lies here while no thread holds it. A thread takes it, with the
-/// lock held, when it takes its role; does its I/O without the lock; and
-/// puts it back, unless the epoch ended meanwhile (then it drops it).
+/// A half lies here while no thread holds it. A thread takes it under the
+/// lock with its role, does its I/O without the lock, and puts it back. If
+/// the epoch ended meanwhile, it drops it instead.
 ///
 /// | `writing` | `reading` | split (TCP, Unix socket) | unsplit (TLS) |
 /// |---|---|---|---|
@@ -169,11 +156,11 @@ struct Link {
 /// | no  | yes | a thread reads with `reader` | (never) |
 /// | yes | yes | one thread writes, another reads | one thread reads with `writer`, then writes what was queued meanwhile |
 ///
-/// A thread may take the writing role while `writing` is false, and the
-/// reading role when [`can_read`]: `reading` is false, replies are due (so
-/// the handshake is over) and, on an unsplit connection, `writing` is
-/// false too. Whoever ends the epoch shuts down the halves that lie here; a
-/// thread that holds one finds out when its I/O fails.
+/// A thread may take the writer role while `writing` is false. It may take
+/// the reader role when [`can_read`]. That is: `reading` is false, replies
+/// are due (so the handshake is over), and an unsplit one is not `writing`.
+/// Whoever ends the epoch shuts down the halves lying here. A thread
+/// holding one finds out when its I/O fails.
 #[derive(Default)]
 struct Connection {
     /// The connection cannot be split (TLS): its writer also reads, so the
@@ -181,13 +168,11 @@ struct Connection {
     unsplit: bool,
     /// The connection's writing half, unless the writing thread holds it.
     writer: Option<Writer>,
-    /// The reading half, unless the reading thread holds it (none for an
-    /// unsplit connection).
+    /// The reading half, unless the reader holds it (none when unsplit).
     reader: Option<Reader>,
     /// A thread is writing (it has taken `writer`, or is connecting).
     writing: bool,
-    /// A thread is reading (it has taken `reader`, or on an unsplit
-    /// connection `writer`).
+    /// A thread is reading (it has taken `reader`, or on an unsplit connection `writer`).
     reading: bool,
     /// Bits of the scripts known to be cached on this connection's server.
     scripts: u8,
@@ -201,13 +186,11 @@ struct Connection {
     next_read: u64,
     /// Replies read and not yet taken by their threads.
     replies: Vec<(u64, Value)>,
-    /// One flag per request not read yet, from `next_read` on: whether its
-    /// thread stopped waiting, so that its reply is discarded. (Never
-    /// replayed: a command sent again later could land behind a later
-    /// command of ours and undo it.)
+    /// One flag per unread request, from `next_read` on: whether its thread
+    /// stopped waiting, so its reply is discarded. Never replayed: a command
+    /// sent again could land behind a later one of ours and undo it.
     abandoned: VecDeque<bool>,
-    /// Requests whose threads still want the reply (not read, not
-    /// abandoned).
+    /// Requests whose threads still want the reply (not read, not abandoned).
     live: u64,
 }
 
@@ -223,18 +206,17 @@ impl Shared {
         self.link.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues `cmd` on the connection. With `eval` (for a request whose
-    /// reply nobody will read, and for the retry after a `NOSCRIPT`), a
-    /// script goes as `EVAL` and the command is written now; otherwise it
-    /// is left for whoever lets go of the client's [`Pace`] last (see
-    /// [`flush`](Self::flush)), unless the connection is not open yet: a
-    /// connect must not wait. Written now means: by this thread, or, if
-    /// another thread is writing, by that thread before it lets go; and
-    /// connected first if there is no connection.
+    /// Queues `cmd` on the connection. With `eval`, a script goes as `EVAL`
+    /// and the command is written now. That is for a reply nobody reads,
+    /// and for the retry after a `NOSCRIPT`. Otherwise the last thread to
+    /// let go of the [`Pace`] writes it (see [`flush`](Self::flush)). With
+    /// no connection open it is written now too: a connect must not wait.
+    /// "Now" means by this thread, connecting first if need be, or by a
+    /// thread already writing.
     ///
-    /// Returns the request's ticket, and whether it is on the wire: asked
-    /// with the lock still held from the queueing, so that no other thread
-    /// can have begun writing it in between (see [`written`](Self::written)).
+    /// Returns the ticket, and whether the request is on the wire. That is
+    /// read under the queueing's lock, so no other thread can have begun
+    /// writing it (see [`written`](Self::written)).
     pub(super) fn submit(
         &self,
         connector: &Connector,
@@ -259,21 +241,19 @@ impl Shared {
         Ok((ticket, ticket.seq < link.conn.written))
     }
 
-    /// Whether the request `ticket` is on the wire: false while it waits in
-    /// the outbox (another thread writing, or connecting), and for good once
-    /// its connection ended before it was written.
+    /// Whether request `ticket` is on the wire. False while it waits in the
+    /// outbox, and for good if its connection ended first.
     pub(super) fn written(&self, ticket: Ticket) -> bool {
         let link = self.lock();
         link.epoch == ticket.epoch && ticket.seq < link.conn.written
     }
 
-    /// Whether at least [`BATCH_FROM`] requests whose threads await their
-    /// replies are on the wire: each of those threads will be woken once
-    /// its replies are read, and write what is queued by then. Never
-    /// unless the node answers quickly (within half a [`RECHECK`], on
-    /// average) and its connection splits (a read of an unsplit one cannot
-    /// pause for our command): a command queued to wait for them would
-    /// wait a whole round trip.
+    /// Whether at least [`BATCH_FROM`] awaited requests are on the wire. Each
+    /// of their threads wakes once its replies are read, and writes what is
+    /// queued by then. False unless the node is quick (under half a
+    /// [`RECHECK`] on average) and its connection splits. Otherwise a
+    /// command queued for them would wait a whole round trip. (An unsplit
+    /// read cannot pause for our command.)
     pub(super) fn carries_batch(&self) -> bool {
         let link = self.lock();
         let conn = &link.conn;
@@ -282,12 +262,10 @@ impl Shared {
         quick && !conn.unsplit && conn.live.saturating_sub(queued) >= BATCH_FROM
     }
 
-    /// Writes what is queued, unless another thread is writing (which
-    /// writes it before it lets go). With `wake_reader`, then wakes a
-    /// sleeper to read if replies are due, nobody reads them and no thread
-    /// is awake (see [`hand_off`]); a thread that goes on to read the node
-    /// itself passes false, so that nobody is woken to find the reading
-    /// role taken.
+    /// Writes what is queued, unless another thread is writing: that one
+    /// writes it before it lets go. With `wake_reader`, it then wakes a
+    /// sleeper to read, if needed (see [`hand_off`]). A thread about to
+    /// read the node itself passes false: nobody wakes to find it taken.
     pub(super) fn flush(&self, connector: &Connector, bounds: Bounds, wake_reader: bool) {
         let link = self.write_out(self.lock(), connector, bounds);
         if wake_reader {
@@ -295,17 +273,16 @@ impl Shared {
         }
     }
 
-    /// Takes the reply to `ticket`, reading it (and whatever comes before
-    /// it) when no other thread is doing I/O; `None` when it cannot be had
-    /// without sleeping: another thread does the I/O, or a thread awake on
-    /// the client's [`Pace`] owes the write of the command (it writes it
-    /// when it lets go). Past the deadline, the reply is given up, unless
-    /// it is the only one the connection owes and nobody reads it.
+    /// Takes the reply to `ticket`, reading it (and what precedes it) if no
+    /// other thread does I/O. `None` if that needs a sleep: another thread
+    /// does the I/O, or an awake thread owes the write. That one writes as
+    /// it lets go of the [`Pace`]. Past the deadline the reply is given up,
+    /// unless it is the only one owed and nobody reads it.
     ///
-    /// Until `batch_until`, a command still queued waits for the next
-    /// batch even while nobody is awake (the threads woken by the replies
-    /// on the wire write it), and a read pauses then; past it, `None`, so
-    /// that the round writes its queued commands before a read may block.
+    /// Until `batch_until`, a queued command waits for the next batch, even
+    /// with nobody awake. The threads the replies on the wire wake write
+    /// it. A read pauses then. Past it, `None`: the round writes its queued
+    /// commands before a read may block.
     pub(super) fn take(
         &self,
         connector: &Connector,
@@ -328,9 +305,8 @@ impl Shared {
             let conn = &mut link.conn;
             let queued = ticket.seq >= conn.written && !conn.writing;
             let readable = can_read(conn);
-            // Late, and our command not sent, or other threads still want
-            // replies here: a read that timed out now would drop the
-            // connection for them too. Leave the reading to them.
+            // Late, with our command unsent or others wanting replies here:
+            // a timed-out read would drop the connection for them too.
             if Instant::now() >= bounds.deadline && (queued || !readable || conn.live > 1) {
                 give_up(conn, ticket.seq);
                 break Some(Err(Failure::TimedOut));
@@ -347,12 +323,12 @@ impl Shared {
         taken
     }
 
-    /// Enlists `waiter` for the reply to `ticket`: the reader that stores
-    /// it counts it, and wakes the waiter once it has its `need`. Returns
-    /// false, enlisting nothing, if the waiter need not sleep: the reply is
-    /// stored, the reading role is free with replies due, or the epoch
-    /// ended. Every enlisted ticket must be [`delist`](Self::delist)ed once
-    /// the waiter wakes.
+    /// Enlists `waiter` for the reply to `ticket`. The reader that stores it
+    /// counts it, and wakes the waiter once it has its `need`. Returns false,
+    /// enlisting nothing, if the waiter need not sleep. That is when the
+    /// reply is stored, the reader role is free with replies due, or the
+    /// epoch ended. Each enlisted ticket must be [`delist`](Self::delist)ed
+    /// once it wakes.
     pub(super) fn enlist(&self, ticket: Ticket, waiter: &Arc<Sleeper>) -> bool {
         let mut link = self.lock();
         let conn = &link.conn;
@@ -374,18 +350,16 @@ impl Shared {
         }
     }
 
-    /// Whether writing to the node now means connecting first (it has no
-    /// connection, and is not backing off reconnecting): that may block up
-    /// to the connect timeout.
+    /// Whether writing now means connecting first, which may block up to the
+    /// connect timeout: no connection, and no reconnect backoff.
     pub(crate) fn will_connect(&self) -> bool {
         let link = self.lock();
         !link.conn.open() && link.connect_after.is_none_or(|at| at <= Instant::now())
     }
 
-    /// How late this node tends to answer, coarsely (a power-of-two bucket
-    /// of the average time a read of it blocked; the largest value once its
-    /// last connection timed out): rounds read the nodes in this order, so
-    /// a round that a quorum decided need not wait for the slow ones.
+    /// How late this node tends to answer: a power-of-two bucket of its
+    /// average read block. The most after a timed-out connection. Rounds
+    /// read nodes in this order, so a quorum need not wait for the slow.
     pub(crate) fn lateness(&self) -> u32 {
         let link = self.lock();
         if link.slow {
@@ -395,16 +369,16 @@ impl Shared {
         }
     }
 
-    /// Whether the connection has so many unread replies that the next
-    /// round should wait for its reply rather than leave it unread.
+    /// Whether so many replies are unread that the next round should wait
+    /// for its reply, not leave it.
     pub(super) fn backlogged(&self, ticket: Ticket) -> bool {
         let link = self.lock();
         link.epoch == ticket.epoch && ticket.seq >= link.conn.next_read + MAX_BACKLOG
     }
 
     /// The reply to `ticket` is no longer wanted: discard it when it comes.
-    /// The thread will not read the node: if replies are due there and
-    /// nobody reads them, a sleeper is woken to (see [`hand_off`]).
+    /// The thread will not read the node, so a sleeper may be woken to (see
+    /// [`hand_off`]).
     pub(super) fn abandon(&self, ticket: Ticket, pace: &Pace) {
         let mut link = self.lock();
         if link.epoch != ticket.epoch {
@@ -417,9 +391,9 @@ impl Shared {
         hand_off(link, pace);
     }
 
-    /// Records what `reply` says about whether the server of `ticket`'s
-    /// connection has the script `bit`: a script that ran is cached there,
-    /// a `NOSCRIPT` says it is not. Returns whether it said `NOSCRIPT`.
+    /// Records what `reply` says of script `bit` on `ticket`'s server. A
+    /// script that ran is cached there; `NOSCRIPT` says it is not. Returns
+    /// whether it said `NOSCRIPT`.
     pub(super) fn note_script(&self, ticket: Ticket, bit: u8, reply: &Value) -> bool {
         let lost = is_noscript(reply);
         let ran = !matches!(reply, Value::ServerError(_));
@@ -430,11 +404,11 @@ impl Shared {
         lost
     }
 
-    /// The writing role: writes the outbox until it is empty (connecting
-    /// first if there is no connection), then lets go. If another thread is
-    /// writing, it writes the outbox before it lets go. The lock is not held
-    /// during I/O. After a connect, wakes a sleeper to read what was
-    /// written (see [`hand_off`]); otherwise the caller hands off.
+    /// The writer role: writes the outbox until empty, connecting first if
+    /// need be, then lets go. If another thread is writing, that one writes
+    /// the outbox before it lets go. No lock during I/O. After a connect,
+    /// wakes a sleeper to read what was written (see [`hand_off`]).
+    /// Otherwise the caller hands off.
     fn write_out<'a>(
         &'a self,
         mut link: Guard<'a>,
@@ -482,13 +456,12 @@ impl Shared {
             let sent = w.send(&out, bounds.deadline);
             link = self.lock();
             if link.epoch != epoch {
-                // The reader ended the connection meanwhile: what was just
-                // written failed with it.
+                // The reader ended the connection meanwhile: what was just written failed with it.
                 return link;
             }
             if let Err(failure) = sent {
-                // The cause is recorded first: ending the socket makes the
-                // reader fail too, for no reason of its own.
+                // Record the cause first: ending the socket fails the reader
+                // too, for no reason of its own.
                 link.conn.writer = writer;
                 end_epoch(&mut link, failure);
                 return link;
@@ -509,13 +482,12 @@ impl Shared {
         link
     }
 
-    /// The reading role: reads one reply, and every other one already
-    /// buffered whole (parsed before the lock is taken again: the other
-    /// threads need it meanwhile), and hands each to its thread (or
-    /// discards it), then lets go; over an unsplit connection, then writes
-    /// what was queued meanwhile. The lock is not held during I/O. With a
-    /// `pause`, a read of a split connection with no reply by then lets go
-    /// with nothing read (the connection stays up).
+    /// The reader role. Reads one reply, and each other one buffered whole,
+    /// and hands each to its thread or discards it. It parses before
+    /// retaking the lock, which others need meanwhile. Then it lets go; an
+    /// unsplit connection then writes what was queued. No lock during I/O.
+    /// With a `pause`, a split read with no reply by then lets go with
+    /// nothing read. The connection stays up.
     fn read_one<'a>(
         &'a self,
         mut link: Guard<'a>,
@@ -597,10 +569,10 @@ fn take_stored(conn: &mut Connection, seq: u64) -> Option<Value> {
     Some(conn.replies.swap_remove(i).1)
 }
 
-/// Hands the next reply on the connection to its thread, counting it for
-/// its sleeper and waking that once it has its replies (it holds the
-/// `pace` from then on: returns its thread, to unpark once the lock is let
-/// go), or discards it if its thread stopped waiting.
+/// Hands the next reply to its thread, or discards it if that stopped
+/// waiting. It counts for the thread's sleeper, which wakes once it has its
+/// replies and then holds the `pace`. Returns the woken thread, to unpark
+/// once the lock is let go.
 fn store(link: &mut Link, value: Value, pace: &Pace) -> Option<Thread> {
     let seq = link.conn.next_read;
     link.conn.next_read += 1;
@@ -615,24 +587,24 @@ fn store(link: &mut Link, value: Value, pace: &Pace) -> Option<Thread> {
     if waiter.stored.fetch_add(1, Ordering::AcqRel) + 1 < waiter.need {
         return None;
     }
-    // The pace is held on its behalf under this node's lock, which the
-    // waiter takes to delist before it looks whether it holds it.
+    // Held on its behalf under this node's lock, which the waiter takes to
+    // delist before it checks.
     let thread = waiter.wake(AWAKE_REPLY)?.clone();
     pace.hold();
     Some(thread)
 }
 
-/// Replies are due and nobody reads them: unless a thread is awake (it
-/// will read them when it polls, or, as the last to let go of the pace,
-/// call this again), wakes a sleeper (all of them wait for replies not read
-/// yet) to take the reading role over. So a reader lets go without waking
-/// anyone while others run, as an event loop's poll serves whoever is
-/// ready. Nor is one woken if one is woken for that already (on this node
-/// or another it waits on): it polls every node it waits on, and reads
-/// this one, or, should its round be decided first, hands this node off
-/// when it abandons its reply here. So one wake-up serves every node whose
-/// replies one round awaits, not one per node. The lock is let go before
-/// the woken thread is unparked, as after a read.
+/// Replies are due and nobody reads them: wakes a sleeper to take over the
+/// reader role. Every sleeper waits for unread replies.
+///
+/// No one is woken while a thread is awake. That one reads when it polls,
+/// or calls this again as the last to let go of the pace. So a reader lets
+/// go without waking anyone while others run, like an event loop's poll.
+/// Nor is one woken if a sleeper already was, here or on another node it
+/// waits on. That one polls all its nodes and reads this one. If its round
+/// is decided first, it hands this node off as it abandons its reply. So
+/// one wake-up serves all of a round's nodes. The lock is let go before the
+/// unpark, as after a read.
 fn hand_off(link: Guard<'_>, pace: &Pace) {
     let woken = |w: &Sleeper| w.woken.load(Ordering::Acquire) == AWAKE_OTHER;
     if !can_read(&link.conn) || pace.others_awake() || link.sleepers.iter().any(|(_, w)| woken(w)) {
@@ -674,10 +646,10 @@ fn give_up(conn: &mut Connection, seq: u64) {
 }
 
 /// An unread request was answered `NOSCRIPT`: the server lost our scripts
-/// (`SCRIPT FLUSH`), so send them as `EVAL` from now on. The request itself
-/// is not sent again: it could land behind a later command of ours and undo
-/// it. (A release or extension left unread that way did not happen on that
-/// node; the key keeps its TTL there. The quorum had already answered.)
+/// (`SCRIPT FLUSH`), so send them as `EVAL` from now on. The request is not
+/// sent again: it could land behind a later command of ours and undo it. A
+/// release or extension lost so did not happen there; the key keeps its
+/// TTL. The quorum had already answered.
 fn forget_scripts_if_lost(conn: &mut Connection, reply: &Value) {
     if is_noscript(reply) {
         conn.scripts = 0;

@@ -1,13 +1,12 @@
-//! A node's subscription connection: the one a client's waiting threads
-//! listen on for releases (see `crate::wait`), apart from the node's shared
-//! connection, which a subscribed connection could no longer serve.
+//! A node's subscription connection, on which waiters listen for releases
+//! (see `crate::wait`). It is apart from the shared connection: a
+//! subscribed connection can serve nothing else.
 //!
-//! It is opened like any connection (the same handshake, within the same
-//! bounds) and split in two: a [`Sender`] that subscribes, unsubscribes and
-//! pings, and a [`Listener`] that reads what the server pushes. One thread
-//! may block on the listener while another subscribes through the sender.
-//! A read that times out loses nothing: what came in part stays buffered
-//! for the next read. Both speak of resources, not channels.
+//! It opens like any connection, and splits in two. A [`Sender`]
+//! subscribes, unsubscribes and pings. A [`Listener`] reads what the server
+//! pushes. One thread may block on the listener while another sends. A
+//! read that times out loses nothing: a partial reply stays buffered. Both
+//! speak of resources, not channels.
 
 use std::time::{Duration, Instant};
 
@@ -18,8 +17,7 @@ use super::transport::{failure, Reader, Writer};
 use crate::error::Failure;
 use crate::script::{pack, RELEASED_CHANNEL_PREFIX};
 
-/// Writes subscription commands. Their answers come through the
-/// [`Listener`], in order.
+/// Writes subscription commands. Their answers come through the [`Listener`], in order.
 pub(crate) struct Sender(Writer);
 
 /// Reads what the server pushes on a subscription connection.
@@ -36,10 +34,9 @@ pub(crate) enum Message {
     Answer,
 }
 
-/// Opens a subscription connection through `connector`, within
-/// `connect_timeout` and never past `deadline`. `None` for a connection
-/// that cannot be split (TLS through the `redis` crate): a thread blocked
-/// reading it would keep every other thread from subscribing.
+/// Opens a subscription connection, within `connect_timeout` and never
+/// past `deadline`. `None` if it cannot be split (TLS): a thread blocked
+/// reading it would keep the others from subscribing.
 pub(super) fn open(
     connector: &Connector,
     deadline: Instant,
@@ -53,9 +50,8 @@ pub(super) fn open(
 
 impl Sender {
     /// Sends `commands` (`SUBSCRIBE`, `UNSUBSCRIBE`, `PING`) in one write,
-    /// each with the release channel of its resource (a `PING` gets it
-    /// back: its answer shows the connection still carries traffic, as a
-    /// partition keeps a connection open but silent).
+    /// each with its resource's channel; a `PING` gets it back. Its answer
+    /// shows the line still carries traffic: a partition keeps it silent.
     pub(crate) fn send(
         &mut self,
         commands: &[(&str, String)],
@@ -71,8 +67,8 @@ impl Sender {
 }
 
 impl Listener {
-    /// The next thing the server pushes, waiting until `deadline` at most;
-    /// an error reply (a subscription refused) fails.
+    /// The next thing the server pushes, by `deadline` at most. An error
+    /// reply (a subscription refused) fails.
     pub(crate) fn next(&mut self, deadline: Instant) -> Result<Message, Failure> {
         let value = self.0.recv(deadline)?.extract_error();
         value.map(message).map_err(failure)

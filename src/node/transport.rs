@@ -1,15 +1,14 @@
-//! A node's connection, split in two: one thread may write to it while
-//! another is blocked reading from it.
+//! A node's connection, split in two: one thread may write while another
+//! is blocked reading.
 //!
-//! Plain TCP and Unix-socket connections are our own sockets, cloned into a
-//! writing half and a reading half; replies are parsed by the `redis`
-//! crate's parser, but for the most common ones. A TLS connection cannot be split (the `redis` crate owns
-//! it): it is one half that does both, and its reader writes what was queued
-//! meanwhile once its read returns.
+//! TCP and Unix sockets are our own, cloned into a writing and a reading
+//! half. The `redis` crate parses replies, but for the commonest ones. A TLS
+//! connection cannot be split, as the `redis` crate owns it. Its one half
+//! does both: its reader writes what was queued once its read returns.
 //!
-//! Every read syscall waits at most the time left, and a reply that arrives
-//! in pieces is read piece by piece against the same deadline, so no server
-//! can hold a read past it by trickling bytes.
+//! Every read syscall waits at most the time left. A reply in pieces is
+//! read piece by piece against the same deadline. So no server can hold a
+//! read past it by trickling bytes.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -39,8 +38,7 @@ pub(crate) mod counts {
         pub reads: u64,
     }
 
-    /// The counts so far; subtract two readings for the I/O of a stretch
-    /// of work.
+    /// The counts so far; subtract two readings for a stretch of work.
     pub fn io_counts() -> IoCounts {
         IoCounts {
             writes: WRITES.load(Ordering::Relaxed),
@@ -49,14 +47,12 @@ pub(crate) mod counts {
     }
 }
 
-/// How far past the time left a socket timeout may reach: a read or write
-/// ends at most this long after the deadline. Within it, a timeout already
-/// set is kept (one `setsockopt` saved per read in steady state).
+/// How far past the deadline a socket timeout may reach, and so a read or
+/// write. Within it, a timeout already set is kept: one `setsockopt` saved
+/// per read.
 const TIMEOUT_SLACK: Duration = Duration::from_micros(500);
 
-/// A socket of ours.
-/// Runs `$body` with `$s` bound to the socket of `$stream`, whichever kind
-/// it is.
+/// Runs `$body` with `$s` bound to `$stream`'s socket, of either kind.
 macro_rules! on_socket {
     ($stream:expr, $s:ident => $body:expr) => {
         match $stream {
@@ -67,6 +63,7 @@ macro_rules! on_socket {
     };
 }
 
+/// A socket of ours.
 pub(crate) enum Stream {
     Tcp(TcpStream),
     #[cfg(unix)]
@@ -89,8 +86,7 @@ impl Stream {
             .map_err(connect_failure)
     }
 
-    /// The two halves: a writer and a reader over the same socket (always
-    /// there: only an unsplit connection has none).
+    /// The two halves: a writer and a reader over the same socket.
     pub(crate) fn split(self) -> Result<(Writer, Option<Reader>), Failure> {
         let other = match &self {
             Stream::Tcp(s) => s.try_clone().map(Stream::Tcp),
@@ -139,8 +135,7 @@ impl Write for Stream {
     }
 }
 
-/// The writing half of a connection (for TLS, the unsplit connection,
-/// which reads too).
+/// The writing half of a connection; for TLS, the whole, which reads too.
 pub(crate) enum Writer {
     Stream {
         stream: Stream,
@@ -174,10 +169,9 @@ impl Writer {
 
     /// Writes `bytes`, giving up at `deadline`.
     ///
-    /// A write of a few commands does not block unless the server stopped
-    /// reading and its buffer is full, so past the deadline a write still
-    /// goes out (with the smallest timeout the OS offers): another node's
-    /// slow connect must not make this healthy connection fail.
+    /// A write of a few commands blocks only if the server stopped reading
+    /// and its buffer filled. So past the deadline a write still goes out, with the smallest
+    /// timeout. Another node's slow connect must not fail this healthy one.
     pub(crate) fn send(&mut self, bytes: &[u8], deadline: Instant) -> Result<(), Failure> {
         let left = left_or_least(deadline);
         match self {
@@ -223,17 +217,14 @@ impl Writer {
 pub(crate) struct Reader {
     stream: Stream,
     timeout: Option<Duration>,
-    /// Bytes read and not yet parsed: `buf[start..end]`. The buffer is
-    /// zeroed once, not for every read; a reply larger than it goes to the
-    /// parser in pieces.
+    /// Bytes read and not yet parsed: `buf[start..end]`. Zeroed once, not per
+    /// read. A larger reply goes to the parser in pieces.
     buf: Vec<u8>,
     start: usize,
     end: usize,
-    /// Kept, with its buffer, for every reply: a parser made per reply
-    /// allocates (and clears) several KiB each time.
+    /// Kept, with its buffer: a parser per reply allocates several KiB.
     parser: redis::Parser,
-    /// How much of the reply under way the parser took in: none between
-    /// two replies.
+    /// How much of the reply under way the parser took in.
     parsing: usize,
 }
 
@@ -245,16 +236,16 @@ impl Reader {
 
     /// Reads one reply, giving up at `deadline`.
     ///
-    /// Past the deadline a read still collects a reply that is already
-    /// here: its timeout is the smallest the OS offers.
+    /// Past the deadline a read still collects a reply already here, with
+    /// the smallest timeout.
     pub(crate) fn recv(&mut self, deadline: Instant) -> Result<Value, Failure> {
         self.recv_until(deadline, deadline)
             .and_then(|reply| reply.ok_or(Failure::TimedOut))
     }
 
-    /// Like [`recv`](Self::recv), but at `pause` (before `deadline`) with no
-    /// whole reply here yet, returns `None`: the connection stays as it
-    /// is, and what was read of a reply is kept for the next read.
+    /// Like [`recv`](Self::recv), but returns `None` at `pause` with no
+    /// whole reply yet. The connection stays up, and a partial reply is
+    /// kept for the next read.
     pub(crate) fn recv_until(
         &mut self,
         deadline: Instant,
@@ -270,13 +261,12 @@ impl Reader {
             if read && paused(now) {
                 return Ok(None);
             }
-            // A reply trickled out in pieces must not hold the read past
-            // the deadline: each piece waits only for the time left.
+            // Each piece waits only for the time left: trickling cannot hold
+            // the read past the deadline.
             if read && now >= deadline {
                 return Err(Failure::TimedOut);
             }
-            // The parser took in every byte here: the read fills the
-            // buffer afresh.
+            // The parser took every byte: refill the buffer afresh.
             (self.start, self.end) = (0, 0);
             let left = left_or_least(pause.min(deadline));
             let stream = &self.stream;
@@ -289,8 +279,7 @@ impl Reader {
                     )));
                 }
                 Ok(n) => self.end += n,
-                // A signal: with a socket timeout set, the OS does not
-                // restart the read by itself.
+                // A signal: with a socket timeout set, the OS does not restart the read by itself.
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     let failure = failure(e);
@@ -304,8 +293,8 @@ impl Reader {
         }
     }
 
-    /// The next reply if it is already here whole, without a syscall: a
-    /// read often brings several threads' replies at once.
+    /// The next reply if already here whole, without a syscall. One read
+    /// often brings several threads' replies.
     pub(crate) fn recv_buffered(&mut self) -> Option<Result<Value, Failure>> {
         let here = &self.buf[self.start..self.end];
         let common = [4, 5]
@@ -337,10 +326,9 @@ impl Reader {
     }
 }
 
-/// The bytes a reader has, handed to its parser up to the end of a line at
-/// a time: every reply ends with a line's end (`\n`), so the parser never
-/// takes in more than the reply it parses, and the rest stays in the
-/// reader's buffer.
+/// The reader's bytes, handed to its parser a line at a time. Every reply
+/// ends with `\n`, so the parser never takes more than its reply. The rest
+/// stays in the reader's buffer.
 struct Lines<'a> {
     here: &'a [u8],
     taken: usize,
@@ -366,11 +354,10 @@ impl Read for Lines<'_> {
 /// How much one read takes in at most: the read buffer's size.
 const READ_SIZE: usize = 4096;
 
-/// The replies nearly every round gets, parsed without the `redis`
-/// crate's general parser (which costs more than the rest of the work on
-/// a reply): `OK` and nil for `SET ... NX`, 0 and 1 for the scripts. The
-/// values are the ones that parser gives. Each is a whole reply, also as
-/// the first bytes of several.
+/// The replies nearly every round gets, parsed without the `redis` crate's
+/// costly general parser. That is `OK` and nil for `SET ... NX`, 0 and 1
+/// for the scripts. The values are the ones that parser gives. Each is a
+/// whole reply, also as the first bytes of several.
 fn common_reply(frame: &[u8]) -> Option<Value> {
     match frame {
         b"+OK\r\n" => Some(Value::Okay),
@@ -384,8 +371,8 @@ fn common_reply(frame: &[u8]) -> Option<Value> {
 /// The largest reply we read: our largest is `INFO server`, a few KiB.
 const MAX_REPLY: usize = 16 << 20;
 
-/// The time left until `deadline`, or past it the smallest timeout the OS
-/// offers (a socket timeout of zero would mean none at all).
+/// The time left until `deadline`, or past it the smallest timeout. A
+/// socket timeout of zero would mean none.
 fn left_or_least(deadline: Instant) -> Duration {
     deadline
         .saturating_duration_since(Instant::now())
@@ -393,11 +380,10 @@ fn left_or_least(deadline: Instant) -> Duration {
 }
 
 /// Sets the socket timeout (with `set`; `timeout` is the one set) to wait
-/// about `left`, unless the one set will do: it must not fall short of
-/// `left` (that would time out a healthy node before the deadline), and may
-/// reach past it by at most [`TIMEOUT_SLACK`]. A new one reaches half the
-/// slack past it, so that the next rounds, whose time left differs by less
-/// than that, keep it.
+/// about `left`. The one set will do if it is not short of `left`, and not
+/// longer by more than [`TIMEOUT_SLACK`]. Falling short would time out a
+/// healthy node early. A new one reaches half the slack past `left`. So
+/// the next rounds keep it while their time left differs by less.
 fn refresh<E>(
     timeout: &mut Option<Duration>,
     left: Duration,
@@ -411,8 +397,7 @@ fn refresh<E>(
     Ok(())
 }
 
-/// What a failed read or write (through the `redis` crate or our own
-/// socket) means for the round: a timeout, or an error.
+/// What a failed read or write means for the round: a timeout, or an error.
 pub(crate) fn failure(e: impl Into<redis::RedisError>) -> Failure {
     failure_as(e.into(), NodeError::Io)
 }
