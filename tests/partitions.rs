@@ -375,9 +375,10 @@ fn a_clean_up_queued_behind_another_threads_failing_connect_is_sent_on_the_next_
         .io_timeout(IO)
         .build()
         .unwrap();
-    locks
-        .release(locks.try_acquire("warm-up", TTL).unwrap())
-        .unwrap();
+    // An extension reads every node's reply: no reply is left in flight
+    // to count as A's below.
+    let mut warm_up = locks.try_acquire("warm-up", TTL).unwrap();
+    locks.extend(&mut warm_up, TTL).unwrap();
     // Another holder's key on nodes 2 to 4: A gets nodes 0 and 1 only, and
     // its round is decided by node 4's refusal, a second late.
     for i in 2..5 {
@@ -386,11 +387,15 @@ fn a_clean_up_queued_behind_another_threads_failing_connect_is_sent_on_the_next_
     proxies[4].set_fault(Fault::Delay(Duration::from_millis(500)));
 
     let u_done = AtomicBool::new(false);
+    let replied = proxies[0].replied_bytes();
     std::thread::scope(|s| {
         let a = s.spawn(|| locks.try_acquire("queued", ttl));
-        wait_until(SETTLE, "A's key is on node 0", || {
-            nodes.node(0).get("queued").unwrap().is_some()
+        // Node 0's grant must reach A's socket before its connection ends,
+        // or A's round counts node 0 failed and decides without node 4.
+        wait_until(SETTLE, "node 0's grant reached A", || {
+            proxies[0].replied_bytes() > replied
         });
+        assert!(nodes.node(0).get("queued").unwrap().is_some());
         // Node 0's connection ends: a round of another thread reads the
         // reset and ends it.
         proxies[0].set_fault(Fault::Reset);

@@ -79,6 +79,8 @@ struct ProxyShared {
     fault: Mutex<Fault>,
     stop: AtomicBool,
     next_id: AtomicU64,
+    /// Bytes of replies written to clients.
+    replied: AtomicU64,
     /// Sockets of live connections (clones), so that `Reset` and `Drop` can
     /// shut them down.
     conns: Mutex<Vec<ConnSockets>>,
@@ -166,6 +168,7 @@ impl Proxy {
             fault: Mutex::new(Fault::None),
             stop: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
+            replied: AtomicU64::new(0),
             conns: Mutex::new(Vec::new()),
             threads: Mutex::new(Vec::new()),
         });
@@ -203,6 +206,13 @@ impl Proxy {
     /// The current fault.
     pub fn fault(&self) -> Fault {
         self.shared.fault()
+    }
+
+    /// How many bytes of replies the proxy has written to its clients so
+    /// far: a test waits for it to grow to know that a reply reached the
+    /// client's socket.
+    pub fn replied_bytes(&self) -> u64 {
+        self.shared.replied.load(Ordering::SeqCst)
     }
 }
 
@@ -479,6 +489,10 @@ fn deliver(
             _ => {
                 if !write_all(to, &chunk, shared) {
                     return PipeEnd::Abort;
+                }
+                if direction == Direction::Replies {
+                    let n = chunk.len() as u64;
+                    shared.replied.fetch_add(n, Ordering::SeqCst);
                 }
             }
         }
