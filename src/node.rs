@@ -35,8 +35,8 @@ use connect::Connector;
 pub(crate) use endpoint::Endpoint;
 use pace::{Pace, SpinWait, RECHECK};
 pub(crate) use servers::Servers;
-pub(crate) use shared::{Bounds, Ticket};
-use shared::{Shared, Sleeper};
+use shared::{After, Shared, Sleeper};
+pub(crate) use shared::{Bounds, Ticket, Write};
 pub(crate) use subscription::{Listener, Message, Sender};
 pub use transport::counts::{io_counts, IoCounts};
 
@@ -83,21 +83,21 @@ impl Node {
         &self.connector.endpoint.name
     }
 
-    /// Queues `cmd` on the connection (see [`Shared::submit`]). With `eval`
-    /// it is written now, a script as `EVAL`; else it waits for the batch.
+    /// Queues `cmd` on the connection, written as `write` says (see
+    /// [`Shared::submit`]).
     pub(crate) fn submit(
         &self,
         cmd: &Command,
         bounds: Bounds,
-        eval: bool,
+        write: Write,
     ) -> Result<Ticket, Failure> {
-        Ok(self.shared.submit(&self.connector, cmd, bounds, eval)?.0)
+        Ok(self.shared.submit(&self.connector, cmd, bounds, write)?.0)
     }
 
     /// Writes `cmd` now, for no reader. Returns whether it is on the wire:
     /// not if it failed or waits behind another thread that may yet fail.
     pub(crate) fn send(&self, cmd: &Command, bounds: Bounds) -> bool {
-        let sent = self.shared.submit(&self.connector, cmd, bounds, true);
+        let sent = self.shared.submit(&self.connector, cmd, bounds, Write::Now);
         sent.is_ok_and(|(ticket, written)| {
             self.abandon(ticket);
             written
@@ -105,8 +105,8 @@ impl Node {
     }
 
     /// Writes what is queued on the connection: see [`Shared::flush`].
-    fn flush(&self, bounds: Bounds, wake_reader: bool) {
-        self.shared.flush(&self.connector, bounds, wake_reader);
+    fn flush(&self, bounds: Bounds, after: After) {
+        self.shared.flush(&self.connector, bounds, after);
     }
 
     /// The pace of the client's threads, shared by all its nodes.
@@ -135,6 +135,17 @@ impl Node {
     pub(crate) fn abandon(&self, ticket: Ticket) {
         self.shared.abandon(ticket, self.pace());
     }
+}
+
+/// Where a round stands as it lets go of the pace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Going {
+    /// It goes on, and may read a node itself.
+    Staying,
+    /// It goes on, and leaves its own nodes' queues to the next batch.
+    Batching,
+    /// It is done: it reads nothing more.
+    Leaving,
 }
 
 /// One round's turn at the client's nodes: the requests it awaits, and
@@ -193,7 +204,7 @@ impl<'a> Turn<'a> {
         if Instant::now() >= self.bounds.deadline {
             return Err(failure);
         }
-        self.awaited[i] = Some(self.nodes[i].submit(cmd, self.bounds, false)?);
+        self.awaited[i] = Some(self.nodes[i].submit(cmd, self.bounds, Write::Batched)?);
         Ok(())
     }
 
@@ -218,7 +229,7 @@ impl<'a> Turn<'a> {
         self.held = true;
         let mut queued = Vec::with_capacity(connected.len());
         for &i in connected {
-            let sent = self.nodes[i].submit(cmd, self.bounds, false);
+            let sent = self.nodes[i].submit(cmd, self.bounds, Write::Batched);
             self.awaited[i] = sent.as_ref().ok().copied();
             queued.push((i, sent.map(drop)));
         }
@@ -231,7 +242,11 @@ impl<'a> Turn<'a> {
         {
             self.batch_until = Some(Instant::now() + RECHECK);
         }
-        self.let_go(false, self.batch_until.is_some());
+        let go = match self.batch_until {
+            Some(_) => Going::Batching,
+            None => Going::Staying,
+        };
+        self.let_go(go);
         queued
     }
 
@@ -245,9 +260,9 @@ impl<'a> Turn<'a> {
         let ticket = self.awaited[i]?;
         if self.batch_until.is_some_and(|by| Instant::now() >= by) {
             // No batch came in time: write our commands ourselves.
-            self.end_batch(false);
+            self.end_batch(Going::Staying);
         }
-        self.let_go(false, false);
+        self.let_go(Going::Staying);
         let node = &self.nodes[i];
         let reply = (node.shared).take(&node.connector, ticket, self.bounds, self.batch_until)?;
         self.awaited[i] = None;
@@ -257,7 +272,7 @@ impl<'a> Turn<'a> {
                 .is_ok_and(|v| node.shared.note_script(ticket, s.bit, v))
         };
         if cmd.script.is_some_and(noted) {
-            match node.submit(cmd, self.bounds, true) {
+            match node.submit(cmd, self.bounds, Write::Now) {
                 Ok(ticket) => self.awaited[i] = Some(ticket),
                 Err(failure) => return Some(Err(failure)),
             }
@@ -270,7 +285,7 @@ impl<'a> Turn<'a> {
     /// role frees up. A closed connection, the deadline or [`RECHECK`] also
     /// ends it. One wake-up, not one per node. The caller polls after.
     pub(crate) fn sleep_on(&mut self, pending: &[usize], need: usize) {
-        self.let_go(false, false);
+        self.let_go(Going::Staying);
         let waiter = Sleeper::new(need);
         let mut enlisted = Vec::with_capacity(pending.len());
         let ready = pending.iter().any(|&i| {
@@ -300,7 +315,7 @@ impl<'a> Turn<'a> {
             // The thread owing our write is overdue: write it ourselves.
             for &(i, ticket) in &enlisted {
                 if !self.nodes[i].shared.written(ticket) {
-                    self.nodes[i].flush(self.bounds, false);
+                    self.nodes[i].flush(self.bounds, After::ReadHere);
                 }
             }
         }
@@ -329,14 +344,18 @@ impl<'a> Turn<'a> {
     }
 
     /// Stops waiting for the next batch and writes the round's queued
-    /// commands. A round `leaving` writes all its nodes' queues and wakes a
-    /// reader, if no other thread is awake. Else the last awake writes them.
-    fn end_batch(&mut self, leaving: bool) {
+    /// commands. A round [`Going::Leaving`] writes all its nodes' queues and
+    /// wakes a reader, if no other thread is awake. Else the last awake
+    /// writes them.
+    fn end_batch(&mut self, go: Going) {
         if self.batch_until.take().is_some() {
-            let last = leaving && !self.pace.others_awake();
+            let (last, after) = match go {
+                Going::Leaving => (!self.pace.others_awake(), After::WakeReader),
+                _ => (false, After::ReadHere),
+            };
             for (node, ticket) in self.nodes.iter().zip(&self.awaited) {
                 if last || ticket.is_some_and(|t| !node.shared.written(t)) {
-                    node.flush(self.bounds, leaving);
+                    node.flush(self.bounds, after);
                 }
             }
         }
@@ -345,17 +364,18 @@ impl<'a> Turn<'a> {
     /// Lets go of the pace, if held. The last thread to let go writes every
     /// node's queue. It wakes a sleeper to read a node with unread replies.
     /// It reads that node itself instead if it awaits a reply there and is
-    /// not `leaving`. Like an event loop, the replies it reads wake the
+    /// not leaving. Like an event loop, the replies it reads wake the
     /// others.
-    /// With `batch`, it leaves its own nodes' queues to the next batch.
-    fn let_go(&mut self, leaving: bool, batch: bool) {
+    fn let_go(&mut self, go: Going) {
         if !std::mem::take(&mut self.held) || !self.pace.release() {
             return;
         }
         for (i, node) in self.nodes.iter().enumerate() {
-            let reads_next = !leaving && self.awaits(i);
-            if !(reads_next && batch) {
-                node.flush(self.bounds, !reads_next);
+            let reads_next = go != Going::Leaving && self.awaits(i);
+            match (reads_next, go) {
+                (true, Going::Batching) => {}
+                (true, _) => node.flush(self.bounds, After::ReadHere),
+                (false, _) => node.flush(self.bounds, After::WakeReader),
             }
         }
     }
@@ -363,7 +383,7 @@ impl<'a> Turn<'a> {
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        self.end_batch(true);
-        self.let_go(true, false);
+        self.end_batch(Going::Leaving);
+        self.let_go(Going::Leaving);
     }
 }

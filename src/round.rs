@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::error::{Failure, NodeError};
-use crate::node::{Bounds, Node, Turn};
+use crate::node::{Bounds, Node, Turn, Write};
 use crate::script::Command;
 
 /// Where the next round starts reading.
@@ -63,7 +63,7 @@ pub(crate) fn run(
         round.record(i, queued.and(Err(Failure::NotAwaited)));
     }
     // Connect the others side by side: one hung connect must not use up the others' time.
-    let connect = |i: usize| nodes[i].submit(cmd, bounds, false);
+    let connect = |i: usize| nodes[i].submit(cmd, bounds, Write::Batched);
     for (i, sent) in side_by_side(&connecting, connect) {
         sent.iter().for_each(|&ticket| turn.sent(i, ticket));
         round.record(i, sent.and(Err(Failure::NotAwaited)));

@@ -418,18 +418,18 @@ impl Hints {
         self.waiters.iter().find(|w| w.id == id)?.woken
     }
 
-    /// Wakes the first waiter for `resource` that is not awake, or with
-    /// `all` every one. Returns whether it woke any.
-    fn wake(&mut self, resource: &str, why: Wake, all: bool) -> bool {
+    /// Wakes up to `most` waiters for `resource` that are not awake, first
+    /// come first. Returns whether it woke any.
+    fn wake(&mut self, resource: &str, why: Wake, most: usize) -> bool {
         let asleep = (self.waiters.iter_mut())
             .filter(|w| w.woken.is_none() && w.resources.iter().any(|r| r == resource));
-        let woken = asleep.take(if all { usize::MAX } else { 1 });
+        let woken = asleep.take(most);
         woken.map(|w| w.woken = Some(why)).count() > 0
     }
 
     /// This client released `resources`: wakes one waiter of each. Returns whether it woke any.
     fn released_here(&mut self, resources: &[String]) -> bool {
-        let woke = (resources.iter()).filter(|r| self.wake(r, Wake::ReleasedHere, false));
+        let woke = (resources.iter()).filter(|r| self.wake(r, Wake::ReleasedHere, 1));
         woke.count() > 0
     }
 
@@ -437,10 +437,10 @@ impl Hints {
     fn on_message(&mut self, message: Message, now: Instant) -> bool {
         (self.heard, self.due) = (Some(now), None);
         match message {
-            Message::Released(resource) => self.wake(&resource, Wake::Heard, false),
+            Message::Released(resource) => self.wake(&resource, Wake::Heard, 1),
             Message::Subscribed(resource) => {
                 (self.failed_in_row, self.backoff) = (0, BACKOFF);
-                self.wake(&resource, Wake::Heard, true)
+                self.wake(&resource, Wake::Heard, usize::MAX)
             }
             Message::Answer => false,
         }

@@ -42,6 +42,24 @@ use crate::script::{is_noscript, Command};
 /// many.
 const MAX_BACKLOG: u64 = 32;
 
+/// When a submitted command is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Write {
+    /// By the last thread to let go of the pace, a script by its SHA.
+    Batched,
+    /// Now, a script as `EVAL`.
+    Now,
+}
+
+/// Who reads a node's replies after a flush.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum After {
+    /// This thread, next: nobody wakes to find the node taken.
+    ReadHere,
+    /// A sleeper, woken if needed (see [`hand_off`]).
+    WakeReader,
+}
+
 /// The bounds of one round's I/O: nothing blocks past `deadline`, and a
 /// connect takes at most `connect_timeout`.
 #[derive(Debug, Clone, Copy)]
@@ -206,8 +224,8 @@ impl Shared {
         self.link.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues `cmd` on the connection. With `eval`, a script goes as `EVAL`
-    /// and the command is written now. That is for a reply nobody reads,
+    /// Queues `cmd` on the connection. With [`Write::Now`], a script goes
+    /// as `EVAL` and the command is written now. That is for a reply nobody reads,
     /// and for the retry after a `NOSCRIPT`. Otherwise the last thread to
     /// let go of the [`Pace`] writes it (see [`flush`](Self::flush)). With
     /// no connection open it is written now too: a connect must not wait.
@@ -222,10 +240,11 @@ impl Shared {
         connector: &Connector,
         cmd: &Command,
         bounds: Bounds,
-        eval: bool,
+        write: Write,
     ) -> Result<(Ticket, bool), Failure> {
         let mut link = self.lock();
-        let scripts = if eval { 0 } else { link.conn.scripts };
+        let now = write == Write::Now;
+        let scripts = if now { 0 } else { link.conn.scripts };
         link.conn.outbox.extend_from_slice(cmd.bytes_for(scripts));
         let ticket = Ticket {
             epoch: link.epoch,
@@ -234,7 +253,7 @@ impl Shared {
         link.conn.next_seq += 1;
         link.conn.abandoned.push_back(false);
         link.conn.live += 1;
-        if eval || !link.conn.open() {
+        if now || !link.conn.open() {
             link = self.write_out(link, connector, bounds);
             check(&link, ticket)?;
         }
@@ -263,12 +282,10 @@ impl Shared {
     }
 
     /// Writes what is queued, unless another thread is writing: that one
-    /// writes it before it lets go. With `wake_reader`, it then wakes a
-    /// sleeper to read, if needed (see [`hand_off`]). A thread about to
-    /// read the node itself passes false: nobody wakes to find it taken.
-    pub(super) fn flush(&self, connector: &Connector, bounds: Bounds, wake_reader: bool) {
+    /// writes it before it lets go. Then, as `after` says, a reader.
+    pub(super) fn flush(&self, connector: &Connector, bounds: Bounds, after: After) {
         let link = self.write_out(self.lock(), connector, bounds);
-        if wake_reader {
+        if after == After::WakeReader {
             hand_off(link, &connector.servers.pace);
         }
     }
