@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -19,8 +19,8 @@ use crate::error::{
 use crate::event::What;
 use crate::kind::{acquire_vote, extend_vote, release_vote, script_vote, Kind, Release};
 use crate::lock::{IntoResources, Lock};
-use crate::node::{Endpoint, Node};
-use crate::request::LockOptions;
+use crate::node::{Bounds, Endpoint, Node};
+use crate::request::{LockOptions, Patience};
 use crate::retry::{Pause, Retries};
 use crate::round::{self, Reply};
 use crate::script::{self, Command};
@@ -60,15 +60,6 @@ struct Inner {
     watchdog: Arc<Watchdog>,
     /// What the observer was told of each node.
     seen: NodesSeen,
-}
-
-/// The watchdog's handle on its client: it does not keep it alive.
-pub(crate) struct WeakRedlock(Weak<Inner>);
-
-impl WeakRedlock {
-    pub(crate) fn upgrade(&self) -> Option<Redlock> {
-        self.0.upgrade().map(|inner| Redlock { inner })
-    }
 }
 
 /// The last handle is gone: so is the watchdog.
@@ -148,15 +139,6 @@ pub(crate) enum Ask<'a> {
     Only(&'a [bool]),
 }
 
-/// How many attempts an acquisition makes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Tries {
-    /// One (the `try_` doors).
-    Once,
-    /// As the call's patience allows.
-    Patient,
-}
-
 /// What a round did, for the error it ends in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Op {
@@ -197,10 +179,9 @@ impl Tally {
         if report.unusable().count() > spare {
             LockError::Unusable { resource, report }
         } else if self.too_slow {
-            let ttl = ttl.duration();
             LockError::TooSlow {
                 resource,
-                ttl,
+                ttl: ttl.duration(),
                 report,
             }
         } else if report.failed() <= spare && op == Op::Acquire {
@@ -267,7 +248,7 @@ impl Redlock {
     /// Acquires a lock on `resources` for the options' TTL, waiting while
     /// another client holds it or too few nodes answer.
     ///
-    /// The wait lasts as the options' [`Patience`](crate::Patience) allows.
+    /// The wait lasts as the options' [`Patience`] allows.
     /// By default, that is the client's retry policy within its
     /// [`max_wait`](RedlockBuilder::max_wait). A release heard of ends a
     /// pause early ([Waiting for a release](crate::Patience#waiting-for-a-release)).
@@ -307,7 +288,7 @@ impl Redlock {
         resources: impl IntoResources,
         options: impl Into<LockOptions>,
     ) -> Result<Lock, LockError> {
-        self.acquire_with(resources.into_resources(), &options.into(), Tries::Patient)
+        self.acquire_with(resources.into_resources(), &options.into())
             .map(|(lock, _)| lock)
     }
 
@@ -334,7 +315,8 @@ impl Redlock {
         resources: impl IntoResources,
         options: impl Into<LockOptions>,
     ) -> Result<Lock, LockError> {
-        self.acquire_with(resources.into_resources(), &options.into(), Tries::Once)
+        let once = options.into().patience(Patience::Retries(0));
+        self.acquire_with(resources.into_resources(), &once)
             .map(|(lock, _)| lock)
     }
 
@@ -344,15 +326,11 @@ impl Redlock {
         &self,
         resources: Vec<String>,
         options: &LockOptions,
-        tries: Tries,
     ) -> Result<(Lock, Call), LockError> {
         let kind = options.kind;
         kind.check_acquirable(&resources)?;
         let ttl = self.check_ttl(options.ttl)?;
-        let mut call = self.inner.config.call(options, Instant::now())?;
-        if tries == Tries::Once {
-            call.retries = 0;
-        }
+        let call = self.inner.config.call(options, Instant::now())?;
         let lock = self.acquire_loop(kind, resources, ttl, &call)?;
         Ok((lock, call))
     }
@@ -409,7 +387,7 @@ impl Redlock {
             // cancelled.
             let error = tally.error(&resources[0], attempts, ttl, Op::Acquire);
             let new = failures.failed(&error);
-            let (ids, counts) = ((&resources[..], &token), (attempts, failures.count()));
+            let (ids, counts) = ((&resources[..], &token), (attempts, failures.count));
             let (config, budget) = (&inner.config, (attempts, call.retries));
             let planned = match error {
                 LockError::Unusable { .. } => None,
@@ -419,7 +397,11 @@ impl Redlock {
             let Some(wake_at) = planned else {
                 return Err(self.gave_up(ids, counts, error, call));
             };
-            let told = new.then(|| What::attempt_failed(&error));
+            let told = match error {
+                LockError::Contended { .. } => What::Contended,
+                _ => What::AttemptFailed,
+            };
+            let told = new.then_some(told);
             self.observe_counted(told, ids, counts, Err(&error));
             // Wait for the pause or news of a release, then decide.
             let cancelled = || call.cancelled();
@@ -529,7 +511,7 @@ impl Redlock {
                 Err(e) => (failures.failed(e) || end.is_none()).then_some(What::ExtendFailed),
             };
             let outcome = result.as_ref().map(|()| &lock.report);
-            let counts = (attempt, failures.count());
+            let counts = (attempt, failures.count);
             self.observe_counted(what, (&lock.resources, &lock.token), counts, outcome);
             match end {
                 Some(end) => call.sleep_until(end),
@@ -561,9 +543,8 @@ impl Redlock {
                     .collect()
             }
         };
-        let (mut keys, mut args, mut ttls) = (vec![], vec![mark.clone()], vec![]);
+        let (mut keys, mut args) = (vec![], vec![mark.clone()]);
         for &mut (ref lock, ttl) in locks.iter_mut() {
-            ttls.push(ttl);
             // Keys gone from a node are set again while the validity this
             // process measured lasts (and a fenced lock knows its token).
             let retake = (lock.valid_until.is_some_and(|until| Instant::now() < until))
@@ -574,11 +555,11 @@ impl Redlock {
         }
         let args: Vec<&[u8]> = args.iter().map(String::as_bytes).collect();
         let cmd = Command::script(&script::EXTEND, &keys, &args);
-        let durations: Vec<Duration> = ttls.iter().map(|ttl| ttl.duration()).collect();
+        let durations: Vec<Duration> = locks.iter().map(|(_, ttl)| ttl.duration()).collect();
         let tallies = self.rounds(Kind::Plain, &cmd, &durations, extend_vote, Ask::EveryReply);
         let (mut confirm, mut retook) = (Vec::new(), vec![false; self.inner.nodes.len()]);
-        let judged = locks.iter_mut().zip(ttls).zip(tallies);
-        let judged = judged.map(|(((lock, _), ttl), tally)| {
+        let judged = locks.iter_mut().zip(tallies);
+        let judged = judged.map(|(&mut (ref mut lock, ttl), tally)| {
             let resource = lock.resources[0].clone();
             if tally.granted() {
                 for (i, node) in tally.report.nodes.iter().enumerate() {
@@ -603,10 +584,9 @@ impl Redlock {
                 (true, 0) => Loss::Gone(tally.report.refused()),
                 (true, nodes) => Loss::Taken(nodes),
             };
-            let report = tally.report;
             Err(LockError::Lost {
                 resource,
-                report,
+                report: tally.report,
                 reason,
             })
         });
@@ -652,21 +632,20 @@ impl Redlock {
         let result = if report.granted() >= report.quorum {
             Ok(report)
         } else if lost {
-            let reason = Loss::Gone(report.refused());
             Err(LockError::Lost {
                 resource,
+                reason: Loss::Gone(report.refused()),
                 report,
-                reason,
             })
         } else {
-            let attempts = 1;
             Err(LockError::NoQuorum {
                 resource,
-                attempts,
+                attempts: 1,
                 report,
             })
         };
-        self.observe(What::Released, (resources, token), 0, result.as_ref());
+        let ids = (resources, token);
+        self.observe_counted(Some(What::Released), ids, (0, 0), result.as_ref());
         result
     }
 
@@ -688,15 +667,11 @@ impl Redlock {
     fn send_only(&self, cmd: &Command, ttl: Duration, ask: impl Fn(usize) -> bool) {
         let (nodes, config) = (&self.inner.nodes, &self.inner.config);
         let now = Instant::now();
-        let (deadline, owed_until) = (now + config.io_timeout, later(now, ttl));
-        round::send_only(
-            nodes,
-            cmd,
-            deadline,
-            config.connect_timeout,
-            owed_until,
-            ask,
-        );
+        let bounds = Bounds {
+            deadline: now + config.io_timeout,
+            connect_timeout: config.connect_timeout,
+        };
+        round::send_only(nodes, cmd, bounds, later(now, ttl), ask);
     }
 
     /// Runs one round of `cmd` on the nodes `ask` names and counts the
@@ -815,16 +790,11 @@ impl Redlock {
         decided: impl FnMut(&Result<Value, Failure>) -> bool,
     ) -> Vec<Reply> {
         let (nodes, config) = (&self.inner.nodes, &self.inner.config);
-        let deadline = start + config.io_timeout;
-        round::run(
-            nodes,
-            cmd,
-            start,
-            deadline,
-            config.connect_timeout,
-            asked,
-            (to_decide, decided),
-        )
+        let bounds = Bounds {
+            deadline: start + config.io_timeout,
+            connect_timeout: config.connect_timeout,
+        };
+        round::run(nodes, cmd, start, bounds, asked, (to_decide, decided))
     }
 
     /// The validity a round that took `elapsed` leaves of `ttl`: none if
@@ -865,10 +835,6 @@ impl Redlock {
     /// The guards' watchdog and notifier.
     pub(crate) fn watchdog(&self) -> &Arc<Watchdog> {
         &self.inner.watchdog
-    }
-
-    pub(crate) fn downgrade(&self) -> WeakRedlock {
-        WeakRedlock(Arc::downgrade(&self.inner))
     }
 }
 

@@ -549,18 +549,16 @@ impl NodeError {
     /// assert!(!NodeError::Io("Connection reset by peer".into()).is_permanent());
     /// ```
     pub fn is_permanent(&self) -> bool {
+        // A refused certificate or no crypto provider, which TLS reports
+        // as I/O errors; not a handshake cut short, as a restart can do.
+        let tls = |text: &str| text.contains("certificate") || text.contains("crypto provider");
         match self {
             NodeError::Auth { .. } => true,
             NodeError::Server(text) => text.starts_with("NOPERM"),
-            // A refused certificate or no crypto provider, which TLS reports
-            // as I/O errors; not a handshake cut short, as a restart can do.
-            NodeError::Connect(text) | NodeError::Io(text)
-                if text.contains("certificate") || text.contains("crypto provider") =>
-            {
-                true
-            }
+            NodeError::Io(text) => tls(text),
             NodeError::Connect(text) => {
-                text.starts_with("NOPERM")
+                tls(text)
+                    || text.starts_with("NOPERM")
                     // A lookup the resolver may answer later says so (EAI_AGAIN).
                     || (text.starts_with("could not resolve") && !text.contains("Temporary failure"))
             }
@@ -645,11 +643,9 @@ impl fmt::Display for NodeOutcome {
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (agreed, all, quorum) = (self.granted(), self.nodes.len(), self.quorum);
-        let verb = if self.verb.is_empty() {
-            "agreed"
-        } else {
-            self.verb
-        };
+        let verb = Some(self.verb)
+            .filter(|v| !v.is_empty())
+            .unwrap_or("agreed");
         write!(f, "{agreed}/{all} {verb} (quorum {quorum}), ")?;
         let retook = self.nodes.iter().filter(|n| n.retook).count();
         match (self.refused(), retook) {
@@ -658,9 +654,7 @@ impl fmt::Display for Report {
             (refused, retook) => write!(f, "{refused} refused ({retook} re-took), ")?,
         }
         write!(f, "in {:.1?}", self.elapsed)?;
-        let failed: Vec<_> = (self.nodes.iter())
-            .filter(|n| reason(n).is_some())
-            .collect();
+        let failed: Vec<_> = self.nodes.iter().filter(|n| reason(n).is_some()).collect();
         if f.alternate() || failed.is_empty() {
             return Ok(());
         }

@@ -53,16 +53,6 @@ pub enum What {
     Released,
 }
 
-impl What {
-    /// The event of an acquisition's attempt that failed with `error`.
-    pub(crate) fn attempt_failed(error: &LockError) -> What {
-        match error {
-            LockError::Contended { .. } => What::Contended,
-            _ => What::AttemptFailed,
-        }
-    }
-}
-
 /// Something the client did, for logs and metrics, as the builder's
 /// [`observer`](crate::RedlockBuilder::observer) gets it ([`What`] says
 /// when). It never holds a whole token or a password. Its `Debug` output

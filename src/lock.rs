@@ -152,9 +152,7 @@ impl Lock {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn validity(&self) -> Duration {
-        let now = Instant::now();
-        self.valid_until
-            .map_or(Duration::ZERO, |until| until.saturating_duration_since(now))
+        self.valid_until().saturating_duration_since(Instant::now())
     }
 
     /// Whether some validity is left.

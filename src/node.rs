@@ -26,14 +26,14 @@ mod shared;
 mod subscription;
 mod transport;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use redis::Value;
 
 use connect::Connector;
-pub(crate) use endpoint::Endpoint;
-use pace::{Pace, SpinWait, RECHECK};
+pub(crate) use endpoint::{redact, Endpoint};
+use pace::{Pace, RECHECK, YIELDS};
 pub(crate) use servers::Servers;
 use shared::{After, Shared, Sleeper};
 pub(crate) use shared::{Bounds, Ticket, Write};
@@ -41,7 +41,7 @@ pub(crate) use subscription::{Listener, Message, Sender};
 pub use transport::counts::{io_counts, IoCounts};
 
 use crate::error::Failure;
-use crate::script::{Command, Script};
+use crate::script::Command;
 
 /// One Redis master.
 pub(crate) struct Node {
@@ -233,20 +233,11 @@ impl<'a> Turn<'a> {
             self.awaited[i] = sent.as_ref().ok().copied();
             queued.push((i, sent.map(drop)));
         }
-        if alone
-            && may_batch
-            && !connected.is_empty()
-            && connected
-                .iter()
-                .all(|&i| self.nodes[i].shared.carries_batch())
-        {
+        let carried = |&i: &usize| self.nodes[i].shared.carries_batch();
+        if alone && may_batch && !connected.is_empty() && connected.iter().all(carried) {
             self.batch_until = Some(Instant::now() + RECHECK);
         }
-        let go = match self.batch_until {
-            Some(_) => Going::Batching,
-            None => Going::Staying,
-        };
-        self.let_go(go);
+        self.let_go(self.batch_until.map_or(Going::Staying, |_| Going::Batching));
         queued
     }
 
@@ -266,17 +257,14 @@ impl<'a> Turn<'a> {
         let node = &self.nodes[i];
         let reply = (node.shared).take(&node.connector, ticket, self.bounds, self.batch_until)?;
         self.awaited[i] = None;
-        let noted = |s: &Script| {
-            reply
-                .as_ref()
-                .is_ok_and(|v| node.shared.note_script(ticket, s.bit, v))
+        let noscript = match (cmd.script, &reply) {
+            (Some(script), Ok(v)) => node.shared.note_script(ticket, script.bit, v),
+            _ => false,
         };
-        if cmd.script.is_some_and(noted) {
-            match node.submit(cmd, self.bounds, Write::Now) {
-                Ok(ticket) => self.awaited[i] = Some(ticket),
-                Err(failure) => return Some(Err(failure)),
-            }
-            return None;
+        if noscript {
+            let resent = node.submit(cmd, self.bounds, Write::Now);
+            self.awaited[i] = resent.as_ref().ok().copied();
+            return resent.err().map(Err);
         }
         Some(reply)
     }
@@ -288,22 +276,22 @@ impl<'a> Turn<'a> {
         self.let_go(Going::Staying);
         let waiter = Sleeper::new(need);
         let mut enlisted = Vec::with_capacity(pending.len());
-        let ready = pending.iter().any(|&i| {
-            let Some(ticket) = self.awaited[i] else {
-                return false;
-            };
+        let mut awaited = pending.iter().filter_map(|&i| Some((i, self.awaited[i]?)));
+        let ready = awaited.any(|(i, ticket)| {
             let asleep = self.nodes[i].shared.enlist(ticket, &waiter);
             enlisted.extend(asleep.then_some((i, ticket)));
             !asleep
         });
         let until = self.bounds.deadline.min(Instant::now() + RECHECK);
-        let mut spin = SpinWait::default();
+        let mut tries = 0;
         while !ready && !waiter.woken() {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
-            }
-            if !spin.spin() {
+            } else if tries < YIELDS {
+                tries += 1;
+                std::thread::yield_now();
+            } else {
                 std::thread::park_timeout(left);
             }
         }
@@ -371,11 +359,10 @@ impl<'a> Turn<'a> {
             return;
         }
         for (i, node) in self.nodes.iter().enumerate() {
-            let reads_next = go != Going::Leaving && self.awaits(i);
-            match (reads_next, go) {
-                (true, Going::Batching) => {}
-                (true, _) => node.flush(self.bounds, After::ReadHere),
-                (false, _) => node.flush(self.bounds, After::WakeReader),
+            match (go, self.awaits(i)) {
+                (Going::Leaving, _) | (_, false) => node.flush(self.bounds, After::WakeReader),
+                (Going::Batching, true) => {}
+                (Going::Staying, true) => node.flush(self.bounds, After::ReadHere),
             }
         }
     }
@@ -386,4 +373,9 @@ impl Drop for Turn<'_> {
         self.end_batch(Going::Leaving);
         self.let_go(Going::Leaving);
     }
+}
+
+/// Locks `mutex`, even if a thread panicked holding it.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

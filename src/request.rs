@@ -206,8 +206,6 @@ pub(crate) struct Registered<'a> {
 
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
-        self.cancel
-            .wakers()
-            .retain(|other| !Arc::ptr_eq(other, &self.wake));
+        (self.cancel.wakers()).retain(|other| !Arc::ptr_eq(other, &self.wake));
     }
 }

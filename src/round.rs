@@ -5,6 +5,7 @@
 //! A round knows connections and deadlines, not what a reply means: the
 //! caller's `decided` callback counts.
 
+use std::panic::resume_unwind;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -35,15 +36,10 @@ pub(crate) fn run(
     nodes: &[Node],
     cmd: &Command,
     start: Instant,
-    deadline: Instant,
-    connect_timeout: Duration,
+    bounds: Bounds,
     ask: impl Fn(usize) -> bool,
     (to_decide, decided): (usize, impl FnMut(&Result<Value, Failure>) -> bool),
 ) -> Vec<Reply> {
-    let bounds = Bounds {
-        deadline,
-        connect_timeout,
-    };
     let mut turn = Turn::new(nodes, bounds);
     let not_awaited = || Reply {
         result: Err(Failure::NotAwaited),
@@ -175,12 +171,8 @@ fn side_by_side<T: Send>(items: &[usize], f: impl Fn(usize) -> T + Sync) -> Vec<
             .collect();
         let mut results = vec![(first, f(first))];
         for (i, thread) in started {
-            let result = match thread.map(|t| t.join()) {
-                Some(Ok(result)) => result,
-                Some(Err(panic)) => std::panic::resume_unwind(panic),
-                None => f(i),
-            };
-            results.push((i, result));
+            let joined = thread.map(|t| t.join().unwrap_or_else(|panic| resume_unwind(panic)));
+            results.push((i, joined.unwrap_or_else(|| f(i))));
         }
         results
     })
@@ -193,17 +185,12 @@ fn side_by_side<T: Send>(items: &[usize], f: impl Fn(usize) -> T + Sync) -> Vec<
 pub(crate) fn send_only(
     nodes: &[Node],
     cmd: &Command,
-    deadline: Instant,
-    connect_timeout: Duration,
+    bounds: Bounds,
     owed_until: Instant,
     ask: impl Fn(usize) -> bool,
 ) {
     // Connect side by side, as in a round: one connect timeout at most.
     let (connecting, connected) = by_connect(nodes, &ask);
-    let bounds = Bounds {
-        deadline,
-        connect_timeout,
-    };
     // Not on the wire (failed, or queued behind another thread that may
     // yet fail): owed. A release sent twice is harmless.
     let send = |i: usize| {

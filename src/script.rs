@@ -196,16 +196,8 @@ pub(crate) struct Command {
 impl Command {
     /// `SET resource token NX PX ttl_ms`.
     pub(crate) fn acquire(resource: &str, token: &Token, ttl_ms: u64) -> Command {
-        let (hex, ttl) = (token.hex(), ttl_ms.to_string());
-        let parts: [&[u8]; 6] = [
-            b"SET",
-            resource.as_bytes(),
-            &hex,
-            b"NX",
-            b"PX",
-            ttl.as_bytes(),
-        ];
-        Command::packed(None, &parts)
+        let (key, hex, ttl) = (resource.as_bytes(), token.hex(), ttl_ms.to_string());
+        Command::packed(None, &[b"SET", key, &hex, b"NX", b"PX", ttl.as_bytes()])
     }
 
     /// A script over `keys` with arguments `args`, as `EVALSHA`.
@@ -249,14 +241,6 @@ pub(crate) const SCRIPTS: [&Script; 6] = [
     &FENCE_ACQUIRE,
     &FENCE_CONFIRM,
 ];
-
-/// Every script's bit: what a connection knows after its handshake.
-pub(crate) const ALL_SCRIPTS: u8 = RELEASE.bit
-    | EXTEND.bit
-    | CONFIRM.bit
-    | ACQUIRE_MANY.bit
-    | FENCE_ACQUIRE.bit
-    | FENCE_CONFIRM.bit;
 
 /// Turns a packed `EVALSHA sha numkeys ...` into `EVAL body numkeys ...`.
 fn eval_form(script: &Script, fast: &[u8]) -> Vec<u8> {

@@ -96,6 +96,8 @@ impl Drop for Listening<'_> {
     }
 }
 
+type Guard<'a> = MutexGuard<'a, Waiting>;
+
 struct Waiting {
     hints: Hints,
     /// The line: its sender, and its listener unless a thread reads with it.
@@ -161,7 +163,7 @@ impl Waiters {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Waiting> {
+    fn lock(&self) -> Guard<'_> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -169,19 +171,15 @@ impl Waiters {
     /// them all, a message from now on counts for the wait after it. Free
     /// while the client has no line.
     pub(crate) fn listen(&self, resources: &[String]) -> Listening<'_> {
-        let mut listening = Listening {
-            waiters: self,
-            id: None,
-        };
+        let mut id = None;
         if self.active.load(Ordering::Acquire) {
-            let mut st = self.lock();
-            let now = Instant::now();
+            let (mut st, now) = (self.lock(), Instant::now());
             self.tidy(&mut st, now);
             if st.hints.listens_for(resources) {
-                listening.id = Some(self.register(&mut st, resources, now));
+                id = Some(self.register(&mut st, resources, now));
             }
         }
-        listening
+        Listening { waiters: self, id }
     }
 
     /// This client released `resources`: wakes one of its waiters of each.
@@ -242,15 +240,8 @@ impl Waiters {
     }
 
     /// Reads the line outside the lock, until `until` at most, and records what it heard.
-    fn read<'a>(
-        &'a self,
-        st: MutexGuard<'a, Waiting>,
-        mut listener: Listener,
-        until: Instant,
-    ) -> MutexGuard<'a, Waiting> {
-        let read_until = st
-            .hints
-            .read_deadline(Instant::now(), until, self.io_timeout);
+    fn read<'a>(&'a self, st: Guard<'a>, mut listener: Listener, until: Instant) -> Guard<'a> {
+        let read_until = (st.hints).read_deadline(Instant::now(), until, self.io_timeout);
         drop(st);
         let heard = listener.next(read_until);
         let mut st = self.lock();
@@ -276,12 +267,7 @@ impl Waiters {
 
     /// Opens a line to the next node, outside the lock. A connect cut short
     /// by the waiter's own pause says nothing about the node.
-    fn connect<'a>(
-        &'a self,
-        mut st: MutexGuard<'a, Waiting>,
-        nodes: &[Node],
-        until: Instant,
-    ) -> MutexGuard<'a, Waiting> {
+    fn connect<'a>(&'a self, mut st: Guard<'a>, nodes: &[Node], until: Instant) -> Guard<'a> {
         st.hints.line = LineState::Connecting;
         let node = st.hints.node;
         drop(st);
@@ -379,11 +365,13 @@ impl Hints {
                 out.push(("SUBSCRIBE", resource.clone()));
             }
         }
-        let stale = self.forget_unwaited(now).into_iter();
-        out.extend(stale.map(|resource| ("UNSUBSCRIBE", resource)));
-        let quiet = self
-            .heard
-            .is_none_or(|t| now.saturating_duration_since(t) >= io);
+        // Unsubscribe the channels nobody waited on for [`LINGER`].
+        let waiters = &self.waiters;
+        let waited = |r: &String| waiters.iter().any(|w| w.resources.contains(r));
+        let stale = (self.channels)
+            .extract_if(|r, last| now.saturating_duration_since(*last) >= LINGER && !waited(r));
+        out.extend(stale.map(|(resource, _)| ("UNSUBSCRIBE", resource)));
+        let quiet = (self.heard).is_none_or(|t| now.saturating_duration_since(t) >= io);
         if self.due.is_none() && quiet {
             out.push(("PING", String::new()));
         }
@@ -391,15 +379,6 @@ impl Hints {
             self.due = self.due.or(Some(now + io));
         }
         out
-    }
-
-    /// Forgets and returns the channels nobody waited on for [`LINGER`].
-    fn forget_unwaited(&mut self, now: Instant) -> Vec<String> {
-        let waiters = &self.waiters;
-        let waited = |r: &String| waiters.iter().any(|w| w.resources.contains(r));
-        let stale = (self.channels)
-            .extract_if(|r, last| now.saturating_duration_since(*last) >= LINGER && !waited(r));
-        stale.map(|(r, _)| r).collect()
     }
 
     fn unregister(&mut self, id: u64, now: Instant) {

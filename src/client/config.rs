@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{ArgumentError, ConfigError, LockError};
 use crate::event::{Event, Observer};
-use crate::node::Endpoint;
+use crate::node::redact;
 use crate::request::{Cancel, LockOptions, Patience};
 use crate::retry::RetryPolicy;
 use crate::setters::setters;
@@ -95,7 +95,7 @@ pub struct RedlockBuilder {
 
 impl fmt::Debug for RedlockBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let urls: Vec<String> = self.urls.iter().map(|u| Endpoint::redact(u)).collect();
+        let urls: Vec<String> = self.urls.iter().map(|u| redact(u)).collect();
         (f.debug_struct("RedlockBuilder"))
             .field("nodes", &urls)
             .field("settings", &self.config)
@@ -247,14 +247,13 @@ impl Config {
     /// `options` with every default filled in from these settings, for a
     /// call that began at `started`.
     pub(crate) fn call(&self, options: &LockOptions, started: Instant) -> Result<Call, LockError> {
-        let config = self;
-        let when_left = (options.extend_when_left).unwrap_or(config.extend_when_left);
+        let when_left = (options.extend_when_left).unwrap_or(self.extend_when_left);
         if !(when_left > 0.0 && when_left < 1.0) {
             return Err(ArgumentError::ExtendWhenLeft { value: when_left }.into());
         }
-        let max_wait = config.max_wait.map(|wait| later(started, wait));
+        let max_wait = self.max_wait.map(|wait| later(started, wait));
         let (retries, deadline) = match options.patience {
-            None => (config.retry.retries, max_wait),
+            None => (self.retry.retries, max_wait),
             Some(Patience::Retries(n)) => (n, None),
             Some(Patience::For(wait)) => (u32::MAX, Some(later(started, wait))),
             Some(Patience::Until(deadline)) => (u32::MAX, Some(deadline)),
@@ -263,7 +262,7 @@ impl Config {
         Ok(Call {
             retries,
             deadline,
-            max_hold: options.max_hold.or(config.max_hold),
+            max_hold: options.max_hold.or(self.max_hold),
             extend_when_left: when_left,
             cancel: options.cancel.clone(),
         })

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use super::{Ask, Redlock, Tally};
-use crate::error::{NodeOutcome, Report};
+use crate::error::NodeOutcome;
 use crate::kind::{acquire_vote, script_vote, Kind};
 use crate::script::Command;
 use crate::token::Token;
@@ -42,33 +42,21 @@ impl Redlock {
 
     /// Merges the two rounds' tallies. A node that granted round one shows
     /// its round-two outcome. Times and validity count from round one.
-    fn both_rounds(&self, first: Tally, second: Tally, ttl: Duration) -> Tally {
+    fn both_rounds(&self, mut first: Tally, second: Tally, ttl: Duration) -> Tally {
         let offset = second.start.saturating_duration_since(first.start);
-        let elapsed = offset + second.report.elapsed;
-        let mut nodes = second.report.nodes;
-        for (two, one) in nodes.iter_mut().zip(first.report.nodes) {
-            match one.outcome {
-                NodeOutcome::Granted => two.elapsed += offset,
-                _ => *two = one,
+        for (one, mut two) in first.report.nodes.iter_mut().zip(second.report.nodes) {
+            if one.outcome == NodeOutcome::Granted {
+                two.elapsed += offset;
+                *one = two;
             }
         }
-        let validity = self.validity(ttl, elapsed);
-        Tally {
-            report: Report {
-                nodes,
-                quorum: first.report.quorum,
-                elapsed,
-                verb: first.report.verb,
-            },
-            validity,
-            start: first.start,
-            // Round one won: a node that refused round two no longer held
-            // our key, and with no validity left, that key had expired. The
-            // attempt ran out of time; no other client made it fail.
-            too_slow: validity.is_none(),
-            fence: first.fence,
-            taken: 0,
-        }
+        first.report.elapsed = offset + second.report.elapsed;
+        first.validity = self.validity(ttl, first.report.elapsed);
+        // Round one won: a node that refused round two no longer held
+        // our key, and with no validity left, that key had expired. The
+        // attempt ran out of time; no other client made it fail.
+        first.too_slow = first.validity.is_none();
+        first
     }
 }
 
@@ -79,7 +67,7 @@ mod tests {
 
     use super::*;
     use crate::client::Op;
-    use crate::error::{LockError, NodeReport};
+    use crate::error::{LockError, NodeReport, Report};
     use crate::time::Ttl;
 
     /// A report of three nodes that all answered `outcome` after `elapsed`.

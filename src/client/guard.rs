@@ -21,12 +21,12 @@ use std::time::{Duration, Instant};
 
 use super::config::Call;
 use super::observe::{caught, Failures};
-use super::{Redlock, Tries};
+use super::Redlock;
 use crate::error::{LockError, Loss, Report};
 use crate::event::What;
 use crate::kind::Kind;
 use crate::lock::{IntoResources, Lock};
-use crate::request::LockOptions;
+use crate::request::{LockOptions, Patience};
 use crate::retry::Retries;
 use crate::time::{later, Ttl};
 use crate::token::Token;
@@ -92,6 +92,8 @@ pub(crate) struct Lease {
     wake: Condvar,
 }
 
+type State<'a> = MutexGuard<'a, LeaseState>;
+
 /// The lease's state.
 #[derive(Default)]
 struct LeaseState {
@@ -148,15 +150,11 @@ impl Lease {
         })
     }
 
-    fn state(&self) -> MutexGuard<'_, LeaseState> {
+    fn state(&self) -> State<'_> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn wait<'a>(
-        &self,
-        state: MutexGuard<'a, LeaseState>,
-        timeout: Duration,
-    ) -> MutexGuard<'a, LeaseState> {
+    fn wait<'a>(&self, state: State<'a>, timeout: Duration) -> State<'a> {
         let waited = self.wake.wait_timeout(state, timeout);
         waited.unwrap_or_else(PoisonError::into_inner).0
     }
@@ -250,7 +248,7 @@ impl Lease {
             }
             Err(e) => {
                 let new = state.failures.failed(e);
-                told = (new.then_some(What::ExtendFailed), state.failures.count());
+                told = (new.then_some(What::ExtendFailed), state.failures.count);
                 state.report = e.report().unwrap_or(&state.report).clone();
                 self.retry(client, &mut state)
             }
@@ -267,7 +265,7 @@ impl Lease {
     /// `None` once the validity ran out, or if the backoff panicked. A panic
     /// ends the lease, as its error.
     fn retry(&self, client: &Redlock, state: &mut LeaseState) -> Option<Instant> {
-        let (deadline, failures) = (state.deadline()?, state.failures.count());
+        let (deadline, failures) = (state.deadline()?, state.failures.count);
         let policy = &client.config().retry;
         match caught(|| policy.next_extension(failures, Retries::WhileValid, Some(deadline))) {
             Ok(due) => due,
@@ -285,12 +283,8 @@ impl Lease {
     /// extension is always some time away.
     fn due(&self, state: &mut LeaseState) -> Option<Instant> {
         let (deadline, now) = (state.deadline()?, Instant::now());
-        let share = if state.ending {
-            1.0
-        } else {
-            1.0 - self.when_left
-        };
-        let wait = deadline.saturating_duration_since(now).mul_f64(share);
+        let left = if state.ending { 0.0 } else { self.when_left };
+        let wait = deadline.saturating_duration_since(now).mul_f64(1.0 - left);
         Some(later(now, wait).min(deadline))
     }
 
@@ -304,7 +298,7 @@ impl Lease {
         if mem::replace(&mut state.told, true) {
             return None;
         }
-        let (callbacks, failures) = (mem::take(&mut state.on_lost), state.failures.count());
+        let (callbacks, failures) = (mem::take(&mut state.on_lost), state.failures.count);
         // A guard that is done releases on its own.
         let panicked = state.panic.is_some() && !state.done;
         drop(state);
@@ -334,12 +328,10 @@ impl Lease {
 
 impl LockGuard {
     /// The resource held (the first one, for a lock over several).
-    /// The resource held (the first one, for a lock over several).
     pub fn resource(&self) -> &str {
         &self.lease.resources[0]
     }
 
-    /// Every resource held, in the order given.
     /// Every resource held, in the order given.
     pub fn resources(&self) -> &[String] {
         &self.lease.resources
@@ -535,7 +527,7 @@ impl Redlock {
         resources: impl IntoResources,
         options: impl Into<LockOptions>,
     ) -> Result<LockGuard, LockError> {
-        self.keep_alive(resources.into_resources(), &options.into(), Tries::Patient)
+        self.keep_alive(resources.into_resources(), &options.into())
     }
 
     /// Like [`lock`](Self::lock), but one attempt only: no retry.
@@ -548,7 +540,8 @@ impl Redlock {
         resources: impl IntoResources,
         options: impl Into<LockOptions>,
     ) -> Result<LockGuard, LockError> {
-        self.keep_alive(resources.into_resources(), &options.into(), Tries::Once)
+        let once = options.into().patience(Patience::Retries(0));
+        self.keep_alive(resources.into_resources(), &once)
     }
 
     /// Acquires as [`lock`](Self::lock) does, runs `f` under the guard, and
@@ -649,9 +642,8 @@ impl Redlock {
         &self,
         resources: Vec<String>,
         options: &LockOptions,
-        tries: Tries,
     ) -> Result<LockGuard, LockError> {
-        let (lock, call) = self.acquire_with(resources, options, tries)?;
+        let (lock, call) = self.acquire_with(resources, options)?;
         let lease = Lease::new(&lock, &call, Ttl::whole_ms(options.ttl));
         let guard = LockGuard {
             lease: Arc::clone(&lease),
@@ -667,11 +659,10 @@ impl Redlock {
 
 /// The body of every `with_lock*` call: `f` under the guard, then the
 /// release. `f`'s error comes first, then a loss.
-fn run_locked<T, E, F>(locked: Result<LockGuard, LockError>, f: F) -> Result<T, E>
-where
-    F: FnOnce(&LockGuard) -> Result<T, E>,
-    E: From<LockError>,
-{
+fn run_locked<T, E: From<LockError>>(
+    locked: Result<LockGuard, LockError>,
+    f: impl FnOnce(&LockGuard) -> Result<T, E>,
+) -> Result<T, E> {
     let guard = locked?;
     // A panic in `f`, or its error, goes through the guard's drop, which
     // releases.

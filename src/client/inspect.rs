@@ -141,20 +141,18 @@ impl Redlock {
                         .map_err(|e| NodeOutcome::Failed(NodeError::Protocol(e.to_string())))
                 });
                 let (holding, fence) = match read {
-                    Ok((token, _, fence)) if token.is_empty() => {
-                        (Holding::Free, fence.parse().ok())
-                    }
+                    Ok((token, _, fence)) if token.is_empty() => (Holding::Free, fence),
                     Ok((token, ms, fence)) => {
                         let (token, ttl) = (token.chars().take(SHOWN).collect(), u64::try_from(ms));
                         let ttl = ttl.ok().map(Duration::from_millis);
-                        (Holding::Held { token, ttl }, fence.parse().ok())
+                        (Holding::Held { token, ttl }, fence)
                     }
-                    Err(outcome) => (Holding::Unknown(outcome), None),
+                    Err(outcome) => (Holding::Unknown(outcome), String::new()),
                 };
                 NodeView {
                     node,
                     holding,
-                    fence,
+                    fence: fence.parse().ok(),
                 }
             })
             .collect();

@@ -30,7 +30,8 @@ pub(crate) struct NodesSeen(Mutex<Vec<u32>>);
 /// carries the count.
 #[derive(Debug, Default)]
 pub(crate) struct Failures {
-    count: u32,
+    /// The rounds failed in a row so far.
+    pub(crate) count: u32,
     reason: Option<Discriminant<LockError>>,
 }
 
@@ -42,11 +43,6 @@ impl Failures {
         mem::replace(&mut self.reason, reason) != reason
     }
 
-    /// The rounds failed in a row so far.
-    pub(crate) fn count(&self) -> u32 {
-        self.count
-    }
-
     /// A round succeeded: the run ends; returns how many had failed.
     pub(crate) fn end(&mut self) -> u32 {
         self.reason = None;
@@ -55,17 +51,6 @@ impl Failures {
 }
 
 impl Redlock {
-    /// [`observe_counted`](Self::observe_counted) with no failed rounds.
-    pub(crate) fn observe(
-        &self,
-        what: What,
-        ids: (&[String], &Token),
-        attempt: u32,
-        outcome: Result<&Report, &LockError>,
-    ) {
-        self.observe_counted(Some(what), ids, (attempt, 0), outcome);
-    }
-
     /// Tells the observer, if any, of a round on `resources` by `token` that
     /// ended in `outcome`. First each node whose state changed or that
     /// re-took the key, then `what`, if any. Every round comes here, told or

@@ -13,13 +13,14 @@
 //! leases, each told.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use super::guard::Lease;
 use super::observe::caught;
-use super::{Redlock, WeakRedlock};
+use super::{Inner, Redlock};
 use crate::lock::Lock;
+use crate::node::lock;
 
 /// How long the watchdog waits with no guard before it exits; the next
 /// guard starts it again.
@@ -57,16 +58,12 @@ struct Schedule {
     notifying: bool,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl Watchdog {
     /// Puts `entry` under the watchdog, and starts it if it does not run.
     pub(crate) fn add(self: &Arc<Self>, client: &Redlock, entry: Kept) -> std::io::Result<()> {
         let mut schedule = lock(&self.schedule);
         if !schedule.running {
-            let (watch, client) = (Arc::clone(self), client.downgrade());
+            let (watch, client) = (Arc::clone(self), Arc::downgrade(&client.inner));
             std::thread::Builder::new()
                 .name("redlock-watchdog".to_string())
                 .spawn(move || watch.run(&client))?;
@@ -113,11 +110,11 @@ impl Watchdog {
 
     /// The watchdog: extends the due leases, and puts them back by their
     /// next due time.
-    fn run(&self, weak: &WeakRedlock) {
+    fn run(&self, weak: &Weak<Inner>) {
         // The client is upgraded for one turn at a time: while the
         // watchdog waits, it does not keep its client alive.
-        while let (Some(batch), Some(client)) = (self.next_batch(), weak.upgrade()) {
-            let stepped = step_all(&client, batch);
+        while let (Some(batch), Some(inner)) = (self.next_batch(), weak.upgrade()) {
+            let stepped = step_all(&Redlock { inner }, batch);
             lock(&self.schedule).leases.extend(stepped);
         }
     }

@@ -94,11 +94,9 @@ impl Connector {
             None => writer.recv(deadline),
         };
         let owed = self.owed.due();
-        writer.send(
-            &[&self.endpoint.handshake[..], &owed.bytes].concat(),
-            deadline,
-        )?;
-        let mut scripts = script::ALL_SCRIPTS;
+        let hello = [&self.endpoint.handshake[..], &owed.bytes].concat();
+        writer.send(&hello, deadline)?;
+        let mut scripts = script::SCRIPTS.iter().fold(0u8, |bits, s| bits | s.bit);
         for i in 0..self.endpoint.checked_replies + script::SCRIPTS.len() {
             if let Value::ServerError(e) = recv(&mut writer)? {
                 // A full server turns the connection away before it reads
@@ -170,15 +168,11 @@ impl Connector {
 
     /// Resolves the node's host name, then connects to its addresses in turn, all within `limit`.
     fn connect_resolved(&self, resolver: &Resolver, limit: Duration) -> Result<Stream, Failure> {
-        let start = Instant::now();
+        let deadline = Instant::now() + limit;
         let addrs = resolver.resolve(limit)?;
         let mut last = Failure::TimedOut;
         for (i, addr) in addrs.iter().enumerate() {
-            let left = limit.saturating_sub(start.elapsed());
-            if left.is_zero() {
-                return Err(Failure::TimedOut);
-            }
-            match Stream::tcp(addr, share(left, addrs.len() - i)) {
+            match Stream::tcp(addr, share(time_left(deadline)?, addrs.len() - i)) {
                 Ok(stream) => return Ok(stream),
                 Err(failure) => last = failure,
             }

@@ -88,11 +88,6 @@ impl Endpoint {
             restarts: restart_guard::Seen::default(),
         })
     }
-
-    /// The URL with any password replaced by `***`, for people to see.
-    pub(crate) fn redact(url: &str) -> String {
-        redact(url)
-    }
 }
 
 /// What to check in the URL when the node refuses to authenticate us.

@@ -6,8 +6,10 @@
 //! resource for its whole TTL. The token guards a release, so
 //! sending it twice, or after the key expired, is harmless.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 use std::time::Instant;
+
+use super::lock;
 
 /// At most this many clean-ups are kept per node. Past it the oldest is
 /// dropped, and its key expires on its own.
@@ -34,20 +36,15 @@ struct Debt {
 }
 
 /// The clean-ups due on a new connection: their packed commands, and which entries they are.
-#[derive(Default)]
 pub(super) struct Due {
     pub(super) bytes: Vec<u8>,
     pub(super) ids: Vec<u64>,
 }
 
 impl Owed {
-    fn lock(&self) -> MutexGuard<'_, Entries> {
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Owes the node `bytes`, until `until`.
     pub(super) fn add(&self, bytes: Vec<u8>, until: Instant) {
-        let mut entries = self.lock();
+        let mut entries = lock(&self.entries);
         let now = Instant::now();
         entries.list.retain(|e| e.until > now);
         if entries.list.len() >= MAX_OWED {
@@ -61,20 +58,19 @@ impl Owed {
     /// The clean-ups still worth sending. They stay owed until
     /// [`settle`](Self::settle) says a connection delivered them.
     pub(super) fn due(&self) -> Due {
-        let mut entries = self.lock();
+        let mut entries = lock(&self.entries);
         let now = Instant::now();
         entries.list.retain(|e| e.until > now);
-        let mut due = Due::default();
-        for entry in &entries.list {
-            due.bytes.extend_from_slice(&entry.bytes);
-            due.ids.push(entry.id);
+        let list = &entries.list;
+        Due {
+            bytes: list.iter().flat_map(|d| &d.bytes).copied().collect(),
+            ids: list.iter().map(|d| d.id).collect(),
         }
-        due
     }
 
     /// The server answered the clean-ups `ids`: they are no longer owed.
     pub(super) fn settle(&self, ids: &[u64]) {
-        self.lock().list.retain(|e| !ids.contains(&e.id));
+        lock(&self.entries).list.retain(|e| !ids.contains(&e.id));
     }
 }
 

@@ -57,27 +57,7 @@ impl Pace {
     }
 }
 
-/// Before a thread parks for its replies, it yields the CPU a few times.
-/// The threads that run meanwhile often read those replies. A reply stored
-/// while its thread yields costs no futex call and no sleep. This is
-/// parking_lot's `SpinWait`, without the spin.
-#[derive(Default)]
-pub(crate) struct SpinWait {
-    yields: u32,
-}
-
-impl SpinWait {
-    /// How many times a thread yields before it parks.
-    const YIELDS: u32 = 4;
-
-    /// Yields the CPU, unless it did so enough already. Then it returns
-    /// false, and the thread should park.
-    pub(crate) fn spin(&mut self) -> bool {
-        if self.yields >= Self::YIELDS {
-            return false;
-        }
-        self.yields += 1;
-        std::thread::yield_now();
-        true
-    }
-}
+/// Before a thread parks for its replies, it yields the CPU this many
+/// times. The threads that run meanwhile often read those replies. A reply
+/// stored while its thread yields costs no futex call and no sleep.
+pub(crate) const YIELDS: u32 = 4;

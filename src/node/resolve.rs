@@ -12,6 +12,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use super::lock;
 use crate::error::{Failure, NodeError};
 
 /// What a lookup gives: the addresses, or why there are none.
@@ -46,34 +47,22 @@ impl Resolver {
 
     /// The host's addresses, waiting at most `limit` for them.
     pub(crate) fn resolve(&self, limit: Duration) -> Result<Vec<SocketAddr>, Failure> {
-        let running = self
-            .running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        let answers = match running {
-            Some(answers) => answers,
-            None => self.start()?,
-        };
-        let answer = match answers.recv_timeout(limit) {
-            Ok(answer) => answer,
+        let running = lock(&self.running).take();
+        let answers = running.map_or_else(|| self.start(), Ok)?;
+        let reason = match answers.recv_timeout(limit) {
+            Ok(Ok(addrs)) if !addrs.is_empty() => return Ok(addrs),
+            Ok(Ok(_)) => "no address".to_string(),
+            Ok(Err(e)) => e.to_string(),
             Err(RecvTimeoutError::Timeout) => {
-                *self.running.lock().unwrap_or_else(|e| e.into_inner()) = Some(answers);
+                *lock(&self.running) = Some(answers);
                 return Err(Failure::TimedOut);
             }
-            Err(RecvTimeoutError::Disconnected) => Err(io::Error::other("the lookup thread ended")),
+            Err(RecvTimeoutError::Disconnected) => "the lookup thread ended".to_string(),
         };
-        let failed = |reason: String| {
-            Failure::Error(NodeError::Connect(format!(
-                "could not resolve {}: {reason}",
-                self.host
-            )))
-        };
-        match answer {
-            Ok(addrs) if addrs.is_empty() => Err(failed("no address".to_string())),
-            Ok(addrs) => Ok(addrs),
-            Err(e) => Err(failed(e.to_string())),
-        }
+        let host = &self.host;
+        Err(Failure::Error(NodeError::Connect(format!(
+            "could not resolve {host}: {reason}"
+        ))))
     }
 
     /// Starts a lookup on a helper thread.

@@ -30,8 +30,8 @@ use redis::Value;
 
 use super::connect::Connector;
 use super::pace::{Pace, BATCH_FROM, RECHECK};
-use super::transport::{Reader, Writer};
-use crate::error::{Failure, NodeError};
+use super::transport::{io_failure, Reader, Writer};
+use crate::error::Failure;
 use crate::script::{is_noscript, Command};
 
 /// Past this many unread replies, a round waits for its reply even once
@@ -124,10 +124,8 @@ impl Sleeper {
 
     /// Marks it woken, unless it was already. Returns the thread to unpark.
     fn wake(&self, why: u8) -> Option<&Thread> {
-        let (no, order) = (AWAKE_NO, Ordering::AcqRel);
-        let cas = self
-            .woken
-            .compare_exchange(no, why, order, Ordering::Acquire);
+        let woken = &self.woken;
+        let cas = woken.compare_exchange(AWAKE_NO, why, Ordering::AcqRel, Ordering::Acquire);
         cas.ok().map(|_| &self.thread)
     }
 }
@@ -221,7 +219,7 @@ impl Connection {
 
 impl Shared {
     fn lock(&self) -> Guard<'_> {
-        self.link.lock().unwrap_or_else(|e| e.into_inner())
+        super::lock(&self.link)
     }
 
     /// Queues `cmd` on the connection. With [`Write::Now`], a script goes
@@ -361,10 +359,7 @@ impl Shared {
 
     /// Removes the waiter enlisted for `ticket`, if still there.
     pub(super) fn delist(&self, ticket: Ticket) {
-        let mut link = self.lock();
-        if let Some(i) = link.sleepers.iter().position(|(t, _)| *t == ticket) {
-            link.sleepers.swap_remove(i);
-        }
+        self.lock().sleepers.retain(|(t, _)| *t != ticket);
     }
 
     /// Whether writing now means connecting first, which may block up to the
@@ -450,13 +445,12 @@ impl Shared {
                 _ if link.epoch != epoch => return link,
                 Ok(new) => {
                     link.connect_after = None;
-                    link.conn.unsplit = new.writer.is_unsplit();
+                    link.conn.unsplit = new.reader.is_none();
                     (link.conn.reader, link.conn.scripts) = (new.reader, new.scripts);
                     writer = Some(new.writer);
                 }
                 Err(Failure::ConnectTimedOut) => {
-                    let backoff = connector.reconnect_backoff;
-                    link.connect_after = Instant::now().checked_add(backoff);
+                    link.connect_after = Instant::now().checked_add(connector.reconnect_backoff);
                     end_epoch(&mut link, Failure::TimedOut);
                     return link;
                 }
@@ -490,8 +484,7 @@ impl Shared {
                 link.conn.outbox.clear();
             }
         }
-        link.conn.writer = writer;
-        link.conn.writing = false;
+        (link.conn.writer, link.conn.writing) = (writer, false);
         if connecting {
             hand_off(link, &connector.servers.pace);
             return self.lock();
@@ -519,16 +512,12 @@ impl Shared {
         let mut reader = link.conn.reader.take();
         let mut writer = unsplit.then(|| link.conn.writer.take()).flatten();
         drop(link);
-        let began = Instant::now();
+        let (began, pause) = (Instant::now(), pause.unwrap_or(bounds.deadline));
         // `None`: paused with nothing read.
         let first = match (&mut reader, &mut writer) {
-            (Some(r), _) => {
-                (r.recv_until(bounds.deadline, pause.unwrap_or(bounds.deadline))).transpose()
-            }
+            (Some(r), _) => r.recv_until(bounds.deadline, pause).transpose(),
             (None, Some(w)) => Some(w.recv(bounds.deadline)),
-            (None, None) => Some(Err(Failure::Error(NodeError::Io(
-                "the connection has no reading half".to_string(),
-            )))),
+            (None, None) => Some(Err(io_failure("the connection has no reading half"))),
         };
         let read = matches!(first, Some(Ok(_)));
         let waited = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
@@ -644,9 +633,7 @@ fn check(link: &Link, ticket: Ticket) -> Result<(), Failure> {
     }
     Err(match &link.ended {
         Some((epoch, failure)) if *epoch == ticket.epoch => failure.clone(),
-        _ => Failure::Error(NodeError::Io(
-            "the connection was dropped after an earlier failure".to_string(),
-        )),
+        _ => io_failure("the connection was dropped after an earlier failure"),
     })
 }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::connect::Connector;
+use super::connect::{Connector, Opened};
 use super::transport::{failure, Reader, Writer};
 use crate::error::Failure;
 use crate::script::{pack, RELEASED_CHANNEL_PREFIX};
@@ -42,10 +42,8 @@ pub(super) fn open(
     deadline: Instant,
     connect_timeout: Duration,
 ) -> Result<Option<(Sender, Listener)>, Failure> {
-    let opened = connector.connect(deadline, connect_timeout)?;
-    Ok(opened
-        .reader
-        .map(|reader| (Sender(opened.writer), Listener(reader))))
+    let Opened { writer, reader, .. } = connector.connect(deadline, connect_timeout)?;
+    Ok(reader.map(|reader| (Sender(writer), Listener(reader))))
 }
 
 impl Sender {

@@ -95,10 +95,7 @@ impl Stream {
         }
         .map_err(connect_failure)?;
         Ok((
-            Writer::Stream {
-                stream: self,
-                timeout: None,
-            },
+            Writer::Stream(self, None),
             Some(Reader {
                 stream: other,
                 timeout: None,
@@ -117,13 +114,6 @@ impl Stream {
     }
 }
 
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        counts::READS.fetch_add(1, Ordering::Relaxed);
-        on_socket!(self, s => s.read(buf))
-    }
-}
-
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         counts::WRITES.fetch_add(1, Ordering::Relaxed);
@@ -137,10 +127,8 @@ impl Write for Stream {
 
 /// The writing half of a connection; for TLS, the whole, which reads too.
 pub(crate) enum Writer {
-    Stream {
-        stream: Stream,
-        timeout: Option<Duration>,
-    },
+    /// A socket of ours, and the write timeout set on it.
+    Stream(Stream, Option<Duration>),
     Unsplit(Unsplit),
 }
 
@@ -162,11 +150,6 @@ impl Unsplit {
 }
 
 impl Writer {
-    /// Whether this writer is the unsplit connection (it reads too).
-    pub(crate) fn is_unsplit(&self) -> bool {
-        matches!(self, Writer::Unsplit(_))
-    }
-
     /// Writes `bytes`, giving up at `deadline`.
     ///
     /// A write of a few commands blocks only if the server stopped reading
@@ -175,7 +158,7 @@ impl Writer {
     pub(crate) fn send(&mut self, bytes: &[u8], deadline: Instant) -> Result<(), Failure> {
         let left = left_or_least(deadline);
         match self {
-            Writer::Stream { stream, timeout } => {
+            Writer::Stream(stream, timeout) => {
                 let set = |t| on_socket!(&*stream, s => s.set_write_timeout(Some(t)));
                 refresh(timeout, left, set).map_err(failure)?;
                 // (write_all retries a write a signal interrupted.)
@@ -199,15 +182,13 @@ impl Writer {
                 refresh(&mut unsplit.read_timeout, left, set).map_err(failure)?;
                 unsplit.inner.recv_response().map_err(failure)
             }
-            Writer::Stream { .. } => Err(Failure::Error(NodeError::Io(
-                "a split connection reads through its reader".to_string(),
-            ))),
+            Writer::Stream(..) => Err(io_failure("a split connection reads through its reader")),
         }
     }
 
     /// Ends the connection, so that a thread blocked reading it returns.
     pub(crate) fn shutdown(&self) {
-        if let Writer::Stream { stream, .. } = self {
+        if let Writer::Stream(stream, _) = self {
             stream.shutdown();
         }
     }
@@ -272,12 +253,9 @@ impl Reader {
             let stream = &self.stream;
             let set = |t| on_socket!(stream, s => s.set_read_timeout(Some(t)));
             refresh(&mut self.timeout, left, set).map_err(failure)?;
-            match self.stream.read(&mut self.buf[self.end..]) {
-                Ok(0) => {
-                    return Err(Failure::Error(NodeError::Io(
-                        "the server closed the connection".to_string(),
-                    )));
-                }
+            counts::READS.fetch_add(1, Ordering::Relaxed);
+            match on_socket!(&mut self.stream, s => s.read(&mut self.buf[self.end..])) {
+                Ok(0) => return Err(io_failure("the server closed the connection")),
                 Ok(n) => self.end += n,
                 // A signal: with a socket timeout set, the OS does not restart the read by itself.
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -405,6 +383,11 @@ pub(crate) fn failure(e: impl Into<redis::RedisError>) -> Failure {
 /// Like [`failure`], for a connect.
 pub(crate) fn connect_failure(e: impl Into<redis::RedisError>) -> Failure {
     failure_as(e.into(), NodeError::Connect)
+}
+
+/// A failure of the connection that is no I/O error, in words.
+pub(crate) fn io_failure(what: &str) -> Failure {
+    Failure::Error(NodeError::Io(what.to_string()))
 }
 
 fn failure_as(e: redis::RedisError, error: fn(String) -> NodeError) -> Failure {
