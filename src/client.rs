@@ -17,12 +17,12 @@ use crate::error::{
     NodeOutcome, NodeReport, Report,
 };
 use crate::event::What;
-use crate::kind::{acquire_vote, extend_vote, release_vote, script_vote, Kind, Release};
+use crate::kind::{extend_vote, release_vote, script_vote, Kind, Release};
 use crate::lock::{IntoResources, Lock};
 use crate::node::{Bounds, Endpoint, Node};
 use crate::request::{LockOptions, Patience};
 use crate::retry::{Pause, Retries};
-use crate::round::{self, Reply};
+use crate::round;
 use crate::script::{self, Command};
 use crate::time::{later, Ttl};
 use crate::token::Token;
@@ -331,8 +331,7 @@ impl Redlock {
         kind.check_acquirable(&resources)?;
         let ttl = self.check_ttl(options.ttl)?;
         let call = self.inner.config.call(options, Instant::now())?;
-        let lock = self.acquire_loop(kind, resources, ttl, &call)?;
-        Ok((lock, call))
+        Ok((self.acquire_loop(kind, resources, ttl, &call)?, call))
     }
 
     /// The retry loop of every acquisition. Its phases: attempt, clean up,
@@ -394,50 +393,28 @@ impl Redlock {
                 _ if call.cancelled() => None,
                 _ => pause.plan(&config.retry, budget, call.deadline, config.io_timeout),
             };
-            let Some(wake_at) = planned else {
-                return Err(self.gave_up(ids, counts, error, call));
-            };
-            let told = match error {
-                LockError::Contended { .. } => What::Contended,
-                _ => What::AttemptFailed,
-            };
-            let told = new.then_some(told);
-            self.observe_counted(told, ids, counts, Err(&error));
-            // Wait for the pause or news of a release, then decide.
-            let cancelled = || call.cancelled();
-            let wake =
-                (inner.waiters).wait(listening, &inner.nodes, &resources, wake_at, &cancelled);
-            if !pause.woken(wake) || call.cancelled() {
-                return Err(self.gave_up(ids, counts, error, call));
+            if let Some(wake_at) = planned {
+                let told = match error {
+                    LockError::Contended { .. } => What::Contended,
+                    _ => What::AttemptFailed,
+                };
+                self.observe_counted(new.then_some(told), ids, counts, Err(&error));
+                // Wait for the pause or news of a release, then decide.
+                let cancelled = || call.cancelled();
+                let wake =
+                    (inner.waiters).wait(listening, &inner.nodes, &resources, wake_at, &cancelled);
+                if pause.woken(wake) && !call.cancelled() {
+                    continue;
+                }
             }
+            // Gave up: the error (`Cancelled` if the call was), told.
+            let error = match call.cancelled() {
+                true => cancelled(&resources),
+                false => error,
+            };
+            self.observe_counted(Some(What::GaveUp), ids, counts, Err(&error));
+            return Err(error);
         }
-    }
-
-    /// The error that a failed acquisition returns (`Cancelled` if `call`
-    /// was), told to the observer.
-    fn gave_up(
-        &self,
-        ids: (&[String], &Token),
-        counts: (u32, u32),
-        error: LockError,
-        call: &Call,
-    ) -> LockError {
-        let error = if call.cancelled() {
-            cancelled(ids.0)
-        } else {
-            error
-        };
-        self.observe_counted(Some(What::GaveUp), ids, counts, Err(&error));
-        error
-    }
-
-    /// One attempt: one round, or a fenced acquisition's two.
-    fn attempt(&self, kind: Kind, resources: &[String], token: &Token, ttl: Ttl) -> Tally {
-        let cmd = kind.acquire(resources, token, ttl);
-        if kind.confirms() {
-            return self.fenced_rounds(kind, &cmd, resources, token, ttl.duration());
-        }
-        self.round(kind, &cmd, ttl.duration(), acquire_vote, Ask::UntilDecided)
     }
 
     /// Extends `lock` to expire the options' TTL from now. A quorum of nodes
@@ -562,9 +539,7 @@ impl Redlock {
         let judged = judged.map(|(&mut (ref mut lock, ttl), tally)| {
             let resource = lock.resources[0].clone();
             if tally.granted() {
-                for (i, node) in tally.report.nodes.iter().enumerate() {
-                    retook[i] |= node.retook;
-                }
+                (retook.iter_mut().zip(&tally.report.nodes)).for_each(|(r, n)| *r |= n.retook);
                 if tally.report.nodes.iter().any(|n| n.retook) {
                     confirm.extend(lock.resources.iter().cloned());
                 }
@@ -655,23 +630,24 @@ impl Redlock {
     fn clean_up(&self, kind: Kind, resources: &[String], token: &Token, ttl: Ttl, report: &Report) {
         let cmd = kind.release(resources, token, Release::CleanUp);
         // Not a node that refused: unless it re-took, it holds no key of ours.
-        let may_hold = |i: usize| {
-            let node = &report.nodes[i];
-            node.outcome != NodeOutcome::Refused || node.retook
-        };
-        self.send_only(&cmd, ttl.duration(), may_hold);
+        let may_hold = |n: &NodeReport| n.outcome != NodeOutcome::Refused || n.retook;
+        self.send_only(&cmd, ttl.duration(), |i| may_hold(&report.nodes[i]));
     }
 
     /// Writes `cmd` to the nodes `ask` names, awaiting no reply. A node that
     /// cannot be sent it now is owed it while a key set with `ttl` could live.
     fn send_only(&self, cmd: &Command, ttl: Duration, ask: impl Fn(usize) -> bool) {
-        let (nodes, config) = (&self.inner.nodes, &self.inner.config);
-        let now = Instant::now();
-        let bounds = Bounds {
-            deadline: now + config.io_timeout,
+        let (nodes, now) = (&self.inner.nodes, Instant::now());
+        round::send_only(nodes, cmd, self.bounds(now), later(now, ttl), ask);
+    }
+
+    /// The bounds of a round that starts at `start`.
+    fn bounds(&self, start: Instant) -> Bounds {
+        let config = &self.inner.config;
+        Bounds {
+            deadline: start + config.io_timeout,
             connect_timeout: config.connect_timeout,
-        };
-        round::send_only(nodes, cmd, bounds, later(now, ttl), ask);
+        }
     }
 
     /// Runs one round of `cmd` on the nodes `ask` names and counts the
@@ -715,16 +691,18 @@ impl Redlock {
             quorum.min(n - quorum + 1)
         };
         let asked = |i: usize| !matches!(ask, Ask::Only(asked) if !asked[i]);
-        let replies = self.run(cmd, start, asked, to_decide, |result| {
+        let decided = |result: &Result<Value, Failure>| {
             for (g, (yes, no, fence)) in counts.iter_mut().enumerate() {
                 match part(result, g).as_ref().map(&vote) {
                     Ok(Ok((true, counter))) => (*yes, *fence) = (*yes + 1, counter.max(*fence)),
                     _ => *no += 1,
                 }
             }
-            let decided = |&(yes, no, _): &(usize, usize, u64)| yes >= quorum || no > n - quorum;
-            !every_reply && counts.iter().all(decided)
-        });
+            let done = |&(yes, no, _): &(usize, usize, u64)| yes >= quorum || no > n - quorum;
+            !every_reply && counts.iter().all(done)
+        };
+        let (nodes, bounds) = (&inner.nodes, self.bounds(start));
+        let replies = round::run(nodes, cmd, start, bounds, asked, (to_decide, decided));
         let elapsed = start.elapsed();
         let retakes = cmd.script.is_some_and(|s| s.bit == script::EXTEND.bit);
         let verb = match cmd.script.map(|s| s.bit) {
@@ -767,34 +745,15 @@ impl Redlock {
     /// One round of `cmd` on every node, read until its deadline: each
     /// node's reply, or why there is none.
     pub(crate) fn replies(&self, cmd: &Command) -> Vec<(Arc<str>, Result<Value, NodeOutcome>)> {
-        let nodes = &self.inner.nodes;
-        let replies = self.run(cmd, Instant::now(), |_| true, nodes.len(), |_| false);
+        let (nodes, now) = (&self.inner.nodes, Instant::now());
+        let bounds = self.bounds(now);
+        let replies = round::run(nodes, cmd, now, bounds, |_| true, (nodes.len(), |_| false));
         (nodes.iter().zip(replies))
             .map(|(node, reply)| match reply.result {
-                Ok(value) if !matches!(value, Value::ServerError(_)) => {
-                    (node.name().clone(), Ok(value))
-                }
+                Ok(v) if !matches!(v, Value::ServerError(_)) => (node.name().clone(), Ok(v)),
                 result => (node.name().clone(), Err(outcome(result, &script_vote))),
             })
             .collect()
-    }
-
-    /// One round of `cmd` from `start` on the nodes `asked` names. It ends at
-    /// its deadline, or when `decided` says so after `to_decide` replies.
-    fn run(
-        &self,
-        cmd: &Command,
-        start: Instant,
-        asked: impl Fn(usize) -> bool,
-        to_decide: usize,
-        decided: impl FnMut(&Result<Value, Failure>) -> bool,
-    ) -> Vec<Reply> {
-        let (nodes, config) = (&self.inner.nodes, &self.inner.config);
-        let bounds = Bounds {
-            deadline: start + config.io_timeout,
-            connect_timeout: config.connect_timeout,
-        };
-        round::run(nodes, cmd, start, bounds, asked, (to_decide, decided))
     }
 
     /// The validity a round that took `elapsed` leaves of `ttl`: none if

@@ -31,23 +31,35 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use connect::Connector;
 pub(crate) use endpoint::{redact, Endpoint};
 use pace::{Pace, RECHECK, YIELDS};
 pub(crate) use servers::Servers;
-use shared::{After, Shared, Sleeper};
+use shared::{After, Link, Sleeper};
 pub(crate) use shared::{Bounds, Ticket, Write};
 pub(crate) use subscription::{Listener, Message, Sender};
-pub use transport::counts::{io_counts, IoCounts};
+pub use transport::{io_counts, IoCounts};
 
 use crate::error::Failure;
 use crate::script::Command;
 
 /// One Redis master.
 pub(crate) struct Node {
-    connector: Connector,
-    /// The shared connection, asked directly for what it knows.
-    pub(crate) shared: Shared,
+    endpoint: Endpoint,
+    /// The restarted-node guard's grace: a node up for less does not vote.
+    restart_grace: Option<Duration>,
+    /// This node's place, and the servers the client's nodes reached (by
+    /// `run_id`). A node reaching a server another reached first does not
+    /// vote.
+    index: usize,
+    servers: Arc<Servers>,
+    /// How long to wait before connecting again after a connect timed out.
+    /// Else a node that accepts but never answers (a stopped process) would
+    /// cost every round its whole deadline.
+    reconnect_backoff: Duration,
+    /// Clean-ups the node could not be sent, for after the next handshake.
+    owed: owed::Owed,
+    /// The shared connection (see [`shared`]).
+    link: Mutex<Link>,
 }
 
 impl Node {
@@ -66,74 +78,36 @@ impl Node {
         reconnect_backoff: Duration,
     ) -> Node {
         Node {
-            connector: Connector {
-                endpoint,
-                restart_grace: Some(restart_grace).filter(|g| !g.is_zero()),
-                index,
-                servers,
-                reconnect_backoff,
-                owed: Default::default(),
-            },
-            shared: Shared::default(),
+            endpoint,
+            restart_grace: Some(restart_grace).filter(|g| !g.is_zero()),
+            index,
+            servers,
+            reconnect_backoff,
+            owed: Default::default(),
+            link: Mutex::default(),
         }
     }
 
     /// The node's address for people: `host:port`, `tls host:port`, or the socket path.
     pub(crate) fn name(&self) -> &Arc<str> {
-        &self.connector.endpoint.name
+        &self.endpoint.name
     }
 
-    /// Queues `cmd` on the connection, written as `write` says (see
-    /// [`Shared::submit`]).
-    pub(crate) fn submit(
-        &self,
-        cmd: &Command,
-        bounds: Bounds,
-        write: Write,
-    ) -> Result<Ticket, Failure> {
-        Ok(self.shared.submit(&self.connector, cmd, bounds, write)?.0)
-    }
-
-    /// Writes `cmd` now, for no reader. Returns whether it is on the wire:
-    /// not if it failed or waits behind another thread that may yet fail.
-    pub(crate) fn send(&self, cmd: &Command, bounds: Bounds) -> bool {
-        let sent = self.shared.submit(&self.connector, cmd, bounds, Write::Now);
-        sent.is_ok_and(|(ticket, written)| {
-            self.abandon(ticket);
-            written
-        })
-    }
-
-    /// Writes what is queued on the connection: see [`Shared::flush`].
-    fn flush(&self, bounds: Bounds, after: After) {
-        self.shared.flush(&self.connector, bounds, after);
+    /// Writes `cmd`, a clean-up, now, for no reader. If it is not on the
+    /// wire (it failed, or waits behind another thread that may yet fail),
+    /// it is owed: sent first on the next connection, unless `until` has
+    /// passed. A release sent twice is harmless.
+    pub(crate) fn send(&self, cmd: &Command, bounds: Bounds, until: Instant) {
+        let sent = self.submit(cmd, bounds, Write::Now);
+        sent.iter().for_each(|&(ticket, _)| self.abandon(ticket));
+        if !sent.is_ok_and(|(_, written)| written) {
+            self.owed.add(cmd.bytes_for(0).to_vec(), until);
+        }
     }
 
     /// The pace of the client's threads, shared by all its nodes.
     pub(crate) fn pace(&self) -> &Pace {
-        &self.connector.servers.pace
-    }
-
-    /// Opens a subscription connection to this node, apart from the shared
-    /// one, never past `deadline`. `None` if connections cannot be split
-    /// (TLS; see [`subscription`]).
-    pub(crate) fn subscribe_line(
-        &self,
-        deadline: Instant,
-        connect_timeout: Duration,
-    ) -> Result<Option<(Sender, Listener)>, Failure> {
-        subscription::open(&self.connector, deadline, connect_timeout)
-    }
-
-    /// Sends `cmd`, a clean-up that could not go now, first on the next
-    /// connection, unless `until` has passed.
-    pub(crate) fn owe(&self, cmd: &Command, until: Instant) {
-        self.connector.owed.add(cmd.bytes_for(0).to_vec(), until);
-    }
-
-    /// The reply to `ticket` is no longer wanted: discard it when it comes.
-    pub(crate) fn abandon(&self, ticket: Ticket) {
-        self.shared.abandon(ticket, self.pace());
+        &self.servers.pace
     }
 }
 
@@ -165,7 +139,6 @@ enum Going {
 /// such a wait writes its nodes' queues, unless another thread is awake.
 pub(crate) struct Turn<'a> {
     nodes: &'a [Node],
-    pace: &'a Pace,
     bounds: Bounds,
     /// The request awaited on each node: sent, its reply not taken yet.
     awaited: Vec<Option<Ticket>>,
@@ -180,7 +153,6 @@ impl<'a> Turn<'a> {
     pub(crate) fn new(nodes: &'a [Node], bounds: Bounds) -> Turn<'a> {
         Turn {
             nodes,
-            pace: nodes[0].pace(),
             bounds,
             awaited: vec![None; nodes.len()],
             held: false,
@@ -204,7 +176,7 @@ impl<'a> Turn<'a> {
         if Instant::now() >= self.bounds.deadline {
             return Err(failure);
         }
-        self.awaited[i] = Some(self.nodes[i].submit(cmd, self.bounds, Write::Batched)?);
+        self.awaited[i] = Some(self.nodes[i].submit(cmd, self.bounds, Write::Batched)?.0);
         Ok(())
     }
 
@@ -225,15 +197,15 @@ impl<'a> Turn<'a> {
         connected: &[usize],
         may_batch: bool,
     ) -> Vec<(usize, Result<(), Failure>)> {
-        let alone = self.pace.hold();
+        let alone = self.nodes[0].pace().hold();
         self.held = true;
         let mut queued = Vec::with_capacity(connected.len());
         for &i in connected {
             let sent = self.nodes[i].submit(cmd, self.bounds, Write::Batched);
-            self.awaited[i] = sent.as_ref().ok().copied();
+            self.awaited[i] = sent.as_ref().ok().map(|s| s.0);
             queued.push((i, sent.map(drop)));
         }
-        let carried = |&i: &usize| self.nodes[i].shared.carries_batch();
+        let carried = |&i: &usize| self.nodes[i].carries_batch();
         if alone && may_batch && !connected.is_empty() && connected.iter().all(carried) {
             self.batch_until = Some(Instant::now() + RECHECK);
         }
@@ -255,15 +227,15 @@ impl<'a> Turn<'a> {
         }
         self.let_go(Going::Staying);
         let node = &self.nodes[i];
-        let reply = (node.shared).take(&node.connector, ticket, self.bounds, self.batch_until)?;
+        let reply = node.take(ticket, self.bounds, self.batch_until)?;
         self.awaited[i] = None;
         let noscript = match (cmd.script, &reply) {
-            (Some(script), Ok(v)) => node.shared.note_script(ticket, script.bit, v),
+            (Some(script), Ok(v)) => node.note_script(ticket, script.bit, v),
             _ => false,
         };
         if noscript {
             let resent = node.submit(cmd, self.bounds, Write::Now);
-            self.awaited[i] = resent.as_ref().ok().copied();
+            self.awaited[i] = resent.as_ref().ok().map(|s| s.0);
             return resent.err().map(Err);
         }
         Some(reply)
@@ -278,31 +250,28 @@ impl<'a> Turn<'a> {
         let mut enlisted = Vec::with_capacity(pending.len());
         let mut awaited = pending.iter().filter_map(|&i| Some((i, self.awaited[i]?)));
         let ready = awaited.any(|(i, ticket)| {
-            let asleep = self.nodes[i].shared.enlist(ticket, &waiter);
+            let asleep = self.nodes[i].enlist(ticket, &waiter);
             enlisted.extend(asleep.then_some((i, ticket)));
             !asleep
         });
         let until = self.bounds.deadline.min(Instant::now() + RECHECK);
-        let mut tries = 0;
+        let mut yields = 0..YIELDS;
         while !ready && !waiter.woken() {
             let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            } else if tries < YIELDS {
-                tries += 1;
-                std::thread::yield_now();
-            } else {
-                std::thread::park_timeout(left);
+            match yields.next() {
+                _ if left.is_zero() => break,
+                Some(_) => std::thread::yield_now(),
+                None => std::thread::park_timeout(left),
             }
         }
         for &(i, ticket) in &enlisted {
-            self.nodes[i].shared.delist(ticket);
+            self.nodes[i].delist(ticket);
         }
         self.held |= waiter.holds_pace();
         if !ready && !waiter.woken() && Instant::now() < self.bounds.deadline {
             // The thread owing our write is overdue: write it ourselves.
             for &(i, ticket) in &enlisted {
-                if !self.nodes[i].shared.written(ticket) {
+                if !self.nodes[i].written(ticket) {
                     self.nodes[i].flush(self.bounds, After::ReadHere);
                 }
             }
@@ -318,7 +287,7 @@ impl<'a> Turn<'a> {
         cmd: &Command,
     ) -> Option<Result<Value, Failure>> {
         let ticket = self.awaited[i]?;
-        if !self.nodes[i].shared.backlogged(ticket) {
+        if !self.nodes[i].backlogged(ticket) {
             self.awaited[i] = None;
             self.nodes[i].abandon(ticket);
             return None;
@@ -338,11 +307,11 @@ impl<'a> Turn<'a> {
     fn end_batch(&mut self, go: Going) {
         if self.batch_until.take().is_some() {
             let (last, after) = match go {
-                Going::Leaving => (!self.pace.others_awake(), After::WakeReader),
+                Going::Leaving => (!self.nodes[0].pace().others_awake(), After::WakeReader),
                 _ => (false, After::ReadHere),
             };
             for (node, ticket) in self.nodes.iter().zip(&self.awaited) {
-                if last || ticket.is_some_and(|t| !node.shared.written(t)) {
+                if last || ticket.is_some_and(|t| !node.written(t)) {
                     node.flush(self.bounds, after);
                 }
             }
@@ -355,7 +324,7 @@ impl<'a> Turn<'a> {
     /// not leaving. Like an event loop, the replies it reads wake the
     /// others.
     fn let_go(&mut self, go: Going) {
-        if !std::mem::take(&mut self.held) || !self.pace.release() {
+        if !std::mem::take(&mut self.held) || !self.nodes[0].pace().release() {
             return;
         }
         for (i, node) in self.nodes.iter().enumerate() {

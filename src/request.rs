@@ -2,10 +2,11 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::kind::Kind;
+use crate::node::lock;
 use crate::setters::setters;
 
 /// How long a waiting call goes on trying.
@@ -160,11 +161,10 @@ impl Cancel {
 
     /// Cancels every call given this handle or a clone.
     pub fn cancel(&self) {
-        let wakers = {
-            let mut wakers = self.wakers();
-            self.0.done.store(true, Ordering::Release);
-            std::mem::take(&mut *wakers)
-        };
+        let mut guard = lock(&self.0.wakers);
+        self.0.done.store(true, Ordering::Release);
+        let wakers = std::mem::take(&mut *guard);
+        drop(guard);
         wakers.into_iter().for_each(|wake| wake());
         self.0.rang.notify_all();
     }
@@ -174,14 +174,10 @@ impl Cancel {
         self.0.done.load(Ordering::Acquire)
     }
 
-    fn wakers(&self) -> MutexGuard<'_, Vec<Waker>> {
-        self.0.wakers.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Calls `wake` on cancellation (at once if cancelled already), until
     /// the returned registration is dropped.
     pub(crate) fn on_cancel(&self, wake: Waker) -> Registered<'_> {
-        let mut wakers = self.wakers();
+        let mut wakers = lock(&self.0.wakers);
         if self.is_cancelled() {
             drop(wakers);
             wake();
@@ -194,7 +190,8 @@ impl Cancel {
     /// Sleeps until `until` or the cancellation, whichever comes first.
     pub(crate) fn sleep_until(&self, until: Instant) {
         let left = until.saturating_duration_since(Instant::now());
-        let _ = (self.0.rang).wait_timeout_while(self.wakers(), left, |_| !self.is_cancelled());
+        let wakers = lock(&self.0.wakers);
+        let _ = (self.0.rang).wait_timeout_while(wakers, left, |_| !self.is_cancelled());
     }
 }
 
@@ -206,6 +203,6 @@ pub(crate) struct Registered<'a> {
 
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
-        (self.cancel.wakers()).retain(|other| !Arc::ptr_eq(other, &self.wake));
+        lock(&self.cancel.0.wakers).retain(|other| !Arc::ptr_eq(other, &self.wake));
     }
 }

@@ -103,9 +103,8 @@ impl RetryPolicy {
             Retries::WhileValid => {
                 let half = left.filter(|left| !left.is_zero())? / 2;
                 let asked = (self.retries > 0).then(|| self.pause(failures.min(self.retries)));
-                asked
-                    .map_or(half, |pause| pause.min(half))
-                    .max(Duration::from_millis(1))
+                let pause = asked.map_or(half, |pause| pause.min(half));
+                pause.max(Duration::from_millis(1))
             }
         };
         let at = later(now, pause);
@@ -150,12 +149,12 @@ impl Pause {
     /// first, and one once the pause is over, however it was woken. Attempts
     /// made at news within a pause come on top.
     pub(crate) fn counts_next_attempt(&mut self) -> bool {
-        if self.under_way.is_none_or(|(end, _)| Instant::now() >= end) {
+        let new = self.under_way.is_none_or(|(end, _)| Instant::now() >= end);
+        if new {
             // A new pause; whether the last attempt followed news stays.
             (self.under_way, self.soon) = (None, false);
-            return true;
         }
-        false
+        new
     }
 
     /// Plans the wait after the failed attempt number `attempts`. It is the
@@ -173,10 +172,7 @@ impl Pause {
             _ if attempts > retries => return None,
             _ => {
                 let end = later(Instant::now(), policy.pause(attempts));
-                match deadline {
-                    Some(deadline) if deadline <= end => (deadline, true),
-                    _ => (end, false),
-                }
+                (deadline.filter(|&d| d <= end)).map_or((end, false), |d| (d, true))
             }
         };
         self.under_way = Some((until, last));
@@ -193,14 +189,12 @@ impl Pause {
     /// used up: no attempt starts past it, even one that news woke.
     pub(crate) fn woken(&mut self, wake: Wake) -> bool {
         self.after_news = wake != Wake::TimedOut;
-        let Some((until, last)) = self.under_way else {
-            return true;
-        };
+        let over = (self.under_way).is_some_and(|(until, last)| last && Instant::now() >= until);
         // Woken, or back soon after news: the same pause goes on.
-        if wake == Wake::TimedOut && !self.soon {
+        if !self.after_news && !self.soon {
             self.under_way = None;
         }
-        !(last && Instant::now() >= until)
+        !over
     }
 }
 

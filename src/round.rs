@@ -51,7 +51,6 @@ pub(crate) fn run(
         decided,
         done: false,
         to_decide,
-        counted: 0,
         resent: Vec::new(),
     };
     let (connecting, connected) = by_connect(nodes, &ask);
@@ -61,7 +60,7 @@ pub(crate) fn run(
     // Connect the others side by side: one hung connect must not use up the others' time.
     let connect = |i: usize| nodes[i].submit(cmd, bounds, Write::Batched);
     for (i, sent) in side_by_side(&connecting, connect) {
-        sent.iter().for_each(|&ticket| turn.sent(i, ticket));
+        sent.iter().for_each(|&(ticket, _)| turn.sent(i, ticket));
         round.record(i, sent.and(Err(Failure::NotAwaited)));
     }
     let mut pending = connected;
@@ -73,7 +72,7 @@ pub(crate) fn run(
     let rotation = ROTATION.fetch_add(1, Ordering::Relaxed) % pending.len().max(1);
     pending.rotate_left(rotation);
     // (Each node asked once: the question takes its lock.)
-    pending.sort_by_cached_key(|&i| nodes[i].shared.lateness());
+    pending.sort_by_cached_key(|&i| nodes[i].lateness());
     round.read_until_decided(&mut turn, cmd, &mut pending);
     // Decided: pending replies are discarded later, unless a connection
     // has so many unread that it is drained now.
@@ -93,9 +92,8 @@ struct Round<D> {
     decided: D,
     /// `decided` returned true: stop waiting for replies.
     done: bool,
-    /// The fewest results that can decide the round; then how many `decided` has counted.
+    /// The fewest results that can decide the round, less those `decided` has counted.
     to_decide: usize,
-    counted: usize,
     /// The nodes whose command went once more, on a new connection.
     resent: Vec<usize>,
 }
@@ -126,7 +124,7 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<D> {
             // Other threads read (or owe the write of) every awaited
             // connection: sleep until enough replies are handed over.
             if pending.len() == before && !self.done {
-                let need = (self.to_decide.saturating_sub(self.counted)).clamp(1, before);
+                let need = self.to_decide.clamp(1, before);
                 turn.sleep_on(pending, need);
             }
         }
@@ -137,7 +135,7 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<D> {
     fn record(&mut self, i: usize, result: Result<Value, Failure>) {
         self.replies[i].elapsed = self.start.elapsed();
         if result != Err(Failure::NotAwaited) && !self.done {
-            self.counted += 1;
+            self.to_decide = self.to_decide.saturating_sub(1);
             self.done = (self.decided)(&result);
         }
         self.replies[i].result = result;
@@ -148,7 +146,7 @@ impl<D: FnMut(&Result<Value, Failure>) -> bool> Round<D> {
 fn by_connect(nodes: &[Node], ask: impl Fn(usize) -> bool) -> (Vec<usize>, Vec<usize>) {
     (0..nodes.len())
         .filter(|&i| ask(i))
-        .partition(|&i| nodes[i].shared.will_connect())
+        .partition(|&i| nodes[i].will_connect())
 }
 
 /// Runs `f` for each of `items`, the first here and each other on its own
@@ -191,13 +189,7 @@ pub(crate) fn send_only(
 ) {
     // Connect side by side, as in a round: one connect timeout at most.
     let (connecting, connected) = by_connect(nodes, &ask);
-    // Not on the wire (failed, or queued behind another thread that may
-    // yet fail): owed. A release sent twice is harmless.
-    let send = |i: usize| {
-        if !nodes[i].send(cmd, bounds) {
-            nodes[i].owe(cmd, owed_until);
-        }
-    };
+    let send = |i: usize| nodes[i].send(cmd, bounds, owed_until);
     connected.into_iter().for_each(send);
     side_by_side(&connecting, send);
 }

@@ -224,9 +224,7 @@ impl Command {
     /// The bytes to send on a connection that knows the scripts in `known`.
     pub(crate) fn bytes_for(&self, known: u8) -> &[u8] {
         match self.script {
-            Some(script) if known & script.bit == 0 => {
-                self.full.get_or_init(|| eval_form(script, &self.fast))
-            }
+            Some(s) if known & s.bit == 0 => self.full.get_or_init(|| eval_form(s, &self.fast)),
             _ => &self.fast,
         }
     }

@@ -38,7 +38,7 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::error::Failure;
-use crate::node::{Listener, Message, Node, Sender};
+use crate::node::{lock, Listener, Message, Node, Sender};
 use crate::time::random_below;
 
 /// How long a channel stays subscribed, and the line open, after the last
@@ -58,7 +58,7 @@ const WAKE_SPREAD: Duration = Duration::from_micros(500);
 
 /// The waiting threads of one client, and its line.
 pub(crate) struct Waiters {
-    state: Mutex<Waiting>,
+    state: Mutex<Hints>,
     /// Signalled when a waiter wakes, the reader or the line frees up, or a line opens.
     changed: Condvar,
     /// Whether there is a line or a waiter; if not, fast paths take no lock.
@@ -90,28 +90,21 @@ pub(crate) struct Listening<'a> {
 impl Drop for Listening<'_> {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
-            self.waiters.lock().hints.unregister(id, Instant::now());
+            lock(&self.waiters.state).unregister(id, Instant::now());
             self.waiters.changed.notify_all();
         }
     }
 }
 
-type Guard<'a> = MutexGuard<'a, Waiting>;
-
-struct Waiting {
-    hints: Hints,
-    /// The line: its sender, and its listener unless a thread reads with it.
-    /// Only the reader drops the line meanwhile; others mark it in `hints`.
-    /// So the listener it brings back is this line's.
-    line: Option<(Sender, Option<Listener>)>,
-}
+type Guard<'a> = MutexGuard<'a, Hints>;
 
 /// What to send on the line: commands (`SUBSCRIBE`, `UNSUBSCRIBE`, `PING`),
 /// each with a resource (none for a `PING`).
 type Out = Vec<(&'static str, String)>;
 
-/// The waiters, their channels and the line's state: plain data.
-#[derive(Debug, Default)]
+/// The waiters, their channels and the line's state: plain data, apart
+/// from the line's sockets.
+#[derive(Default)]
 struct Hints {
     nodes: usize,
     waiters: Vec<Waiter>,
@@ -119,6 +112,10 @@ struct Hints {
     /// The resources the line listens (or asked to) for, with when a waiter last came or left.
     channels: HashMap<String, Instant>,
     line: LineState,
+    /// The line's sender, and its listener unless a thread reads with it.
+    /// Only the reader drops them meanwhile; others mark the line overdue.
+    /// So the listener it brings back is this line's.
+    sockets: Option<(Sender, Option<Listener>)>,
     /// When the line was last heard, and when its owed answer is overdue.
     heard: Option<Instant>,
     due: Option<Instant>,
@@ -141,7 +138,6 @@ enum LineState {
     Up,
 }
 
-#[derive(Debug)]
 struct Waiter {
     id: u64,
     resources: Vec<String>,
@@ -152,10 +148,7 @@ impl Waiters {
     /// No line and no waiter, for a client of `nodes` nodes.
     pub(crate) fn new(nodes: usize, io_timeout: Duration, connect_timeout: Duration) -> Waiters {
         Waiters {
-            state: Mutex::new(Waiting {
-                hints: Hints::new(nodes),
-                line: None,
-            }),
+            state: Mutex::new(Hints::new(nodes)),
             changed: Condvar::new(),
             active: AtomicBool::new(false),
             io_timeout,
@@ -163,28 +156,20 @@ impl Waiters {
         }
     }
 
-    fn lock(&self) -> Guard<'_> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Called as an attempt on `resources` starts. If the line listens for
     /// them all, a message from now on counts for the wait after it. Free
     /// while the client has no line.
     pub(crate) fn listen(&self, resources: &[String]) -> Listening<'_> {
-        let mut id = None;
-        if self.active.load(Ordering::Acquire) {
-            let (mut st, now) = (self.lock(), Instant::now());
-            self.tidy(&mut st, now);
-            if st.hints.listens_for(resources) {
-                id = Some(self.register(&mut st, resources, now));
-            }
-        }
+        let id = self.tidy().and_then(|(mut st, now)| {
+            let listens = st.listens_for(resources);
+            listens.then(|| st.register(resources, now, self.io_timeout).0)
+        });
         Listening { waiters: self, id }
     }
 
     /// This client released `resources`: wakes one of its waiters of each.
     pub(crate) fn released(&self, resources: &[String]) {
-        if self.active.load(Ordering::Acquire) && self.lock().hints.released_here(resources) {
+        if self.active.load(Ordering::Acquire) && lock(&self.state).released_here(resources) {
             self.changed.notify_all();
         }
     }
@@ -201,12 +186,12 @@ impl Waiters {
         until: Instant,
         stop: &dyn Fn() -> bool,
     ) -> Wake {
-        let mut st = self.lock();
+        let mut st = lock(&self.state);
         self.active.store(true, Ordering::Release);
         let id = *(listening.id)
-            .get_or_insert_with(|| self.register(&mut st, resources, Instant::now()));
+            .get_or_insert_with(|| st.register(resources, Instant::now(), self.io_timeout).0);
         loop {
-            if let Some(wake) = st.hints.woken(id) {
+            if let Some(wake) = st.woken(id) {
                 drop(st);
                 if wake == Wake::Heard {
                     let left = until.saturating_duration_since(Instant::now());
@@ -218,16 +203,16 @@ impl Waiters {
             if now >= until || stop() {
                 return Wake::TimedOut;
             }
-            if st.hints.may_connect(now) {
+            if st.may_connect(now) {
                 st = self.connect(st, nodes, until);
                 continue;
             }
-            if let Some(listener) = st.line.as_mut().and_then(|(_, l)| l.take()) {
+            if let Some(listener) = st.sockets.as_mut().and_then(|(_, l)| l.take()) {
                 st = self.read(st, listener, until);
                 continue;
             }
             // Another thread reads or connects, or no node serves: sleep.
-            let left = st.hints.sleep_for(now, until);
+            let left = st.sleep_for(now, until);
             let slept = self.changed.wait_timeout(st, left);
             st = slept.map_or_else(|e| e.into_inner().0, |r| r.0);
         }
@@ -235,29 +220,25 @@ impl Waiters {
 
     /// Wakes every waiting thread to look at its `stop` again.
     pub(crate) fn nudge(&self) {
-        let _st = self.lock();
+        let _st = lock(&self.state);
         self.changed.notify_all();
     }
 
     /// Reads the line outside the lock, until `until` at most, and records what it heard.
     fn read<'a>(&'a self, st: Guard<'a>, mut listener: Listener, until: Instant) -> Guard<'a> {
-        let read_until = (st.hints).read_deadline(Instant::now(), until, self.io_timeout);
+        let read_until = st.read_deadline(Instant::now(), until, self.io_timeout);
         drop(st);
         let heard = listener.next(read_until);
-        let mut st = self.lock();
-        let now = Instant::now();
+        let (mut st, now) = (lock(&self.state), Instant::now());
         let news = match heard {
-            Ok(message) => st.hints.on_message(message, now),
-            Err(Failure::TimedOut) if !st.hints.overdue(now) => false,
-            Err(_) => {
-                st.hints.line_failed(now);
-                true
-            }
+            Ok(message) => st.on_message(message, now),
+            Err(Failure::TimedOut) if !st.overdue(now) => false,
+            Err(_) => st.line_failed(now),
         };
-        let up = st.hints.line == LineState::Up;
-        match &mut st.line {
+        let up = st.line == LineState::Up;
+        match &mut st.sockets {
             Some((_, slot)) if up => *slot = Some(listener),
-            line => *line = None,
+            sockets => *sockets = None,
         }
         if news {
             self.changed.notify_all();
@@ -268,43 +249,24 @@ impl Waiters {
     /// Opens a line to the next node, outside the lock. A connect cut short
     /// by the waiter's own pause says nothing about the node.
     fn connect<'a>(&'a self, mut st: Guard<'a>, nodes: &[Node], until: Instant) -> Guard<'a> {
-        st.hints.line = LineState::Connecting;
-        let node = st.hints.node;
+        st.line = LineState::Connecting;
+        let node = st.node;
         drop(st);
         let cut_by_pause = until < Instant::now() + self.connect_timeout;
         let opened = nodes[node].subscribe_line(until, self.connect_timeout);
-        let mut st = self.lock();
-        let now = Instant::now();
-        st.hints.line = LineState::Down;
+        let (mut st, now) = (lock(&self.state), Instant::now());
+        st.line = LineState::Down;
         match opened {
             Ok(Some((sender, listener))) => {
-                st.line = Some((sender, Some(listener)));
-                let out = st.hints.line_opened(now, self.io_timeout);
-                self.send(&mut st, &out, now);
+                st.sockets = Some((sender, Some(listener)));
+                st.line_opened(now, self.io_timeout);
             }
-            Ok(None) => st.hints.unsupported = true,
+            Ok(None) => st.unsupported = true,
             Err(Failure::TimedOut | Failure::ConnectTimedOut) if cut_by_pause => {}
-            Err(_) => st.hints.line_failed(now),
+            Err(_) => _ = st.line_failed(now),
         }
         self.changed.notify_all();
         st
-    }
-
-    /// Adds a waiter for `resources`, sends what the line needs, and returns its id.
-    fn register(&self, st: &mut Waiting, resources: &[String], now: Instant) -> u64 {
-        let (id, out) = st.hints.register(resources, now, self.io_timeout);
-        self.send(st, &out, now);
-        id
-    }
-
-    /// Sends `out` on the line, if any. A failed write leaves the line
-    /// overdue, so its next read fails it.
-    fn send(&self, st: &mut Waiting, out: &Out, now: Instant) {
-        if let Some((sender, _)) = st.line.as_mut().filter(|_| !out.is_empty()) {
-            if sender.send(out, now + self.io_timeout).is_err() {
-                st.hints.due = Some(now);
-            }
-        }
     }
 
     /// Closes the line if no thread has waited for [`LINGER`]. Extensions
@@ -312,16 +274,18 @@ impl Waiters {
     /// client that only holds locks keeps no line open. Free while the
     /// client has no line.
     pub(crate) fn close_if_idle(&self) {
-        if self.active.load(Ordering::Acquire) {
-            self.tidy(&mut self.lock(), Instant::now());
-        }
+        drop(self.tidy());
     }
 
-    fn tidy(&self, st: &mut Waiting, now: Instant) {
-        if st.hints.close_if_idle(now) {
-            st.line = None;
+    /// The state once the line is closed if idle, unless the client has
+    /// neither a line nor a waiter: then `None`, and no lock taken.
+    fn tidy(&self) -> Option<(Guard<'_>, Instant)> {
+        let active = self.active.load(Ordering::Acquire);
+        let (mut st, now) = (active.then(|| lock(&self.state))?, Instant::now());
+        if st.close_if_idle(now) {
             self.active.store(false, Ordering::Release);
         }
+        Some((st, now))
     }
 }
 
@@ -339,7 +303,8 @@ impl Hints {
         self.line == LineState::Up && resources.iter().all(|r| self.channels.contains_key(r))
     }
 
-    /// Adds a waiter for `resources`. Returns its id, and what to send.
+    /// Adds a waiter for `resources`, and sends what the line needs.
+    /// Returns its id, and what was sent.
     fn register(&mut self, resources: &[String], now: Instant, io: Duration) -> (u64, Out) {
         let id = self.next_id;
         self.next_id += 1;
@@ -351,20 +316,16 @@ impl Hints {
         (id, self.listen(resources, now, io))
     }
 
-    /// What to send on an up line to listen for `resources`. That is the
-    /// missing subscriptions, and unsubscribing channels unwaited for
-    /// [`LINGER`]. A line quiet for `io` that owes nothing also gets a
-    /// `PING`. The line owes an answer to each.
+    /// Sends on an up line what it needs to listen for `resources`, and
+    /// returns it. That is the missing subscriptions, and unsubscribing
+    /// channels unwaited for [`LINGER`]. A line quiet for `io` that owes
+    /// nothing also gets a `PING`. The line owes an answer to each.
     fn listen(&mut self, resources: &[String], now: Instant, io: Duration) -> Out {
-        let mut out = Out::new();
         if self.line != LineState::Up {
-            return out;
+            return Out::new();
         }
-        for resource in resources {
-            if self.channels.insert(resource.clone(), now).is_none() {
-                out.push(("SUBSCRIBE", resource.clone()));
-            }
-        }
+        let new = (resources.iter()).filter(|r| self.channels.insert((*r).clone(), now).is_none());
+        let mut out: Out = new.map(|r| ("SUBSCRIBE", r.clone())).collect();
         // Unsubscribe the channels nobody waited on for [`LINGER`].
         let waiters = &self.waiters;
         let waited = |r: &String| waiters.iter().any(|w| w.resources.contains(r));
@@ -377,16 +338,19 @@ impl Hints {
         }
         if !out.is_empty() {
             self.due = self.due.or(Some(now + io));
+            // A failed write leaves the line overdue, so its next read fails it.
+            let sender = self.sockets.as_mut().map(|(sender, _)| sender);
+            if sender.is_some_and(|sender| sender.send(&out, now + io).is_err()) {
+                self.due = Some(now);
+            }
         }
         out
     }
 
     fn unregister(&mut self, id: u64, now: Instant) {
-        let Some(at) = self.waiters.iter().position(|w| w.id == id) else {
-            return;
-        };
+        let gone = self.waiters.extract_if(.., |w| w.id == id);
         // The channels the line listens on linger from now on.
-        for resource in self.waiters.remove(at).resources {
+        for resource in gone.flat_map(|w| w.resources) {
             if let Some(last) = self.channels.get_mut(&resource) {
                 *last = now;
             }
@@ -402,8 +366,7 @@ impl Hints {
     fn wake(&mut self, resource: &str, why: Wake, most: usize) -> bool {
         let asleep = (self.waiters.iter_mut())
             .filter(|w| w.woken.is_none() && w.resources.iter().any(|r| r == resource));
-        let woken = asleep.take(most);
-        woken.map(|w| w.woken = Some(why)).count() > 0
+        asleep.take(most).map(|w| w.woken = Some(why)).count() > 0
     }
 
     /// This client released `resources`: wakes one waiter of each. Returns whether it woke any.
@@ -455,7 +418,8 @@ impl Hints {
         end.saturating_duration_since(now)
     }
 
-    /// A line is open: every resource waited on is to be subscribed.
+    /// A line is open: every resource waited on is subscribed. Returns
+    /// what was sent.
     fn line_opened(&mut self, now: Instant, io: Duration) -> Out {
         self.channels.clear();
         (self.line, self.heard, self.due) = (LineState::Up, Some(now), None);
@@ -466,27 +430,27 @@ impl Hints {
 
     /// The line or its connect failed: move to the next node. Its
     /// subscriptions will wake the waiters. Once all failed in a row, wait a
-    /// backoff twice the last.
-    fn line_failed(&mut self, now: Instant) {
-        self.line = LineState::Down;
-        self.node = (self.node + 1) % self.nodes;
+    /// backoff twice the last. Returns true: the other threads should look.
+    fn line_failed(&mut self, now: Instant) -> bool {
+        (self.line, self.node) = (LineState::Down, (self.node + 1) % self.nodes);
         self.failed_in_row += 1;
         if self.failed_in_row >= self.nodes {
             self.failed_in_row = 0;
             self.connect_after = Some(now + self.backoff);
             self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
         }
+        true
     }
 
-    /// Forgets the line and its channels if no thread has waited for
-    /// [`LINGER`]. Returns whether it did.
+    /// Forgets the line, its sockets and its channels if no thread has
+    /// waited for [`LINGER`]. Returns whether it did.
     fn close_if_idle(&mut self, now: Instant) -> bool {
         let idle = |&last: &Instant| now.saturating_duration_since(last) >= LINGER;
         let close = self.waiters.is_empty()
             && self.line != LineState::Connecting
             && self.channels.values().all(idle);
         if close {
-            self.line = LineState::Down;
+            (self.line, self.sockets) = (LineState::Down, None);
             self.channels.clear();
         }
         close

@@ -216,13 +216,12 @@ impl RedlockBuilder {
     /// URLs are checked as the nodes are built).
     pub(crate) fn checked(self) -> Result<(Vec<String>, Config), ConfigError> {
         let config = self.config;
-        if !(0.0..1.0).contains(&config.drift_factor) {
-            let value = config.drift_factor;
-            return Err(ConfigError::DriftFactor { value });
+        let (drift, when_left) = (config.drift_factor, config.extend_when_left);
+        if !(0.0..1.0).contains(&drift) {
+            return Err(ConfigError::DriftFactor { value: drift });
         }
-        if !(config.extend_when_left > 0.0 && config.extend_when_left < 1.0) {
-            let value = config.extend_when_left;
-            return Err(ConfigError::ExtendWhenLeft { value });
+        if !(when_left > 0.0 && when_left < 1.0) {
+            return Err(ConfigError::ExtendWhenLeft { value: when_left });
         }
         for (which, timeout) in [
             ("io_timeout", config.io_timeout),

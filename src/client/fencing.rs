@@ -9,28 +9,27 @@ use std::time::Duration;
 use super::{Ask, Redlock, Tally};
 use crate::error::NodeOutcome;
 use crate::kind::{acquire_vote, script_vote, Kind};
-use crate::script::Command;
+use crate::time::Ttl;
 use crate::token::Token;
 
 impl Redlock {
-    /// One fenced attempt. A node counts as granted only if it granted both
-    /// rounds. The tally carries round one's fencing token.
-    pub(super) fn fenced_rounds(
-        &self,
-        kind: Kind,
-        claim: &Command,
-        resources: &[String],
-        token: &Token,
-        ttl: Duration,
-    ) -> Tally {
-        // Round one reads every reply (no early decision): every node that
-        // may count must have its counter in the token, so a node whose
-        // round-one reply went unread must not confirm in round two.
-        let first = self.round(kind, claim, ttl, acquire_vote, Ask::EveryReply);
-        if !first.granted() {
+    /// One attempt on the resources `names`: one round, or a fenced
+    /// acquisition's two. A fenced attempt counts a node as granted only if
+    /// it granted both rounds. The tally carries round one's fencing token.
+    pub(super) fn attempt(&self, kind: Kind, names: &[String], token: &Token, ttl: Ttl) -> Tally {
+        let (claim, ttl) = (kind.acquire(names, token, ttl), ttl.duration());
+        // A fenced round one reads every reply (no early decision): every
+        // node that may count must have its counter in the token, so a node
+        // whose round-one reply went unread must not confirm in round two.
+        let ask = match kind.confirms() {
+            true => Ask::EveryReply,
+            false => Ask::UntilDecided,
+        };
+        let first = self.round(kind, &claim, ttl, acquire_vote, ask);
+        if !kind.confirms() || !first.granted() {
             return first;
         }
-        let confirm = kind.confirm(resources, token, first.fence);
+        let confirm = kind.confirm(names, token, first.fence);
         // Round two asks only the nodes that granted round one: each of its
         // confirmations counts, so it may stop once a quorum confirmed.
         let granted: Vec<bool> = (first.report.nodes.iter())
@@ -68,7 +67,6 @@ mod tests {
     use super::*;
     use crate::client::Op;
     use crate::error::{LockError, NodeReport, Report};
-    use crate::time::Ttl;
 
     /// A report of three nodes that all answered `outcome` after `elapsed`.
     fn report(outcome: NodeOutcome, elapsed: Duration) -> Report {

@@ -16,7 +16,7 @@
 
 use std::fmt;
 use std::mem;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::config::Call;
@@ -26,6 +26,7 @@ use crate::error::{LockError, Loss, Report};
 use crate::event::What;
 use crate::kind::Kind;
 use crate::lock::{IntoResources, Lock};
+use crate::node::lock;
 use crate::request::{LockOptions, Patience};
 use crate::retry::Retries;
 use crate::time::{later, Ttl};
@@ -92,8 +93,6 @@ pub(crate) struct Lease {
     wake: Condvar,
 }
 
-type State<'a> = MutexGuard<'a, LeaseState>;
-
 /// The lease's state.
 #[derive(Default)]
 struct LeaseState {
@@ -150,22 +149,9 @@ impl Lease {
         })
     }
 
-    fn state(&self) -> State<'_> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn wait<'a>(&self, state: State<'a>, timeout: Duration) -> State<'a> {
-        let waited = self.wake.wait_timeout(state, timeout);
-        waited.unwrap_or_else(PoisonError::into_inner).0
-    }
-
-    fn held(&self) -> bool {
-        self.state().deadline().is_some()
-    }
-
     /// The lost-lock error: the panic that ended the lease, or the loss.
     fn lost(&self) -> LockError {
-        let state = self.state();
+        let state = lock(&self.state);
         match &state.panic {
             Some(message) => self.panicked(message.clone()),
             None => LockError::Lost {
@@ -187,7 +173,7 @@ impl Lease {
     /// watchdog is done with it. A lease no longer extended is due at its
     /// deadline, to tell the loss.
     pub(crate) fn claim(self: &Arc<Self>, client: &Redlock) -> Result<Ttl, Option<Instant>> {
-        let mut state = self.state();
+        let mut state = lock(&self.state);
         // Lost: due no more once the loss is told. Done: at once, untold.
         let Some(deadline) = state.deadline().filter(|_| !state.done) else {
             drop(state);
@@ -197,29 +183,23 @@ impl Lease {
         let full = self.ttl.duration();
         let room = (self.hold_deadline).map_or(full, |h| h.saturating_duration_since(now));
         // A TTL cut to end at the cap may be too short: no extension is left.
-        let checked = client.check_ttl(room.min(full));
-        let ttl = match checked {
-            Ok(ttl) if !state.ending && room > deadline.saturating_duration_since(now) => ttl,
-            _ => {
-                state.ending = true;
-                return Err(Some(deadline));
-            }
-        };
-        state.extending = true;
-        Ok(ttl)
+        let ttl = client.check_ttl(room.min(full)).ok();
+        let ttl = ttl.filter(|_| !state.ending && room > deadline.saturating_duration_since(now));
+        (state.extending, state.ending) = (ttl.is_some(), ttl.is_none());
+        ttl.ok_or(Some(deadline))
     }
 
     /// The watchdog's turn after the extension by `ttl` ended in `result`,
-    /// with `lock` as measured. Returns when the lease is due next, as
-    /// [`claim`](Self::claim) does.
+    /// with `kept`, the lock as measured. Returns when the lease is due
+    /// next, as [`claim`](Self::claim) does.
     pub(crate) fn extended(
         self: &Arc<Self>,
         client: &Redlock,
-        lock: &Lock,
+        kept: &Lock,
         ttl: Ttl,
         result: Result<(), LockError>,
     ) -> Option<Instant> {
-        let mut state = self.state();
+        let mut state = lock(&self.state);
         state.extending = false;
         self.wake.notify_all();
         // What to tell, if anything, and the count of failed rounds.
@@ -229,17 +209,16 @@ impl Lease {
                 told = (Some(What::Extended), state.failures.end());
                 // A TTL shortened to end at the cap was the last.
                 state.ending = ttl < self.ttl;
-                state.report = lock.report.clone();
+                state.report = kept.report.clone();
                 // The cut TTL was measured before the round began: the
                 // validity must not run past the cap.
                 let valid_until = (self.hold_deadline)
-                    .map_or(lock.valid_until(), |hold| hold.min(lock.valid_until()));
+                    .map_or(kept.valid_until(), |hold| hold.min(kept.valid_until()));
                 state.deadline = state.deadline().map(|_| valid_until);
                 self.due(&mut state)
             }
             Err(LockError::Lost { report, reason, .. }) => {
-                (state.report, state.deadline) = (report.clone(), None);
-                state.loss = Some(*reason);
+                (state.report, state.loss, state.deadline) = (report.clone(), Some(*reason), None);
                 None
             }
             Err(LockError::Panicked { message, .. }) => {
@@ -256,7 +235,7 @@ impl Lease {
         drop(state);
         // Every round is seen, to keep the nodes' state; not every one told.
         let (ids, outcome) = ((&self.resources[..], &self.token), result.as_ref());
-        let outcome = outcome.map(|()| &lock.report);
+        let outcome = outcome.map(|()| &kept.report);
         client.observe_counted(told.0, ids, (0, told.1), outcome);
         due.or_else(|| self.tell(client))
     }
@@ -293,7 +272,7 @@ impl Lease {
     /// tells the observer and queues the callbacks. Returns `None`: the
     /// watchdog is done with the lease.
     fn tell(self: &Arc<Self>, client: &Redlock) -> Option<Instant> {
-        let mut state = self.state();
+        let mut state = lock(&self.state);
         state.ending = true;
         if mem::replace(&mut state.told, true) {
             return None;
@@ -319,7 +298,7 @@ impl Lease {
     fn notify(self: &Arc<Self>, client: &Redlock, callback: OnLost) {
         let (lease, error) = (Arc::clone(self), self.lost());
         client.watchdog().notify(Box::new(move || {
-            if !lease.state().done {
+            if !lock(&lease.state).done {
                 callback(&error);
             }
         }));
@@ -357,14 +336,14 @@ impl LockGuard {
     /// How long the lock is still valid, as of the last extension, by the
     /// monotonic clock. Zero once it is lost.
     pub fn validity(&self) -> Duration {
-        let (deadline, now) = (self.lease.state().deadline(), Instant::now());
+        let (deadline, now) = (lock(&self.lease.state).deadline(), Instant::now());
         deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(now))
     }
 
     /// Whether the lock is still held. False for good once an extension was
     /// refused or the validity ran out.
     pub fn is_held(&self) -> bool {
-        self.lease.held()
+        lock(&self.lease.state).deadline().is_some()
     }
 
     /// `Ok(())` while the lock is held, else the lost-lock error: the
@@ -376,7 +355,7 @@ impl LockGuard {
     /// report. [`LockError::Panicked`] instead if the backoff panicked on
     /// the watchdog (the guard released the lock).
     pub fn check(&self) -> Result<(), LockError> {
-        let held = self.lease.held();
+        let held = self.is_held();
         held.then_some(()).ok_or_else(|| self.lease.lost())
     }
 
@@ -399,13 +378,15 @@ impl LockGuard {
     /// ```
     pub fn wait_lost(&self, timeout: Duration) -> bool {
         let end = later(Instant::now(), timeout);
-        let mut state = self.lease.state();
+        let mut state = lock(&self.lease.state);
         while let Some(deadline) = state.deadline() {
             let now = Instant::now();
             if now >= end {
                 return false;
             }
-            state = (self.lease).wait(state, deadline.min(end).saturating_duration_since(now));
+            let left = deadline.min(end).saturating_duration_since(now);
+            let waited = self.lease.wake.wait_timeout(state, left);
+            state = waited.unwrap_or_else(PoisonError::into_inner).0;
         }
         true
     }
@@ -420,15 +401,13 @@ impl LockGuard {
     /// an extension. A panic in one is caught. A callback may drop or unlock
     /// guards, its own included.
     pub fn on_lost(&self, callback: impl FnOnce(&LockError) + Send + 'static) {
-        let mut state = self.lease.state();
-        if state.done {
-            return;
+        let mut state = lock(&self.lease.state);
+        if !state.done && !state.told {
+            state.on_lost.push(Box::new(callback));
+        } else if !state.done {
+            drop(state);
+            self.lease.notify(&self.client, Box::new(callback));
         }
-        if !state.told {
-            return state.on_lost.push(Box::new(callback));
-        }
-        drop(state);
-        self.lease.notify(&self.client, Box::new(callback));
     }
 
     /// Whether the lock will not be extended any more: its validity reaches
@@ -436,7 +415,7 @@ impl LockGuard {
     /// is lost. It may still be held for [`validity`](Self::validity): wind
     /// the work down.
     pub fn is_ending(&self) -> bool {
-        !self.lease.held() || self.lease.state().ending
+        !self.is_held() || lock(&self.lease.state).ending
     }
 
     /// When extensions stop (monotonic clock), if a hold cap is set: the
@@ -463,7 +442,7 @@ impl LockGuard {
     /// flight, and releases the lock. `None` after the first time.
     fn finish(&self) -> Option<Result<Report, LockError>> {
         let lease = &*self.lease;
-        let mut state = lease.state();
+        let mut state = lock(&lease.state);
         // Held now means held all along: a passed deadline never moves.
         let held = state.deadline().is_some();
         if mem::replace(&mut state.done, true) {
@@ -471,10 +450,7 @@ impl LockGuard {
         }
         // Released while held, there is no loss to tell, ever.
         (state.on_lost, state.told) = (Vec::new(), state.told || held);
-        while state.extending {
-            state = lease.wait(state, Duration::from_secs(1));
-        }
-        drop(state);
+        drop(lease.wake.wait_while(state, |state| state.extending));
         // A loss the watchdog has not told yet is told now.
         if !held {
             self.lease.tell(&self.client);
@@ -527,7 +503,18 @@ impl Redlock {
         resources: impl IntoResources,
         options: impl Into<LockOptions>,
     ) -> Result<LockGuard, LockError> {
-        self.keep_alive(resources.into_resources(), &options.into())
+        let options = options.into();
+        let (acquired, call) = self.acquire_with(resources.into_resources(), &options)?;
+        let lease = Lease::new(&acquired, &call, Ttl::whole_ms(options.ttl));
+        let guard = LockGuard {
+            lease: Arc::clone(&lease),
+            client: self.clone(),
+        };
+        let due = lease.due(&mut lock(&lease.state));
+        // Out of validity already, or no watchdog: no guard (its drop releases).
+        let due = due.ok_or_else(|| lease.lost())?;
+        let watched = self.watchdog().add(self, (due, lease, acquired));
+        watched.map(|()| guard).map_err(LockError::Thread)
     }
 
     /// Like [`lock`](Self::lock), but one attempt only: no retry.
@@ -540,8 +527,7 @@ impl Redlock {
         resources: impl IntoResources,
         options: impl Into<LockOptions>,
     ) -> Result<LockGuard, LockError> {
-        let once = options.into().patience(Patience::Retries(0));
-        self.keep_alive(resources.into_resources(), &once)
+        self.lock(resources, options.into().patience(Patience::Retries(0)))
     }
 
     /// Acquires as [`lock`](Self::lock) does, runs `f` under the guard, and
@@ -610,7 +596,14 @@ impl Redlock {
         F: FnOnce(&LockGuard) -> Result<T, E>,
         E: From<LockError>,
     {
-        run_locked(self.lock(resources, options), f)
+        let guard = self.lock(resources, options)?;
+        // A panic in `f`, or its error, goes through the guard's drop, which
+        // releases.
+        let value = f(&guard)?;
+        match guard.unlock() {
+            Err(lost @ (LockError::Lost { .. } | LockError::Panicked { .. })) => Err(lost.into()),
+            _ => Ok(value),
+        }
     }
 
     /// Like [`with_lock`](Self::with_lock), but one attempt only: it returns
@@ -633,43 +626,7 @@ impl Redlock {
         F: FnOnce(&LockGuard) -> Result<T, E>,
         E: From<LockError>,
     {
-        run_locked(self.try_lock(resources, options), f)
-    }
-
-    /// Acquires per `options` and puts the lock under a guard: the body of
-    /// `lock` and `try_lock`.
-    fn keep_alive(
-        &self,
-        resources: Vec<String>,
-        options: &LockOptions,
-    ) -> Result<LockGuard, LockError> {
-        let (lock, call) = self.acquire_with(resources, options)?;
-        let lease = Lease::new(&lock, &call, Ttl::whole_ms(options.ttl));
-        let guard = LockGuard {
-            lease: Arc::clone(&lease),
-            client: self.clone(),
-        };
-        let due = lease.due(&mut lease.state());
-        // Out of validity already, or no watchdog: no guard (its drop releases).
-        let due = due.ok_or_else(|| lease.lost())?;
-        let watched = self.watchdog().add(self, (due, lease, lock));
-        watched.map(|()| guard).map_err(LockError::Thread)
-    }
-}
-
-/// The body of every `with_lock*` call: `f` under the guard, then the
-/// release. `f`'s error comes first, then a loss.
-fn run_locked<T, E: From<LockError>>(
-    locked: Result<LockGuard, LockError>,
-    f: impl FnOnce(&LockGuard) -> Result<T, E>,
-) -> Result<T, E> {
-    let guard = locked?;
-    // A panic in `f`, or its error, goes through the guard's drop, which
-    // releases.
-    let value = f(&guard)?;
-    match guard.unlock() {
-        Err(lost @ (LockError::Lost { .. } | LockError::Panicked { .. })) => Err(lost.into()),
-        _ => Ok(value),
+        self.with_lock(resources, options.into().patience(Patience::Retries(0)), f)
     }
 }
 
@@ -696,18 +653,18 @@ mod tests {
     #[test]
     fn a_lease_is_lost_for_good_once_its_deadline_passed() {
         let (lease, _) = lease(Duration::from_millis(20), None);
-        assert!(lease.held());
+        assert!(lock(&lease.state).deadline().is_some());
         std::thread::sleep(Duration::from_millis(30));
-        assert!(!lease.held());
+        assert!(lock(&lease.state).deadline().is_none());
         // Nothing brings a passed deadline back.
-        assert_eq!(lease.state().deadline(), None);
+        assert_eq!(lock(&lease.state).deadline(), None);
     }
 
     #[test]
     fn a_lease_is_due_when_a_third_of_its_validity_is_left_and_claims_its_ttl() {
         let valid = Duration::from_secs(30);
         let (lease, client) = lease(valid, None);
-        let due = lease.due(&mut lease.state()).unwrap();
+        let due = lease.due(&mut lock(&lease.state)).unwrap();
         let after = due.saturating_duration_since(Instant::now());
         assert!(
             after > Duration::from_secs(19) && after <= Duration::from_secs(20),
@@ -715,7 +672,7 @@ mod tests {
         );
         assert_eq!(lease.claim(&client).ok(), Some(Ttl::whole_ms(valid)));
         assert!(
-            lease.state().extending,
+            lock(&lease.state).extending,
             "a claim marks the extension in flight"
         );
     }
@@ -724,15 +681,15 @@ mod tests {
     fn a_lease_whose_hold_cap_the_validity_reaches_claims_no_extension_and_is_due_at_its_deadline()
     {
         let (lease, client) = lease(Duration::from_secs(30), Some(Duration::from_secs(10)));
-        let deadline = lease.state().deadline().unwrap();
+        let deadline = lock(&lease.state).deadline().unwrap();
         assert_eq!(lease.claim(&client), Err(Some(deadline)));
-        assert!(lease.state().ending);
+        assert!(lock(&lease.state).ending);
     }
 
     #[test]
     fn a_lease_that_is_done_claims_nothing_and_is_due_no_more() {
         let (lease, client) = lease(Duration::from_secs(30), None);
-        lease.state().done = true;
+        lock(&lease.state).done = true;
         assert_eq!(lease.claim(&client), Err(None));
     }
 }

@@ -101,20 +101,16 @@ impl Inspection {
     /// quorum, else unknown. Free counts the silent nodes as holding it.
     pub fn verdict(&self) -> Verdict {
         let tokens = self.nodes.iter().filter_map(|n| match &n.holding {
-            Holding::Held { token, .. } => Some(token),
+            Holding::Held { token, .. } => Some(token.clone()),
             _ => None,
         });
-        let count = |t: &String| tokens.clone().filter(|u| *u == t).count();
-        let top = tokens.clone().map(|t| (count(t), t)).max();
-        let unknown = (self.nodes.iter())
-            .filter(|n| matches!(n.holding, Holding::Unknown(_)))
-            .count();
+        let count = |t: &String| tokens.clone().filter(|u| u == t).count();
+        let top = tokens.clone().map(|t| (count(&t), t)).max();
+        let unknown = |n: &&NodeView| matches!(n.holding, Holding::Unknown(_));
+        let unknown = self.nodes.iter().filter(unknown).count();
         match top {
-            Some((nodes, token)) if nodes >= self.quorum => Verdict::Held {
-                token: token.clone(),
-                nodes,
-            },
-            top if top.map_or(0, |(n, _)| n) + unknown < self.quorum => Verdict::Free,
+            Some((nodes, token)) if nodes >= self.quorum => Verdict::Held { token, nodes },
+            top if top.as_ref().map_or(0, |t| t.0) + unknown < self.quorum => Verdict::Free,
             _ => Verdict::Unknown,
         }
     }

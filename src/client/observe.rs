@@ -104,9 +104,8 @@ impl NodesSeen {
     /// the key. Each comes with what to tell and its failed rounds.
     fn changes<'a>(&self, nodes: &'a [NodeReport]) -> Vec<(What, &'a NodeReport, u32)> {
         let mut down = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if down.len() < nodes.len() {
-            down.resize(nodes.len(), 0);
-        }
+        let len = down.len().max(nodes.len());
+        down.resize(len, 0);
         let mut changes = Vec::new();
         for (node, down) in nodes.iter().zip(down.iter_mut()) {
             let change = match node.outcome {

@@ -64,9 +64,8 @@ impl Watchdog {
         let mut schedule = lock(&self.schedule);
         if !schedule.running {
             let (watch, client) = (Arc::clone(self), Arc::downgrade(&client.inner));
-            std::thread::Builder::new()
-                .name("redlock-watchdog".to_string())
-                .spawn(move || watch.run(&client))?;
+            let named = std::thread::Builder::new().name("redlock-watchdog".into());
+            named.spawn(move || watch.run(&client))?;
             schedule.running = true;
         }
         schedule.leases.push(entry);
@@ -129,24 +128,17 @@ impl Watchdog {
                 schedule.running = false;
                 return None;
             }
-            let leases = &mut schedule.leases;
-            let mut room = MAX_BATCH;
-            let due: Vec<_> = leases
-                .extract_if(.., |(at, ..)| {
-                    let take = *at <= now && room > 0;
-                    room -= usize::from(take);
-                    take
-                })
-                .collect();
+            // Those left unvisited once the batch is full stay.
+            let due = schedule.leases.extract_if(.., |(at, ..)| *at <= now);
+            let due: Vec<_> = due.take(MAX_BATCH).collect();
             if !due.is_empty() {
                 return Some(due);
             }
             let next = schedule.leases.iter().map(|(at, ..)| *at).min();
             let wait = next.map_or(IDLE, |at| at.saturating_duration_since(now));
-            let waited =
-                (self.wake.wait_timeout(schedule, wait)).unwrap_or_else(PoisonError::into_inner);
-            schedule = waited.0;
-            idle = waited.1.timed_out() && schedule.leases.is_empty();
+            let waited = self.wake.wait_timeout(schedule, wait);
+            let waited = waited.unwrap_or_else(PoisonError::into_inner);
+            (idle, schedule) = (waited.1.timed_out() && waited.0.leases.is_empty(), waited.0);
         }
     }
 }

@@ -4,55 +4,31 @@
 //! `INFO server`, and any clean-ups the node is owed.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::endpoint::{Endpoint, Route};
-use super::owed::Owed;
+use super::endpoint::Route;
 use super::resolve::Resolver;
 use super::restart_guard;
-use super::servers::Servers;
-use super::transport::{connect_failure, Reader, Stream, Unsplit, Writer};
+use super::transport::{connect_failure, Reader, Stream, Writer};
+use super::{Bounds, Node};
 use crate::error::{server_error_text, Failure, NodeError};
 use crate::script;
 
-/// What a node needs to open a connection, and whose vote it is.
-pub(crate) struct Connector {
-    pub(super) endpoint: Endpoint,
-    /// The restarted-node guard's grace: a node up for less does not vote.
-    pub(super) restart_grace: Option<Duration>,
-    /// This node's place, and the servers the client's nodes reached (by
-    /// `run_id`). A node reaching a server another reached first does not
-    /// vote.
-    pub(super) index: usize,
-    pub(super) servers: Arc<Servers>,
-    /// How long to wait before connecting again after a connect timed out.
-    /// Else a node that accepts but never answers (a stopped process) would
-    /// cost every round its whole deadline.
-    pub(super) reconnect_backoff: Duration,
-    /// Clean-ups the node could not be sent, for after the next handshake.
-    pub(super) owed: Owed,
-}
+/// A new connection, its handshake done: its writer, its reading half
+/// (none when unsplit, as the writer reads), and the bits of our scripts
+/// the server has (`SCRIPT LOAD` went through).
+pub(super) type Opened = (Writer, Option<Reader>, u8);
 
-/// A new connection, its handshake done.
-pub(super) struct Opened {
-    pub(super) writer: Writer,
-    /// The reading half; none when unsplit, as the writer reads.
-    pub(super) reader: Option<Reader>,
-    /// Bits of our scripts the server has (`SCRIPT LOAD` went through).
-    pub(super) scripts: u8,
-}
-
-impl Connector {
-    /// [`connect`](Self::connect), or fail at once within the reconnect
-    /// backoff. A timeout starts the backoff; the caller records it.
+impl Node {
+    /// [`connect`](Self::connect) within `bounds`, or fail at once within
+    /// the reconnect backoff. A timeout starts the backoff; the caller
+    /// records it.
     pub(super) fn connect_unless_backing_off(
         &self,
         connect_after: Option<Instant>,
-        deadline: Instant,
-        connect_timeout: Duration,
+        bounds: Bounds,
     ) -> Result<Opened, Failure> {
         let now = Instant::now();
         let wait = connect_after.unwrap_or(now).saturating_duration_since(now);
@@ -62,8 +38,8 @@ impl Connector {
             ))));
         }
         // No time left to try: a timeout of the round, not of this node.
-        time_left(deadline)?;
-        match self.connect(deadline, connect_timeout) {
+        time_left(bounds.deadline)?;
+        match self.connect(bounds.deadline, bounds.connect_timeout) {
             Err(Failure::TimedOut) => Err(Failure::ConnectTimedOut),
             opened => opened,
         }
@@ -71,7 +47,7 @@ impl Connector {
 
     /// Opens a new connection, authenticates, selects the db and loads our
     /// scripts, all within `connect_timeout` and never past `deadline`.
-    pub(crate) fn connect(
+    pub(super) fn connect(
         &self,
         deadline: Instant,
         connect_timeout: Duration,
@@ -84,72 +60,59 @@ impl Connector {
             Route::Name(resolver) => self.connect_resolved(resolver, limit)?.split()?,
             #[cfg(unix)]
             Route::Unix(path) => Stream::unix(path)?.split()?,
-            Route::Unsplit => (
-                Writer::Unsplit(Unsplit::new(self.connect_unsplit(limit)?)),
-                None,
-            ),
+            Route::Unsplit => (self.connect_unsplit(limit)?, None),
         };
         let mut recv = |writer: &mut Writer| match &mut reader {
             Some(r) => r.recv(deadline),
             None => writer.recv(deadline),
         };
-        let owed = self.owed.due();
-        let hello = [&self.endpoint.handshake[..], &owed.bytes].concat();
+        let (owed, owed_ids) = self.owed.due();
+        let hello = [&self.endpoint.handshake[..], &owed].concat();
         writer.send(&hello, deadline)?;
         let mut scripts = script::SCRIPTS.iter().fold(0u8, |bits, s| bits | s.bit);
-        for i in 0..self.endpoint.checked_replies + script::SCRIPTS.len() {
-            if let Value::ServerError(e) = recv(&mut writer)? {
-                // A full server turns the connection away before it reads
-                // anything: that error is not an answer to our AUTH.
-                let refused_auth = i == 0 && self.endpoint.sends_auth && !is_server_full(&e);
-                if refused_auth || is_auth_error(&e) {
-                    return Err(self.auth_failure(&e));
-                }
-                if i < self.endpoint.checked_replies {
-                    return Err(Failure::Error(NodeError::Connect(server_error_text(&e))));
-                }
-                // SCRIPT LOAD refused (an ACL, say): scripts go as EVAL.
-                scripts = 0;
-            }
-        }
+        let (checked, loads) = (self.endpoint.checked_replies, script::SCRIPTS.len());
         // The last handshake reply is INFO server: the restarted-node guard,
         // then one vote per server process.
-        let info = recv(&mut writer)?;
-        if let Value::ServerError(e) = &info {
-            // Not authenticated: the owed clean-ups did not run either.
-            if is_auth_error(e) {
-                return Err(self.auth_failure(e));
+        let mut info = Value::Nil;
+        for i in 0..=checked + loads {
+            info = recv(&mut writer)?;
+            if let Value::ServerError(e) = &info {
+                // A full server turns the connection away before it reads
+                // anything: that error is not an answer to our AUTH. (An
+                // unauthenticated INFO: the owed clean-ups did not run either.)
+                let refused_auth = i == 0 && self.endpoint.sends_auth && !is_server_full(e);
+                if refused_auth || is_auth_error(e) {
+                    return Err(Failure::Error(NodeError::Auth {
+                        node: self.endpoint.name.to_string(),
+                        reply: server_error_text(e),
+                        hint: self.endpoint.auth_hint,
+                    }));
+                }
+                if i < checked {
+                    return Err(Failure::Error(NodeError::Connect(server_error_text(e))));
+                }
+                // SCRIPT LOAD refused (an ACL, say): scripts go as EVAL.
+                if i < checked + loads {
+                    scripts = 0;
+                }
             }
         }
         // The owed clean-ups' replies: whatever they say, they ran.
-        for _ in &owed.ids {
+        for _ in &owed_ids {
             recv(&mut writer)?;
         }
-        self.owed.settle(&owed.ids);
+        self.owed.settle(&owed_ids);
         if let Some(grace) = self.restart_grace {
             restart_guard::check(&info, grace, &self.endpoint.restarts).map_err(Failure::Error)?;
         }
         self.servers
             .claim(&info, self.index, &self.endpoint.name)
             .map_err(Failure::Error)?;
-        Ok(Opened {
-            writer,
-            reader,
-            scripts,
-        })
-    }
-
-    /// The failure when the server refused our credentials or wants some.
-    fn auth_failure(&self, e: &redis::ServerError) -> Failure {
-        Failure::Error(NodeError::Auth {
-            node: self.endpoint.name.to_string(),
-            reply: server_error_text(e),
-            hint: self.endpoint.auth_hint,
-        })
+        Ok((writer, reader, scripts))
     }
 
     /// Connects through the `redis` crate (TLS), within `limit`.
-    fn connect_unsplit(&self, limit: Duration) -> Result<redis::Connection, Failure> {
+    fn connect_unsplit(&self, limit: Duration) -> Result<Writer, Failure> {
         // rustls panics when no crypto provider was selected. A panic here
         // would leave this node's roles taken: make it a failure.
         std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -163,6 +126,7 @@ impl Connector {
                     .to_string(),
             ))
         })?
+        .map(|inner| Writer::Unsplit(inner, [None; 2]))
         .map_err(connect_failure)
     }
 

@@ -35,12 +35,6 @@ struct Debt {
     bytes: Vec<u8>,
 }
 
-/// The clean-ups due on a new connection: their packed commands, and which entries they are.
-pub(super) struct Due {
-    pub(super) bytes: Vec<u8>,
-    pub(super) ids: Vec<u64>,
-}
-
 impl Owed {
     /// Owes the node `bytes`, until `until`.
     pub(super) fn add(&self, bytes: Vec<u8>, until: Instant) {
@@ -55,17 +49,16 @@ impl Owed {
         entries.list.push(Debt { id, until, bytes });
     }
 
-    /// The clean-ups still worth sending. They stay owed until
-    /// [`settle`](Self::settle) says a connection delivered them.
-    pub(super) fn due(&self) -> Due {
+    /// The clean-ups still worth sending: their packed commands, and which
+    /// entries they are. They stay owed until [`settle`](Self::settle) says
+    /// a connection delivered them.
+    pub(super) fn due(&self) -> (Vec<u8>, Vec<u64>) {
         let mut entries = lock(&self.entries);
         let now = Instant::now();
         entries.list.retain(|e| e.until > now);
         let list = &entries.list;
-        Due {
-            bytes: list.iter().flat_map(|d| &d.bytes).copied().collect(),
-            ids: list.iter().map(|d| d.id).collect(),
-        }
+        let bytes = list.iter().flat_map(|d| &d.bytes).copied().collect();
+        (bytes, list.iter().map(|d| d.id).collect())
     }
 
     /// The server answered the clean-ups `ids`: they are no longer owed.
@@ -86,12 +79,12 @@ mod tests {
         owed.add(b"a".to_vec(), later);
         owed.add(b"b".to_vec(), Instant::now());
         owed.add(b"c".to_vec(), later);
-        let due = owed.due();
-        assert_eq!(due.bytes, b"ac");
-        owed.settle(&due.ids[..1]);
-        assert_eq!(owed.due().bytes, b"c");
-        owed.settle(&due.ids);
-        assert!(owed.due().ids.is_empty());
+        let (bytes, ids) = owed.due();
+        assert_eq!(bytes, b"ac");
+        owed.settle(&ids[..1]);
+        assert_eq!(owed.due().0, b"c");
+        owed.settle(&ids);
+        assert!(owed.due().1.is_empty());
     }
 
     #[test]
@@ -101,8 +94,8 @@ mod tests {
         for i in 0..=MAX_OWED {
             owed.add(i.to_string().into_bytes(), later);
         }
-        let due = owed.due();
-        assert_eq!(due.ids.len(), MAX_OWED);
-        assert!(due.bytes.starts_with(b"12"));
+        let (bytes, ids) = owed.due();
+        assert_eq!(ids.len(), MAX_OWED);
+        assert!(bytes.starts_with(b"12"));
     }
 }

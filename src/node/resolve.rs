@@ -33,14 +33,10 @@ pub(crate) struct Resolver {
 impl Resolver {
     /// A resolver for `host:port` through the system resolver.
     pub(crate) fn new(host: &str, port: u16) -> Resolver {
-        Resolver::with_lookup(host, port, system_lookup)
-    }
-
-    fn with_lookup(host: &str, port: u16, lookup: Lookup) -> Resolver {
         Resolver {
             host: host.to_string(),
             port,
-            lookup,
+            lookup: system_lookup,
             running: Mutex::new(None),
         }
     }
@@ -116,7 +112,10 @@ mod tests {
 
     #[test]
     fn a_slow_lookup_times_out_within_the_limit_and_the_next_connect_waits_for_it_again() {
-        let resolver = Resolver::with_lookup("slow.example", 7000, slow_lookup);
+        let resolver = Resolver {
+            lookup: slow_lookup,
+            ..Resolver::new("slow.example", 7000)
+        };
         let start = Instant::now();
         assert_eq!(
             resolver.resolve(Duration::from_millis(20)),
@@ -149,9 +148,11 @@ mod tests {
     #[test]
     fn a_failed_or_empty_lookup_is_a_connect_error_naming_the_host() {
         for lookup in [failing_lookup as Lookup, empty_lookup] {
-            let err = Resolver::with_lookup("nowhere.example", 1, lookup)
-                .resolve(Duration::from_secs(1))
-                .unwrap_err();
+            let resolver = Resolver {
+                lookup,
+                ..Resolver::new("nowhere.example", 1)
+            };
+            let err = resolver.resolve(Duration::from_secs(1)).unwrap_err();
             let Failure::Error(NodeError::Connect(message)) = err else {
                 panic!("expected a connect error, got {err:?}");
             };

@@ -19,7 +19,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 
 /// A node's lock, held.
 type Guard<'a> = MutexGuard<'a, Link>;
@@ -28,9 +28,9 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::connect::Connector;
 use super::pace::{Pace, BATCH_FROM, RECHECK};
 use super::transport::{io_failure, Reader, Writer};
+use super::Node;
 use crate::error::Failure;
 use crate::script::{is_noscript, Command};
 
@@ -75,19 +75,13 @@ pub(crate) struct Ticket {
     seq: u64,
 }
 
-/// A node's shared connection: what its threads share, behind a mutex.
-#[derive(Default)]
-pub(crate) struct Shared {
-    link: Mutex<Link>,
-}
-
 /// A thread asleep until enough of its replies come on any of its nodes,
 /// or a reader role frees up. One wake-up per round, not per node.
 /// The reader that stores the `need`th reply wakes it.
 pub(crate) struct Sleeper {
     thread: Thread,
-    need: usize,
-    stored: AtomicUsize,
+    /// How many more of its replies must be stored to wake it.
+    need: AtomicUsize,
     /// `AWAKE_NO`, `AWAKE_REPLY` or `AWAKE_OTHER`. Set once, by the waking
     /// thread, under the lock of the node where it woke it.
     woken: AtomicU8,
@@ -105,8 +99,7 @@ impl Sleeper {
     pub(crate) fn new(need: usize) -> Arc<Sleeper> {
         Arc::new(Sleeper {
             thread: thread::current(),
-            need: need.max(1),
-            stored: AtomicUsize::new(0),
+            need: AtomicUsize::new(need.max(1)),
             woken: AtomicU8::new(AWAKE_NO),
         })
     }
@@ -132,7 +125,7 @@ impl Sleeper {
 
 /// Everything behind a node's mutex: this epoch's connection, and what outlives it.
 #[derive(Default)]
-struct Link {
+pub(super) struct Link {
     /// Bumped whenever the connection is dropped.
     epoch: u64,
     /// The connection of this epoch (none open yet, if nobody holds or left a writer).
@@ -217,7 +210,8 @@ impl Connection {
     }
 }
 
-impl Shared {
+/// A node's shared connection: what its threads share, behind a mutex.
+impl Node {
     fn lock(&self) -> Guard<'_> {
         super::lock(&self.link)
     }
@@ -233,9 +227,8 @@ impl Shared {
     /// Returns the ticket, and whether the request is on the wire. That is
     /// read under the queueing's lock, so no other thread can have begun
     /// writing it (see [`written`](Self::written)).
-    pub(super) fn submit(
+    pub(crate) fn submit(
         &self,
-        connector: &Connector,
         cmd: &Command,
         bounds: Bounds,
         write: Write,
@@ -252,7 +245,7 @@ impl Shared {
         link.conn.abandoned.push_back(false);
         link.conn.live += 1;
         if now || !link.conn.open() {
-            link = self.write_out(link, connector, bounds);
+            link = self.write_out(link, bounds);
             check(&link, ticket)?;
         }
         Ok((ticket, ticket.seq < link.conn.written))
@@ -281,10 +274,10 @@ impl Shared {
 
     /// Writes what is queued, unless another thread is writing: that one
     /// writes it before it lets go. Then, as `after` says, a reader.
-    pub(super) fn flush(&self, connector: &Connector, bounds: Bounds, after: After) {
-        let link = self.write_out(self.lock(), connector, bounds);
+    pub(super) fn flush(&self, bounds: Bounds, after: After) {
+        let link = self.write_out(self.lock(), bounds);
         if after == After::WakeReader {
-            hand_off(link, &connector.servers.pace);
+            hand_off(link, self.pace());
         }
     }
 
@@ -300,12 +293,11 @@ impl Shared {
     /// commands before a read may block.
     pub(super) fn take(
         &self,
-        connector: &Connector,
         ticket: Ticket,
         bounds: Bounds,
         batch_until: Option<Instant>,
     ) -> Option<Result<Value, Failure>> {
-        let pace = &connector.servers.pace;
+        let pace = self.pace();
         let mut link = self.lock();
         let taken = loop {
             if let Err(failure) = check(&link, ticket) {
@@ -327,9 +319,9 @@ impl Shared {
                 break Some(Err(Failure::TimedOut));
             }
             if queued && !pace.others_awake() && batch_until.is_none() {
-                link = self.write_out(link, connector, bounds);
+                link = self.write_out(link, bounds);
             } else if readable {
-                link = self.read_one(link, connector, bounds, batch_until);
+                link = self.read_one(link, bounds, batch_until);
             } else {
                 break None;
             }
@@ -373,11 +365,9 @@ impl Shared {
     /// average read block. The most after a timed-out connection. Rounds
     /// read nodes in this order, so a quorum need not wait for the slow.
     pub(crate) fn lateness(&self) -> u32 {
-        let link = self.lock();
-        if link.slow {
-            u32::MAX
-        } else {
-            link.wait_us.max(1).ilog2()
+        match self.lock() {
+            link if link.slow => u32::MAX,
+            link => link.wait_us.max(1).ilog2(),
         }
     }
 
@@ -391,7 +381,7 @@ impl Shared {
     /// The reply to `ticket` is no longer wanted: discard it when it comes.
     /// The thread will not read the node, so a sleeper may be woken to (see
     /// [`hand_off`]).
-    pub(super) fn abandon(&self, ticket: Ticket, pace: &Pace) {
+    pub(super) fn abandon(&self, ticket: Ticket) {
         let mut link = self.lock();
         if link.epoch != ticket.epoch {
             return;
@@ -400,7 +390,7 @@ impl Shared {
             Some(reply) => forget_scripts_if_lost(&mut link.conn, &reply),
             None => give_up(&mut link.conn, ticket.seq),
         }
-        hand_off(link, pace);
+        hand_off(link, self.pace());
     }
 
     /// Records what `reply` says of script `bit` on `ticket`'s server. A
@@ -421,12 +411,7 @@ impl Shared {
     /// the outbox before it lets go. No lock during I/O. After a connect,
     /// wakes a sleeper to read what was written (see [`hand_off`]).
     /// Otherwise the caller hands off.
-    fn write_out<'a>(
-        &'a self,
-        mut link: Guard<'a>,
-        connector: &Connector,
-        bounds: Bounds,
-    ) -> Guard<'a> {
+    fn write_out<'a>(&'a self, mut link: Guard<'a>, bounds: Bounds) -> Guard<'a> {
         if link.conn.writing || link.conn.outbox.is_empty() {
             return link;
         }
@@ -437,20 +422,19 @@ impl Shared {
         if connecting {
             let after = link.connect_after;
             drop(link);
-            let (deadline, timeout) = (bounds.deadline, bounds.connect_timeout);
-            let opened = connector.connect_unless_backing_off(after, deadline, timeout);
+            let opened = self.connect_unless_backing_off(after, bounds);
             link = self.lock();
             match opened {
                 // (Nobody else ends an epoch with nothing written yet.)
                 _ if link.epoch != epoch => return link,
-                Ok(new) => {
+                Ok((new, reader, scripts)) => {
                     link.connect_after = None;
-                    link.conn.unsplit = new.reader.is_none();
-                    (link.conn.reader, link.conn.scripts) = (new.reader, new.scripts);
-                    writer = Some(new.writer);
+                    link.conn.unsplit = reader.is_none();
+                    (link.conn.reader, link.conn.scripts) = (reader, scripts);
+                    writer = Some(new);
                 }
                 Err(Failure::ConnectTimedOut) => {
-                    link.connect_after = Instant::now().checked_add(connector.reconnect_backoff);
+                    link.connect_after = Instant::now().checked_add(self.reconnect_backoff);
                     end_epoch(&mut link, Failure::TimedOut);
                     return link;
                 }
@@ -486,7 +470,7 @@ impl Shared {
         }
         (link.conn.writer, link.conn.writing) = (writer, false);
         if connecting {
-            hand_off(link, &connector.servers.pace);
+            hand_off(link, self.pace());
             return self.lock();
         }
         link
@@ -501,7 +485,6 @@ impl Shared {
     fn read_one<'a>(
         &'a self,
         mut link: Guard<'a>,
-        connector: &Connector,
         bounds: Bounds,
         pause: Option<Instant>,
     ) -> Guard<'a> {
@@ -547,7 +530,7 @@ impl Shared {
             let mut woken = Vec::new();
             for next in first.into_iter().chain(more) {
                 match next {
-                    Ok(value) => woken.extend(store(&mut link, value, &connector.servers.pace)),
+                    Ok(value) => woken.extend(store(&mut link, value, self.pace())),
                     Err(failure) => {
                         end_epoch(&mut link, failure);
                         break;
@@ -563,7 +546,7 @@ impl Shared {
             }
         }
         if unsplit {
-            link = self.write_out(link, connector, bounds);
+            link = self.write_out(link, bounds);
         }
         link
     }
@@ -590,7 +573,7 @@ fn store(link: &mut Link, value: Value, pace: &Pace) -> Option<Thread> {
     link.conn.replies.push((seq, value));
     let i = link.sleepers.iter().position(|(t, _)| t.seq == seq)?;
     let (_, waiter) = link.sleepers.swap_remove(i);
-    if waiter.stored.fetch_add(1, Ordering::AcqRel) + 1 < waiter.need {
+    if waiter.need.fetch_sub(1, Ordering::AcqRel) > 1 {
         return None;
     }
     // Held on its behalf under this node's lock, which the waiter takes to

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::connect::{Connector, Opened};
 use super::transport::{failure, Reader, Writer};
+use super::Node;
 use crate::error::Failure;
 use crate::script::{pack, RELEASED_CHANNEL_PREFIX};
 
@@ -34,16 +34,19 @@ pub(crate) enum Message {
     Answer,
 }
 
-/// Opens a subscription connection, within `connect_timeout` and never
-/// past `deadline`. `None` if it cannot be split (TLS): a thread blocked
-/// reading it would keep the others from subscribing.
-pub(super) fn open(
-    connector: &Connector,
-    deadline: Instant,
-    connect_timeout: Duration,
-) -> Result<Option<(Sender, Listener)>, Failure> {
-    let Opened { writer, reader, .. } = connector.connect(deadline, connect_timeout)?;
-    Ok(reader.map(|reader| (Sender(writer), Listener(reader))))
+impl Node {
+    /// Opens a subscription connection to this node, apart from the shared
+    /// one, within `connect_timeout` and never past `deadline`. `None` if
+    /// it cannot be split (TLS): a thread blocked reading it would keep the
+    /// others from subscribing.
+    pub(crate) fn subscribe_line(
+        &self,
+        deadline: Instant,
+        connect_timeout: Duration,
+    ) -> Result<Option<(Sender, Listener)>, Failure> {
+        let (writer, reader, _) = self.connect(deadline, connect_timeout)?;
+        Ok(reader.map(|reader| (Sender(writer), Listener(reader))))
+    }
 }
 
 impl Sender {

@@ -14,36 +14,32 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 #[cfg(unix)]
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::Value;
 
 use crate::error::{Failure, NodeError};
 
-/// Syscall counters for the benchmark: how many writes and reads the
-/// crate's sockets made. Relaxed: a count, not a sync.
-pub(crate) mod counts {
-    use std::sync::atomic::{AtomicU64, Ordering};
+// Syscall counters for the benchmark: how many writes and reads the
+// crate's sockets made. Relaxed: a count, not a sync.
+static WRITES: AtomicU64 = AtomicU64::new(0);
+static READS: AtomicU64 = AtomicU64::new(0);
 
-    pub(crate) static WRITES: AtomicU64 = AtomicU64::new(0);
-    pub(crate) static READS: AtomicU64 = AtomicU64::new(0);
+/// How many socket syscalls the crate has made so far, in this process.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IoCounts {
+    /// `write` calls on the nodes' sockets (TLS connections not counted).
+    pub writes: u64,
+    /// `read` calls on the nodes' sockets (TLS connections not counted).
+    pub reads: u64,
+}
 
-    /// How many socket syscalls the crate has made so far, in this process.
-    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-    pub struct IoCounts {
-        /// `write` calls on the nodes' sockets (TLS connections not counted).
-        pub writes: u64,
-        /// `read` calls on the nodes' sockets (TLS connections not counted).
-        pub reads: u64,
-    }
-
-    /// The counts so far; subtract two readings for a stretch of work.
-    pub fn io_counts() -> IoCounts {
-        IoCounts {
-            writes: WRITES.load(Ordering::Relaxed),
-            reads: READS.load(Ordering::Relaxed),
-        }
+/// The counts so far; subtract two readings for a stretch of work.
+pub fn io_counts() -> IoCounts {
+    IoCounts {
+        writes: WRITES.load(Ordering::Relaxed),
+        reads: READS.load(Ordering::Relaxed),
     }
 }
 
@@ -116,7 +112,7 @@ impl Stream {
 
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        counts::WRITES.fetch_add(1, Ordering::Relaxed);
+        WRITES.fetch_add(1, Ordering::Relaxed);
         on_socket!(self, s => s.write(buf))
     }
 
@@ -129,24 +125,9 @@ impl Write for Stream {
 pub(crate) enum Writer {
     /// A socket of ours, and the write timeout set on it.
     Stream(Stream, Option<Duration>),
-    Unsplit(Unsplit),
-}
-
-/// A connection the `redis` crate owns (TLS), and its socket timeouts.
-pub(crate) struct Unsplit {
-    inner: redis::Connection,
-    read_timeout: Option<Duration>,
-    write_timeout: Option<Duration>,
-}
-
-impl Unsplit {
-    pub(crate) fn new(inner: redis::Connection) -> Unsplit {
-        Unsplit {
-            inner,
-            read_timeout: None,
-            write_timeout: None,
-        }
-    }
+    /// A connection the `redis` crate owns (TLS), and its read and write
+    /// timeouts.
+    Unsplit(redis::Connection, [Option<Duration>; 2]),
 }
 
 impl Writer {
@@ -164,10 +145,10 @@ impl Writer {
                 // (write_all retries a write a signal interrupted.)
                 stream.write_all(bytes).map_err(failure)
             }
-            Writer::Unsplit(unsplit) => {
-                let set = |t| unsplit.inner.set_write_timeout(Some(t));
-                refresh(&mut unsplit.write_timeout, left, set).map_err(failure)?;
-                unsplit.inner.send_packed_command(bytes).map_err(failure)
+            Writer::Unsplit(inner, [_, timeout]) => {
+                let set = |t| inner.set_write_timeout(Some(t));
+                refresh(timeout, left, set).map_err(failure)?;
+                inner.send_packed_command(bytes).map_err(failure)
             }
         }
     }
@@ -176,11 +157,10 @@ impl Writer {
     /// `deadline`. A split writer cannot read.
     pub(crate) fn recv(&mut self, deadline: Instant) -> Result<Value, Failure> {
         match self {
-            Writer::Unsplit(unsplit) => {
-                let left = left_or_least(deadline);
-                let set = |t| unsplit.inner.set_read_timeout(Some(t));
-                refresh(&mut unsplit.read_timeout, left, set).map_err(failure)?;
-                unsplit.inner.recv_response().map_err(failure)
+            Writer::Unsplit(inner, [timeout, _]) => {
+                let set = |t| inner.set_read_timeout(Some(t));
+                refresh(timeout, left_or_least(deadline), set).map_err(failure)?;
+                inner.recv_response().map_err(failure)
             }
             Writer::Stream(..) => Err(io_failure("a split connection reads through its reader")),
         }
@@ -253,7 +233,7 @@ impl Reader {
             let stream = &self.stream;
             let set = |t| on_socket!(stream, s => s.set_read_timeout(Some(t)));
             refresh(&mut self.timeout, left, set).map_err(failure)?;
-            counts::READS.fetch_add(1, Ordering::Relaxed);
+            READS.fetch_add(1, Ordering::Relaxed);
             match on_socket!(&mut self.stream, s => s.read(&mut self.buf[self.end..])) {
                 Ok(0) => return Err(io_failure("the server closed the connection")),
                 Ok(n) => self.end += n,
@@ -391,10 +371,9 @@ pub(crate) fn io_failure(what: &str) -> Failure {
 }
 
 fn failure_as(e: redis::RedisError, error: fn(String) -> NodeError) -> Failure {
-    if e.is_timeout() {
-        Failure::TimedOut
-    } else {
-        Failure::Error(error(e.to_string()))
+    match e.is_timeout() {
+        true => Failure::TimedOut,
+        false => Failure::Error(error(e.to_string())),
     }
 }
 
