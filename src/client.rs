@@ -56,7 +56,6 @@ struct Inner {
     config: Config,
     /// The threads waiting for a release, and the line they listen on.
     waiters: Arc<Waiters>,
-    /// The guards' watchdog and notifier.
     watchdog: Arc<Watchdog>,
     /// What the observer was told of each node.
     seen: NodesSeen,
@@ -203,8 +202,7 @@ impl Tally {
 impl Redlock {
     /// A client over the given node URLs, with the default settings.
     ///
-    /// The URL forms are in [the crate docs](crate#node-urls). A password
-    /// alone goes after a colon: `redis://:password@host:port`. Give each
+    /// The URL forms are in [the crate docs](crate#node-urls). Give each
     /// independent master once.
     ///
     /// # Errors
@@ -373,8 +371,6 @@ impl Redlock {
                     report: tally.report,
                 };
                 if call.cancelled() {
-                    // Released by the clean-up: an unreachable node is owed
-                    // it.
                     self.clean_up(kind, &lock.resources, &lock.token, ttl, &lock.report);
                     return Err(cancelled(&lock.resources));
                 }
@@ -382,8 +378,6 @@ impl Redlock {
             }
             // Clean up: the key may have landed where no reply was read.
             self.clean_up(kind, &resources, &token, ttl, &tally.report);
-            // Plan the pause, unless waiting cannot help or the call was
-            // cancelled.
             let error = tally.error(&resources[0], attempts, ttl, Op::Acquire);
             let new = failures.failed(&error);
             let (ids, counts) = ((&resources[..], &token), (attempts, failures.count));
@@ -399,7 +393,6 @@ impl Redlock {
                     _ => What::AttemptFailed,
                 };
                 self.observe_counted(new.then_some(told), ids, counts, Err(&error));
-                // Wait for the pause or news of a release, then decide.
                 let cancelled = || call.cancelled();
                 let wake =
                     (inner.waiters).wait(listening, &inner.nodes, &resources, wake_at, &cancelled);
@@ -624,9 +617,8 @@ impl Redlock {
         result
     }
 
-    /// After a failed attempt: sends the kind's clean-up release to every
-    /// node that may hold our key, awaiting no reply. An unreachable node is
-    /// owed it while a key set with `ttl` could live.
+    /// After a failed attempt: [`send_only`](Self::send_only)s the kind's
+    /// clean-up release to every node that may hold our key.
     fn clean_up(&self, kind: Kind, resources: &[String], token: &Token, ttl: Ttl, report: &Report) {
         let cmd = kind.release(resources, token, Release::CleanUp);
         // Not a node that refused: unless it re-took, it holds no key of ours.
@@ -641,7 +633,6 @@ impl Redlock {
         round::send_only(nodes, cmd, self.bounds(now), later(now, ttl), ask);
     }
 
-    /// The bounds of a round that starts at `start`.
     fn bounds(&self, start: Instant) -> Bounds {
         let config = &self.inner.config;
         Bounds {
@@ -786,18 +777,15 @@ impl Redlock {
         Ok(checked)
     }
 
-    /// The settings.
     pub(crate) fn config(&self) -> &Config {
         &self.inner.config
     }
 
-    /// The guards' watchdog and notifier.
     pub(crate) fn watchdog(&self) -> &Arc<Watchdog> {
         &self.inner.watchdog
     }
 }
 
-/// The error of a cancelled call on `resources`.
 fn cancelled(resources: &[String]) -> LockError {
     let resource = resources[0].clone();
     LockError::Cancelled { resource }

@@ -82,8 +82,7 @@ pub enum LockError {
     },
 
     /// A quorum granted the lock, but no validity was left
-    /// (`elapsed + drift >= ttl`). Use a longer TTL, or find out why the
-    /// nodes are slow.
+    /// (`elapsed + drift >= ttl`).
     #[error("`{resource}` was granted by a quorum, but the round used up the whole TTL of {ttl:?}: {report}")]
     #[non_exhaustive]
     TooSlow {
@@ -110,10 +109,8 @@ pub enum LockError {
     },
 
     /// Too few nodes are left for a quorum without those that failed for
-    /// good ([`NodeError::is_permanent`]). Each of those refused the
-    /// credentials, lacks an ACL permission, failed TLS, or names a host
-    /// that does not exist. Every wait ends at once with it, whatever its
-    /// patience.
+    /// good ([`NodeError::is_permanent`]). Every wait ends at once with it,
+    /// whatever its patience.
     #[error("too few nodes can serve `{resource}`: {}", Failed(report.unusable().collect()))]
     #[non_exhaustive]
     Unusable {
@@ -134,8 +131,6 @@ pub enum LockError {
     },
 
     /// The OS random source failed while making a token or a retry delay.
-    /// It holds the OS error where there is one
-    /// ([`raw_os_error`](std::io::Error::raw_os_error)).
     #[error("the operating system's random source failed: {0}")]
     Random(std::io::Error),
 
@@ -508,11 +503,8 @@ pub struct NodeReport {
     pub retook: bool,
 }
 
-/// What every node answered in one round of an operation.
-///
-/// A success keeps it too, for debugging a flaky quorum: see
-/// [`Lock::report`](crate::Lock::report) and
-/// [`Redlock::release`](crate::Redlock::release).
+/// What every node answered in one round of an operation, success or not
+/// ([`Lock::report`](crate::Lock::report)).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 /// ```no_run
@@ -681,7 +673,6 @@ impl fmt::Display for Failed<'_> {
     }
 }
 
-/// Why `node` failed or timed out; `None` if it did not.
 fn reason(node: &NodeReport) -> Option<String> {
     match &node.outcome {
         NodeOutcome::TimedOut => Some("timed out".to_string()),

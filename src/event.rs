@@ -95,8 +95,6 @@ pub struct Event<'a> {
     pub error: Option<&'a LockError>,
 }
 
-/// One line: the fields that are set, the outcome and the error as text,
-/// the error without the nodes' failures.
 impl std::fmt::Debug for Event<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut event = f.debug_struct("Event");
@@ -127,7 +125,6 @@ impl std::fmt::Debug for Event<'_> {
     }
 }
 
-/// The builder's observer.
 #[derive(Clone)]
 pub(crate) struct Observer(pub(crate) Arc<dyn Fn(&Event<'_>) + Send + Sync>);
 

@@ -138,7 +138,6 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// Checks the resources: some, none empty, none twice, and one only for a fenced lock.
     pub(crate) fn check(self, resources: &[String]) -> Result<(), ArgumentError> {
         if resources.is_empty() {
             return Err(ArgumentError::NoResources);
@@ -165,12 +164,11 @@ impl Kind {
         reserved.map_or(Ok(()), |r| Err(ArgumentError::ReservedResource(r.clone())))
     }
 
-    /// How many of `nodes` nodes must agree: a majority.
     pub(crate) fn quorum(self, nodes: usize) -> usize {
         nodes / 2 + 1
     }
 
-    /// Whether an acquisition takes two rounds, the second confirming the first's fencing token.
+    /// Whether an acquisition takes a second round ([`confirm`](Self::confirm)).
     pub(crate) fn confirms(self) -> bool {
         self == Kind::Fenced
     }
@@ -198,8 +196,7 @@ impl Kind {
         Command::script(&script::FENCE_CONFIRM, &keys, args)
     }
 
-    /// The release of the lock `token` holds on `resources`. A clean-up
-    /// publishes nothing, so waiters hear only a holder's release.
+    /// The release of the lock `token` holds on `resources` (see [`script::RELEASE`]).
     pub(crate) fn release(self, resources: &[String], token: &Token, by: Release) -> Command {
         let hex = token.hex();
         let args: &[&[u8]] = if by == Release::CleanUp {
@@ -210,12 +207,9 @@ impl Kind {
         Command::script(&script::RELEASE, resources, args)
     }
 
-    /// One lock's keys and four arguments for [`script::EXTEND`]. With
-    /// `retake`, it also sets absent keys (see [`Redlock::extend`]).
-    /// `retake` is the fencing token, or zero for a plain lock. A fenced
-    /// lock re-takes only with its token, and raises its counter.
-    ///
-    /// [`Redlock::extend`]: crate::Redlock::extend
+    /// One lock's keys and four arguments for [`script::EXTEND`]. `retake`,
+    /// the fencing token or zero, lets it set absent keys: a fenced lock
+    /// only with its token.
     pub(crate) fn extend(
         self,
         resources: &[String],
@@ -271,8 +265,7 @@ pub(crate) fn script_vote(value: &Value) -> Result<(bool, u64), &Value> {
 }
 
 /// An extension's reply as a vote (see [`script::EXTEND`]). Only a renewal
-/// grants. A re-take (2) proves nothing of the time the key was missing.
-/// A missing key with no re-take allowed (3) refuses.
+/// grants: a re-take (2) proves nothing of the time the key was missing.
 pub(crate) fn extend_vote(value: &Value) -> Result<(bool, u64), &Value> {
     match value {
         Value::Int(2 | 3) => Ok((false, 0)),

@@ -88,12 +88,8 @@
 //!   from just before the first write, on the monotonic clock.
 //! - An attempt that lost is undone on every node that did not refuse it. The
 //!   [`RetryPolicy`] then plans a random pause.
-//! - `extend` and `release` run Lua scripts that touch a key only while it
-//!   holds the lock's token.
 //! - An error or a timeout closes that node's connection for all threads. So
 //!   a late reply never answers a later command.
-//! - A waiting call wakes when it hears of a release. Such wake-ups are hints:
-//!   safety never depends on them, and waiters get no fairness.
 //!
 //! # Guards and locks
 //!
@@ -102,7 +98,6 @@
 //! on `?` or while a panic unwinds.
 //! [`unlock`](LockGuard::unlock) releases it too, and says whether it was
 //! held throughout. One watchdog thread per client extends all its guards.
-//! Each guard is extended once a third of its validity is left.
 //!
 //! ```no_run
 //! # use std::time::Duration;
@@ -134,8 +129,7 @@
 //! [`validity`](Lock::validity) is well above zero. Call `extend` before it
 //! runs out, and `release` at the end. A lock taken in one process can be
 //! extended or released in another. That one needs only the resource and the
-//! [`Token`] ([`Lock::from_token`]). A token is 160 random bits from the
-//! operating system.
+//! [`Token`] ([`Lock::from_token`]).
 //!
 //! # Options
 //!
@@ -164,10 +158,6 @@
 //! }
 //! # Ok::<(), LockError>(())
 //! ```
-//!
-//! Errors that waiting cannot fix end every wait at once
-//! ([`LockError::Unusable`]). Such errors are a wrong password, a missing ACL
-//! permission, a TLS failure, or an unknown host.
 //!
 //! # Node URLs
 //!
@@ -245,8 +235,7 @@
 //!
 //! The companion crate
 //! [`redlock-sync-testing`](https://docs.rs/redlock-sync-testing) starts
-//! throwaway `redis-server` nodes and a fault-injecting proxy. This crate's
-//! own tests use it.
+//! throwaway `redis-server` nodes and a fault-injecting proxy.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

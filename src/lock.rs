@@ -10,9 +10,8 @@ use crate::token::Token;
 /// validity by this process's monotonic clock.
 ///
 /// [`Redlock::release`](crate::Redlock::release) consumes it. Dropping it
-/// does not release it: others wait until the TTL runs out. Hence
-/// `#[must_use]`: `locks.acquire(..)?;` alone warns. For a lock released at
-/// the end of its scope, and kept alive meanwhile, use
+/// does not release it: others wait until the TTL runs out. For a lock
+/// released at the end of its scope, and kept alive meanwhile, use
 /// [`Redlock::lock`](crate::Redlock::lock).
 ///
 /// ```no_run
@@ -32,11 +31,8 @@ pub struct Lock {
     pub(crate) resources: Vec<String>,
     pub(crate) token: Token,
     pub(crate) kind: Kind,
-    /// When its validity runs out, as measured here. `None` for a rebuilt
-    /// lock until an extension succeeds.
     pub(crate) valid_until: Option<Instant>,
     pub(crate) report: Report,
-    /// Set by the fenced acquisitions only.
     pub(crate) fencing_token: Option<u64>,
 }
 
@@ -64,14 +60,8 @@ impl Lock {
     ///
     /// # Errors
     ///
-    /// [`ArgumentError::NoResources`], [`ArgumentError::EmptyResource`],
-    /// [`ArgumentError::DuplicateResource`] or
-    /// [`ArgumentError::FencedMany`] for a bad list of resources.
-    ///
-    /// [`ArgumentError::NoResources`]: crate::ArgumentError::NoResources
-    /// [`ArgumentError::EmptyResource`]: crate::ArgumentError::EmptyResource
-    /// [`ArgumentError::DuplicateResource`]: crate::ArgumentError::DuplicateResource
-    /// [`ArgumentError::FencedMany`]: crate::ArgumentError::FencedMany
+    /// [`LockError::Argument`] for a bad list of resources: none, an empty
+    /// name, a name twice, or several for a fenced lock.
     pub fn from_token(
         resources: impl IntoResources,
         token: Token,

@@ -1,16 +1,6 @@
 //! One node, over one connection all threads share: submit a command, poll
 //! or wait for its reply, abandon it. And a round's [`Turn`] at the nodes,
-//! the one door to batching.
-//!
-//! - [`endpoint`]: the node URL, read once.
-//! - [`connect`]: opening a connection within the round's deadline.
-//! - [`shared`]: the shared connection: epochs, outbox, writer and reader.
-//! - [`transport`]: a socket split in a writing and a reading half.
-//! - [`subscription`]: a connection of its own for listening to releases.
-//! - [`resolve`], [`servers`], [`restart_guard`]: bounded name lookups, one
-//!   vote per server, the uptime check.
-//! - [`owed`]: clean-ups that could not be sent, for the next connection.
-//! - [`pace`]: batching, and yielding before parking.
+//! the one door to batching. The submodules' heads say what each holds.
 //!
 //! No async runtime, no background thread: the threads that want answers
 //! do the I/O.
@@ -52,9 +42,8 @@ pub(crate) struct Node {
     /// vote.
     index: usize,
     servers: Arc<Servers>,
-    /// How long to wait before connecting again after a connect timed out.
-    /// Else a node that accepts but never answers (a stopped process) would
-    /// cost every round its whole deadline.
+    /// How long to wait before connecting again after a connect timed out
+    /// (see `Config::reconnect_backoff`).
     reconnect_backoff: Duration,
     /// Clean-ups the node could not be sent, for after the next handshake.
     owed: owed::Owed,
@@ -63,13 +52,8 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    /// The client's `index`th node, at `endpoint`; not connected yet.
-    /// `servers` records which server each node reached: one vote each.
-    ///
-    /// With a nonzero `restart_grace`, each new connection reads the uptime
-    /// (`INFO server`, pipelined with the handshake). Below the grace it
-    /// fails with [`NodeError::Restarted`](crate::NodeError::Restarted).
-    /// After a connect timed out, the node waits `reconnect_backoff`.
+    /// The client's `index`th node, at `endpoint`; not connected yet. A zero
+    /// `restart_grace` turns the restart guard off.
     pub(crate) fn new(
         endpoint: Endpoint,
         index: usize,
@@ -124,19 +108,10 @@ enum Going {
 
 /// One round's turn at the client's nodes: the requests it awaits, and
 /// when its commands are written. A round queues, polls, sleeps and leaves
-/// through it; [`pace`]'s batching sits behind it.
+/// through it; [`pace`]'s batching sits behind it, by the rules told there.
 ///
 /// The turn holds the client's [`Pace`] while it queues, and again once a
-/// reply wakes it. It lets go when it polls, sleeps or leaves. The last
-/// thread to let go writes every node's queue, one write per node, like an
-/// event loop. A thread alone is the last at once and writes its own
-/// command. The exception: enough other rounds await replies from its
-/// nodes ([`pace::BATCH_FROM`]). The threads those replies wake then write
-/// it, with their own next commands.
-///
-/// Its own thread writes a command still queued after [`RECHECK`] (the
-/// writer is overdue), or past the batch's wait. A round leaving during
-/// such a wait writes its nodes' queues, unless another thread is awake.
+/// reply wakes it. It lets go when it polls, sleeps or leaves.
 pub(crate) struct Turn<'a> {
     nodes: &'a [Node],
     bounds: Bounds,
@@ -186,11 +161,9 @@ impl<'a> Turn<'a> {
     }
 
     /// Queues `cmd` on the `connected` nodes first, so their replies travel
-    /// while the round connects to the others. The last thread to let go of
-    /// the pace writes it, with the others' commands. That is this thread,
-    /// unless others queue too or the round waits for a batch. It may wait
-    /// only if it `may_batch` (connects to no node). Returns whether each
-    /// was queued.
+    /// while the round connects to the others. It may wait for a batch only
+    /// if it `may_batch` (connects to no node). Returns whether each was
+    /// queued.
     pub(crate) fn queue(
         &mut self,
         cmd: &Command,
@@ -214,11 +187,9 @@ impl<'a> Turn<'a> {
     }
 
     /// Node `i`'s reply, if it needs no sleep. It is stored, or nobody else
-    /// reads the connection (the read may block).
-    ///
-    /// A script that ran is then known to be cached on the server; a
-    /// `NOSCRIPT` says it is not. After a `NOSCRIPT` the command goes again
-    /// as `EVAL`, within the same deadline, and that reply is awaited.
+    /// reads the connection (the read may block). After a `NOSCRIPT` the
+    /// command goes again as `EVAL`, within the same deadline, and that
+    /// reply is awaited.
     pub(crate) fn poll(&mut self, i: usize, cmd: &Command) -> Option<Result<Value, Failure>> {
         let ticket = self.awaited[i]?;
         if self.batch_until.is_some_and(|by| Instant::now() >= by) {
@@ -319,10 +290,9 @@ impl<'a> Turn<'a> {
     }
 
     /// Lets go of the pace, if held. The last thread to let go writes every
-    /// node's queue. It wakes a sleeper to read a node with unread replies.
+    /// node's queue, and wakes a sleeper to read a node with unread replies.
     /// It reads that node itself instead if it awaits a reply there and is
-    /// not leaving. Like an event loop, the replies it reads wake the
-    /// others.
+    /// not leaving.
     fn let_go(&mut self, go: Going) {
         if !std::mem::take(&mut self.held) || !self.nodes[0].pace().release() {
             return;

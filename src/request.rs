@@ -52,8 +52,7 @@ pub enum Patience {
 
 /// How a call locks: the TTL, and what is not the client's default.
 ///
-/// A [`Duration`] converts into options with only the TTL set. Unset
-/// options take the client's defaults.
+/// A [`Duration`] converts into options with only the TTL set.
 ///
 /// ```no_run
 /// # use std::time::Duration;

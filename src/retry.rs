@@ -13,7 +13,6 @@ use crate::wait::Wake;
 #[derive(Clone)]
 struct Backoff(Arc<dyn Fn(u32) -> Duration + Send + Sync>);
 
-/// A closure shows as `custom`.
 impl fmt::Debug for Backoff {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("custom")
@@ -137,10 +136,8 @@ pub(crate) struct Pause {
     under_way: Option<(Instant, bool)>,
     /// The wait under way ends soon after news, before the pause does.
     soon: bool,
-    /// The last attempt followed news. A release reaches the nodes at
-    /// slightly different times, and news may come just as the subscription
-    /// came up. So an attempt that then lost is tried again soon, not after
-    /// the rest of the pause.
+    /// The last attempt followed news: if it lost, try again soon, not
+    /// after the rest of the pause (see [`Patience`](crate::Patience)).
     after_news: bool,
 }
 

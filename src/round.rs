@@ -28,10 +28,9 @@ pub(crate) struct Reply {
 /// node, in node order.
 ///
 /// `decided` is the tally: the fewest results that can decide the round,
-/// and a callback run after each result. A sleeping round wakes once, when
-/// enough replies are in to decide it. Once the callback returns true, the
-/// outstanding replies are left to be discarded later. Nothing blocks past
-/// `deadline`, but a reply already received is still collected.
+/// and a callback run after each result. Once the callback returns true,
+/// the outstanding replies are left to be discarded later. Nothing blocks
+/// past the `bounds`' deadline, but a reply already here is still collected.
 pub(crate) fn run(
     nodes: &[Node],
     cmd: &Command,

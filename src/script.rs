@@ -33,9 +33,8 @@ pub(crate) const QUIET: &[u8] = b"quiet";
 /// one key this is the classic `if get == token then del` script.
 ///
 /// Each deleted key is announced in the same call: a `PUBLISH` of the token
-/// on its channel ([`RELEASED_CHANNEL_PREFIX`]). Waiters wake at once
-/// instead of sleeping out their pause. An unheard `PUBLISH` costs a hash
-/// lookup. A key held by another publishes nothing.
+/// on its channel ([`RELEASED_CHANNEL_PREFIX`]). An unheard `PUBLISH` costs
+/// a hash lookup. A key held by another publishes nothing.
 ///
 /// A holder's release (no second argument) also publishes where the key is
 /// absent. The holder may never have reached that node, and a waiter may

@@ -1,18 +1,11 @@
-//! Wake-up hints on release. A waiter retries as soon as it hears of a
-//! release, instead of sleeping out its pause.
-//!
-//! A holder's release publishes on the resource's channel
-//! (`redlock-sync:released:<resource>`). It does so on each node where the
-//! key was its own or absent. A clean-up publishes nothing, so two clients'
-//! waiters cannot wake each other in a loop. A client listens on one node
-//! at a time, over one subscription connection: its *line*. All its
-//! waiting threads share it. A release through the same client wakes its
-//! own waiters directly.
+//! Wake-up hints on release ([`Patience`](crate::Patience#waiting-for-a-release)
+//! has the rules; [`script::RELEASE`](crate::script::RELEASE), what is
+//! published). A client listens on one node at a time, over one
+//! subscription connection shared by its waiting threads: its *line*.
 //!
 //! These are hints: a woken waiter runs an ordinary attempt, so safety
-//! never depends on them. A missed hint costs at most the retry pause. A
-//! spurious one (a stale message, our own release heard back) costs an
-//! attempt.
+//! never depends on them. A spurious one (a stale message, our own release
+//! heard back) costs an attempt.
 //!
 //! - A waiter counts from the start of its attempt ([`Waiters::listen`]). A
 //!   message during the attempt ends the wait after it at once.
@@ -63,9 +56,7 @@ pub(crate) struct Waiters {
     changed: Condvar,
     /// Whether there is a line or a waiter; if not, fast paths take no lock.
     active: AtomicBool,
-    /// How long a node has to answer on the line.
     io_timeout: Duration,
-    /// How long a connect of the line may take.
     connect_timeout: Duration,
 }
 
@@ -145,7 +136,6 @@ struct Waiter {
 }
 
 impl Waiters {
-    /// No line and no waiter, for a client of `nodes` nodes.
     pub(crate) fn new(nodes: usize, io_timeout: Duration, connect_timeout: Duration) -> Waiters {
         Waiters {
             state: Mutex::new(Hints::new(nodes)),

@@ -22,21 +22,17 @@ pub const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 2);
 /// may take longer than an hour is no lock round.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
-/// The settings of a [`Redlock`](crate::Redlock), with their defaults.
+/// The settings of a [`Redlock`](crate::Redlock), as the setters of
+/// [`RedlockBuilder`] document them.
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
     pub(crate) retry: RetryPolicy,
     pub(crate) drift_factor: f64,
     pub(crate) io_timeout: Duration,
     pub(crate) connect_timeout: Duration,
-    /// `with_lock` extends when this share of the validity is left.
     pub(crate) extend_when_left: f64,
-    /// `with_lock` never extends the validity past this long after the
-    /// acquisition.
     pub(crate) max_hold: Option<Duration>,
-    /// `acquire` starts no attempt (and sleeps no pause) past this long.
     pub(crate) max_wait: Option<Duration>,
-    /// A node up for less than this does not vote (zero: no check).
     pub(crate) restart_grace: Duration,
     pub(crate) observer: Option<Observer>,
 }
@@ -198,13 +194,11 @@ impl RedlockBuilder {
         ///
         /// Nodes with `appendonly yes` and `appendfsync always` do not need the
         /// guard. It does not help against data lost without a restart (see
-        /// [the contract](crate::contract)). It is off by default: only you
-        /// know the longest TTL, and a long grace keeps fresh nodes out.
-        /// Defaults to zero: off.
+        /// [the contract](crate::contract)). Defaults to zero: off, as only
+        /// you know the longest TTL.
         restart_grace(grace: Duration) => config.restart_grace = grace;
     }
 
-    /// A builder over `urls`, with the default settings.
     pub(crate) fn new(urls: Vec<String>) -> RedlockBuilder {
         RedlockBuilder {
             urls,
@@ -272,18 +266,15 @@ impl Config {
 /// attempt, no deadline, nothing to cancel it).
 #[derive(Debug, Default)]
 pub(crate) struct Call {
-    /// How many retries the policy may plan.
     pub(crate) retries: u32,
     /// No attempt starts, and no pause is slept, past this.
     pub(crate) deadline: Option<Instant>,
-    /// A guard's hold cap, from its acquisition.
     pub(crate) max_hold: Option<Duration>,
     pub(crate) extend_when_left: f64,
     pub(crate) cancel: Option<Cancel>,
 }
 
 impl Call {
-    /// Whether the call was cancelled.
     pub(crate) fn cancelled(&self) -> bool {
         self.cancel.as_ref().is_some_and(Cancel::is_cancelled)
     }

@@ -1,8 +1,5 @@
-//! Fenced acquisitions: two rounds that also yield a fencing token. It is
-//! greater than that of every earlier fenced acquisition of the resource.
-//! Round one sets the lock and raises a counter on each node. Round two
-//! raises each counter to the largest granted, where our token still holds.
-//! A quorum must grant both rounds. The safety argument is in [`Kind`].
+//! Fenced acquisitions: two rounds that also yield a fencing token. How
+//! they work, and the safety argument, are in [`Kind`].
 
 use std::time::Duration;
 

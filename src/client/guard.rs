@@ -54,11 +54,9 @@ type OnLost = Box<dyn FnOnce(&LockError) + Send>;
 /// wait for an extension in flight: at most one round.
 ///
 /// A failed extension is retried while validity is left. The pause is the
-/// retry policy's, or half the validity left if that is shorter. If the
-/// [`backoff`](crate::RetryPolicy::backoff) panics there, this guard's lock
-/// is released as lost, with [`LockError::Panicked`]. A guard that is
-/// never dropped (`mem::forget`) is extended up to the hold cap, or while
-/// the client lives.
+/// retry policy's, or half the validity left if that is shorter. A guard
+/// that is never dropped (`mem::forget`) is extended up to the hold cap, or
+/// while the client lives.
 ///
 /// ```no_run
 /// # use redlock_sync::{LockError, Redlock};
@@ -93,7 +91,6 @@ pub(crate) struct Lease {
     wake: Condvar,
 }
 
-/// The lease's state.
 #[derive(Default)]
 struct LeaseState {
     /// The validity deadline; `None` once the lock is lost.
@@ -104,11 +101,8 @@ struct LeaseState {
     report: Report,
     /// The guard is done: no extension starts any more.
     done: bool,
-    /// An extension is in flight.
     extending: bool,
-    /// Extensions failed in a row.
     failures: Failures,
-    /// What panicked and ended the lease, if anything did.
     panic: Option<String>,
     /// Why an extension found the lock lost (else its validity ran out).
     loss: Option<Loss>,
@@ -162,7 +156,6 @@ impl Lease {
         }
     }
 
-    /// The error of a lease that the panic `message` ended.
     pub(crate) fn panicked(&self, message: String) -> LockError {
         let resource = self.resources[0].clone();
         LockError::Panicked { resource, message }
@@ -322,8 +315,7 @@ impl LockGuard {
     }
 
     /// The fencing token of a [`Kind::Fenced`] lock, else `None`. Extensions
-    /// keep it. Pass it with each write to the protected resource (see
-    /// [`Kind`]).
+    /// keep it. See [`Lock::fencing_token`].
     pub fn fencing_token(&self) -> Option<u64> {
         self.lease.fencing_token
     }
@@ -487,8 +479,7 @@ impl Redlock {
     ///
     /// The guard's watchdog extends the lock by the TTL
     /// ([`LockOptions::extend_when_left`]), up to the hold cap
-    /// ([`LockOptions::max_hold`]). A cancel handle in the options ends the
-    /// wait only, never the watchdog.
+    /// ([`LockOptions::max_hold`]).
     ///
     /// # Errors
     ///
@@ -535,8 +526,7 @@ impl Redlock {
     ///
     /// `f` may run past the TTL, up to the hold cap. Call
     /// [`check`](LockGuard::check) before each step. The error type needs
-    /// only `From<LockError>`, so `?` works on both kinds of error. A cancel
-    /// handle ends the wait for the lock only, never `f`.
+    /// only `From<LockError>`, so `?` works on both kinds of error.
     ///
     /// Record results inside `f`, after a last `check`. Once `with_lock`
     /// returns, another worker may hold the lock (see

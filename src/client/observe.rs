@@ -1,6 +1,5 @@
-//! What the observer hears: changes, not rounds. A node fails, or answers
-//! again. An operation's failed rounds start, or end, with their count.
-//! The observer runs under `catch_unwind`, like all user code ([`caught`]).
+//! What the observer hears: changes, not rounds (see [`What`]). It runs
+//! under `catch_unwind`, like all user code ([`caught`]).
 
 use std::mem::{self, Discriminant};
 use std::panic::{catch_unwind, AssertUnwindSafe};

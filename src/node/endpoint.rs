@@ -23,8 +23,7 @@ pub(crate) struct Endpoint {
     pub(super) client: redis::Client,
     /// How the node is reached.
     pub(super) route: Route,
-    /// What a new connection sends first, packed: `AUTH` and `SELECT` as
-    /// the URL asks, then `SCRIPT LOAD`.
+    /// What a new connection sends first, packed (see [`handshake`]).
     pub(super) handshake: Vec<u8>,
     /// How many replies `AUTH` and `SELECT` give; an error there fails the
     /// connection. A `SCRIPT LOAD` reply per script follows; an error there

@@ -28,10 +28,7 @@ pub(crate) const RECHECK: Duration = Duration::from_millis(2);
 pub(crate) const BATCH_FROM: u64 = 6;
 
 /// The pace of one client's threads: how many run round code that will
-/// queue commands soon. Queued commands wait; the last of these threads to
-/// fall asleep writes every node's queue.
-///
-/// A round holds the pace while it queues on every node. A thread woken
+/// queue commands soon. A round holds the pace while it queues on every node. A thread woken
 /// with its reply holds it from then on, on the waker's account. So the
 /// threads one read wakes queue their next commands together.
 #[derive(Default)]

@@ -1,10 +1,9 @@
 //! The restarted-node guard: a node up for less than the grace period does
 //! not vote.
 //!
-//! A node restarted without persistence forgot every lock it held. If it
-//! voted at once, a second client could win a quorum with it. The first
-//! would still hold the lock elsewhere. Kept out until up longer than the
-//! longest TTL, it lets every lock it forgot expire first.
+//! Why: see [`RedlockBuilder::restart_grace`](crate::RedlockBuilder::restart_grace).
+//! Kept out until up longer than the longest TTL, a node that forgot its
+//! locks lets every one of them expire first.
 //!
 //! `INFO server`, pipelined with the handshake, gives the uptime: no extra
 //! round trip. Every new connection reads it. A new server process is

@@ -1,11 +1,9 @@
 //! Which server process each node reached. One server has one vote, even
 //! under two names (`localhost` and `127.0.0.1`, or two forwarded ports).
-//! No check of the URLs can see that.
 //!
-//! Each handshake reads the server's `run_id` (`INFO server`). Each Redis
-//! or Valkey process draws this random id at start. The client's first node
-//! to reach a server claims its id. Any other node reaching it does not
-//! vote.
+//! Each handshake reads the server's `run_id` (`INFO server`), which each
+//! process draws at random at start. The client's first node to reach a
+//! server claims its id. Any other node reaching it does not vote.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -76,8 +76,8 @@ pub(crate) struct Ticket {
 }
 
 /// A thread asleep until enough of its replies come on any of its nodes,
-/// or a reader role frees up. One wake-up per round, not per node.
-/// The reader that stores the `need`th reply wakes it.
+/// or a reader role frees up. The reader that stores the `need`th reply
+/// wakes it.
 pub(crate) struct Sleeper {
     thread: Thread,
     /// How many more of its replies must be stored to wake it.
@@ -87,7 +87,6 @@ pub(crate) struct Sleeper {
     woken: AtomicU8,
 }
 
-/// Not woken yet.
 const AWAKE_NO: u8 = 0;
 /// Woken with its replies stored: it holds the pace (see [`Pace`]).
 const AWAKE_REPLY: u8 = 1;
@@ -104,7 +103,6 @@ impl Sleeper {
         })
     }
 
-    /// Whether it was woken.
     pub(crate) fn woken(&self) -> bool {
         self.woken.load(Ordering::Acquire) != AWAKE_NO
     }
@@ -133,11 +131,9 @@ pub(super) struct Link {
     /// Why the last epoch ended.
     ended: Option<(u64, Failure)>,
     /// Threads asleep until their replies come (or a reader role frees), by
-    /// request, in this epoch. Storing one of these replies counts it for
-    /// its sleeper and delists it. Leaving the reader role with replies due
-    /// wakes one sleeper to take over. An epoch's end wakes all. Nobody else
-    /// is woken: each needless wake-up costs a context switch and two
-    /// syscalls.
+    /// request, in this epoch. Only [`store`], [`hand_off`] and
+    /// [`end_epoch`] wake them: each needless wake-up costs a context switch
+    /// and two syscalls.
     sleepers: Vec<(Ticket, Arc<Sleeper>)>,
     /// The last connection ended in a timeout, and no reply came since.
     slow: bool,
@@ -187,11 +183,9 @@ struct Connection {
     scripts: u8,
     /// Packed commands not written yet, in sequence order.
     outbox: Vec<u8>,
-    /// Sequence number of the next request.
     next_seq: u64,
     /// Requests below this sequence number are on the wire.
     written: u64,
-    /// Sequence number of the next reply to read.
     next_read: u64,
     /// Replies read and not yet taken by their threads.
     replies: Vec<(u64, Value)>,
@@ -634,9 +628,8 @@ fn give_up(conn: &mut Connection, seq: u64) {
 
 /// An unread request was answered `NOSCRIPT`: the server lost our scripts
 /// (`SCRIPT FLUSH`), so send them as `EVAL` from now on. The request is not
-/// sent again: it could land behind a later command of ours and undo it. A
-/// release or extension lost so did not happen there; the key keeps its
-/// TTL. The quorum had already answered.
+/// sent again (see `abandoned`). A release or extension lost so did not
+/// happen there, and the key keeps its TTL; the quorum had answered already.
 fn forget_scripts_if_lost(conn: &mut Connection, reply: &Value) {
     if is_noscript(reply) {
         conn.scripts = 0;

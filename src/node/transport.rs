@@ -74,7 +74,6 @@ impl Stream {
         Ok(Stream::Tcp(stream))
     }
 
-    /// Connects to the Unix socket at `path`.
     #[cfg(unix)]
     pub(crate) fn unix(path: &std::path::Path) -> Result<Stream, Failure> {
         UnixStream::connect(path)
