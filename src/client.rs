@@ -327,9 +327,14 @@ impl Redlock {
     ) -> Result<(Lock, Call), LockError> {
         let kind = options.kind;
         kind.check_acquirable(&resources)?;
+        let bad = |o: &&String| o.is_empty() || o.len() > 200 || o.chars().any(char::is_control);
+        if let Some(owner) = options.owner.as_ref().filter(bad) {
+            return Err(ArgumentError::Owner(owner.clone()).into());
+        }
         let ttl = self.check_ttl(options.ttl)?;
         let call = self.inner.config.call(options, Instant::now())?;
-        Ok((self.acquire_loop(kind, resources, ttl, &call)?, call))
+        let owner = options.owner.as_deref();
+        Ok((self.acquire_loop(kind, resources, owner, ttl, &call)?, call))
     }
 
     /// The retry loop of every acquisition. Its phases: attempt, clean up,
@@ -338,6 +343,7 @@ impl Redlock {
         &self,
         kind: Kind,
         resources: Vec<String>,
+        owner: Option<&str>,
         ttl: Ttl,
         call: &Call,
     ) -> Result<Lock, LockError> {
@@ -348,6 +354,7 @@ impl Redlock {
         // Attempts as the retry policy counts them, the pause as news cuts
         // it short, and the failed rounds as the observer hears of them.
         let (mut attempts, mut pause, mut failures) = (0u32, Pause::default(), Failures::default());
+        let mut waited = false;
         if call.cancelled() {
             return Err(cancelled(&resources));
         }
@@ -357,7 +364,9 @@ impl Redlock {
             attempts = attempts.saturating_add(pause.counts_next_attempt().into());
             let token = Token::random()?;
             let listening = inner.waiters.listen(&resources);
-            let tally = self.attempt(kind, &resources, &token, ttl);
+            let value = crate::lock::value(&token, owner);
+            let tally = self.attempt(kind, &resources, &value, ttl, waited);
+            waited = true;
             if tally.granted() {
                 let (report, counts) = (Ok(&tally.report), (attempts, failures.end()));
                 let told = Some(What::Acquired);
@@ -369,6 +378,7 @@ impl Redlock {
                     token,
                     fencing_token: kind.confirms().then_some(tally.fence),
                     report: tally.report,
+                    owner: owner.map(str::to_string),
                 };
                 if call.cancelled() {
                     self.clean_up(kind, &lock.resources, &lock.token, ttl, &lock.report);
@@ -513,57 +523,82 @@ impl Redlock {
                     .collect()
             }
         };
-        let (mut keys, mut args) = (vec![], vec![mark.clone()]);
-        for &mut (ref lock, ttl) in locks.iter_mut() {
-            // Keys gone from a node are set again while the validity this
-            // process measured lasts (and a fenced lock knows its token).
-            let retake = (lock.valid_until.is_some_and(|until| Instant::now() < until))
-                .then(|| lock.fencing_token.unwrap_or(0));
-            let (own, parts) = (lock.kind).extend(&lock.resources, &lock.token, ttl, retake);
-            keys.extend(own);
-            args.extend(parts);
-        }
-        let args: Vec<&[u8]> = args.iter().map(String::as_bytes).collect();
-        let cmd = Command::script(&script::EXTEND, &keys, &args);
-        let durations: Vec<Duration> = locks.iter().map(|(_, ttl)| ttl.duration()).collect();
-        let tallies = self.rounds(Kind::Plain, &cmd, &durations, extend_vote, Ask::EveryReply);
+        // Shared and counted locks go in a round of their own (one script).
+        let counted = |i: &usize| locks[*i].0.kind.is_counted();
+        let (shared, plain): (Vec<usize>, Vec<usize>) = (0..locks.len()).partition(counted);
+        let mut results: Vec<_> = locks.iter().map(|_| Ok(())).collect();
         let (mut confirm, mut retook) = (Vec::new(), vec![false; self.inner.nodes.len()]);
-        let judged = locks.iter_mut().zip(tallies);
-        let judged = judged.map(|(&mut (ref mut lock, ttl), tally)| {
-            let resource = lock.resources[0].clone();
-            if tally.granted() {
-                (retook.iter_mut().zip(&tally.report.nodes)).for_each(|(r, n)| *r |= n.retook);
-                if tally.report.nodes.iter().any(|n| n.retook) {
-                    confirm.extend(lock.resources.iter().cloned());
-                }
-                lock.valid_until = Some(tally.start + tally.validity.unwrap_or_default());
-                lock.report = tally.report;
-                return Ok(());
+        for (batch, script, first) in [
+            (plain, &script::EXTEND, &mark),
+            (shared, &script::SHARED, &"extend".into()),
+        ] {
+            if batch.is_empty() {
+                continue;
             }
-            // (Its end, not the time this lock's turn comes after the others'.)
-            let end = tally.start + tally.report.elapsed;
-            let late = lock.valid_until.is_some_and(|until| end >= until);
-            if !late && !tally.refused_by_quorum_complement() {
-                return Err(tally.error(&resource, attempt, ttl, Op::Extend));
+            let (mut keys, mut args, mut calls) = (vec![], vec![first.clone()], vec![]);
+            for &i in &batch {
+                let (lock, ttl) = (&*locks[i].0, locks[i].1);
+                // Keys gone from a node are set again while the validity this
+                // process measured lasts (and a fenced lock knows its token).
+                let retake = (lock.valid_until.is_some_and(|until| Instant::now() < until))
+                    .then(|| lock.fencing_token.unwrap_or(0));
+                let (own, parts) = (lock.kind).extend(&lock.resources, &lock.value(), ttl, retake);
+                keys.extend(own);
+                args.extend(parts);
+                calls.push((lock.kind, ttl.duration()));
             }
-            self.clean_up(lock.kind, &lock.resources, &lock.token, ttl, &tally.report);
-            let reason = match (tally.refused_by_quorum_complement(), tally.taken) {
-                (false, _) => Loss::Expired,
-                (true, 0) => Loss::Gone(tally.report.refused()),
-                (true, nodes) => Loss::Taken(nodes),
-            };
-            Err(LockError::Lost {
-                resource,
-                report: tally.report,
-                reason,
-            })
-        });
-        let results = judged.collect();
+            let args: Vec<&[u8]> = args.iter().map(String::as_bytes).collect();
+            let cmd = Command::script(script, &keys, &args);
+            let tallies = self.rounds(&cmd, &calls, extend_vote, Ask::EveryReply);
+            for (i, tally) in batch.into_iter().zip(tallies) {
+                let (lock, ttl) = &mut locks[i];
+                results[i] = self.judge(lock, *ttl, tally, attempt, (&mut confirm, &mut retook));
+            }
+        }
         if !confirm.is_empty() {
             let cmd = Command::script(&script::CONFIRM, &confirm, &[mark.as_bytes()]);
             self.send_only(&cmd, MAX_TTL, |i| retook[i]);
         }
         results
+    }
+
+    /// An extension's outcome for `lock`, from its tally: the rules are in
+    /// `docs/contract.md`. A re-take is noted for confirmation.
+    fn judge(
+        &self,
+        lock: &mut Lock,
+        ttl: Ttl,
+        tally: Tally,
+        attempt: u32,
+        (confirm, retook): (&mut Vec<String>, &mut [bool]),
+    ) -> Result<(), LockError> {
+        let resource = lock.resources[0].clone();
+        if tally.granted() {
+            (retook.iter_mut().zip(&tally.report.nodes)).for_each(|(r, n)| *r |= n.retook);
+            if tally.report.nodes.iter().any(|n| n.retook) {
+                confirm.extend(lock.resources.iter().cloned());
+            }
+            lock.valid_until = Some(tally.start + tally.validity.unwrap_or_default());
+            lock.report = tally.report;
+            return Ok(());
+        }
+        // (Its end, not the time this lock's turn comes after the others'.)
+        let end = tally.start + tally.report.elapsed;
+        let late = lock.valid_until.is_some_and(|until| end >= until);
+        if !late && !tally.refused_by_quorum_complement() {
+            return Err(tally.error(&resource, attempt, ttl, Op::Extend));
+        }
+        self.clean_up(lock.kind, &lock.resources, &lock.token, ttl, &tally.report);
+        let reason = match (tally.refused_by_quorum_complement(), tally.taken) {
+            (false, _) => Loss::Expired,
+            (true, 0) => Loss::Gone(tally.report.refused()),
+            (true, nodes) => Loss::Taken(nodes),
+        };
+        Err(LockError::Lost {
+            resource,
+            report: tally.report,
+            reason,
+        })
     }
 
     /// Releases `lock` on every node: deletes each key that still holds its
@@ -652,26 +687,26 @@ impl Redlock {
         ask: Ask<'_>,
     ) -> Tally {
         // One TTL, one tally.
-        self.rounds(kind, cmd, &[ttl], vote, ask).swap_remove(0)
+        self.rounds(cmd, &[(kind, ttl)], vote, ask).swap_remove(0)
     }
 
     /// A [`round`](Self::round) of a command that does one call's work for
-    /// each TTL of `ttls`. Each reply has one part a call. Each call gets its
-    /// own tally, and the round is decided once every call's is. A reply that
-    /// is not an array is every call's part.
+    /// each kind and TTL of `calls`. Each reply has one part a call. Each
+    /// call gets its own tally, and the round is decided once every call's
+    /// is. A reply that is not an array is every call's part.
     pub(crate) fn rounds(
         &self,
-        kind: Kind,
         cmd: &Command,
-        ttls: &[Duration],
+        calls: &[(Kind, Duration)],
         vote: impl Fn(&Value) -> Result<(bool, u64), &Value>,
         ask: Ask<'_>,
     ) -> Vec<Tally> {
         let inner = &*self.inner;
         let n = inner.nodes.len();
-        let quorum = kind.quorum(n);
-        // A call's grants, refusals, and largest counter.
-        let mut counts = vec![(0, 0, 0); ttls.len()];
+        let quorums: Vec<usize> = calls.iter().map(|(kind, _)| kind.quorum(n)).collect();
+        let quorum = quorums[0];
+        // A call's quorum, grants, refusals, and largest counter.
+        let mut counts: Vec<_> = quorums.iter().map(|&q| (q, 0, 0, 0)).collect();
         let every_reply = matches!(ask, Ask::EveryReply);
         let start = Instant::now();
         // The fewest replies that can decide: a quorum of grants, or
@@ -683,13 +718,13 @@ impl Redlock {
         };
         let asked = |i: usize| !matches!(ask, Ask::Only(asked) if !asked[i]);
         let decided = |result: &Result<Value, Failure>| {
-            for (g, (yes, no, fence)) in counts.iter_mut().enumerate() {
+            for (g, (_, yes, no, fence)) in counts.iter_mut().enumerate() {
                 match part(result, g).as_ref().map(&vote) {
                     Ok(Ok((true, counter))) => (*yes, *fence) = (*yes + 1, counter.max(*fence)),
                     _ => *no += 1,
                 }
             }
-            let done = |&(yes, no, _): &(usize, usize, u64)| yes >= quorum || no > n - quorum;
+            let done = |&(q, yes, no, _): &(usize, usize, usize, u64)| yes >= q || no > n - q;
             !every_reply && counts.iter().all(done)
         };
         let (nodes, bounds) = (&inner.nodes, self.bounds(start));
@@ -701,12 +736,17 @@ impl Redlock {
             Some(bit) if bit == script::RELEASE.bit => "deleted",
             _ => "granted",
         };
-        let tallies = (ttls.iter().zip(counts).enumerate()).map(|(g, (&ttl, (yes, _, fence)))| {
+        let calls = calls.iter().zip(counts).enumerate();
+        let tallies = calls.map(|(g, (&(_, ttl), (quorum, yes, _, fence)))| {
             let mut taken = 0;
             let nodes = (inner.nodes.iter().zip(&replies))
                 .map(|(node, reply)| {
                     let part = part(&reply.result, g);
-                    taken += usize::from(retakes && matches!(part, Ok(Value::Int(0))));
+                    taken += usize::from(
+                        cmd.script.is_some_and(|s| {
+                            s.bit & (script::EXTEND.bit | script::SHARED.bit) != 0
+                        }) && matches!(part, Ok(Value::Int(0))),
+                    );
                     NodeReport {
                         node: Arc::clone(node.name()),
                         retook: retakes && matches!(part, Ok(Value::Int(2))),
@@ -799,7 +839,10 @@ fn outcome(
         Err(Failure::TimedOut | Failure::ConnectTimedOut) => NodeOutcome::TimedOut,
         Err(Failure::NotAwaited) => NodeOutcome::NotAwaited,
         Err(Failure::Error(e)) => NodeOutcome::Failed(e),
-        Ok(Value::ServerError(e)) => NodeOutcome::Failed(NodeError::Server(server_error_text(&e))),
+        Ok(Value::ServerError(e)) => NodeOutcome::Failed(match e.code() {
+            "WRONGKIND" => NodeError::OtherKind(e.details().unwrap_or_default().to_string()),
+            _ => NodeError::Server(server_error_text(&e)),
+        }),
         Ok(value) => match vote(&value) {
             Ok((true, _)) => NodeOutcome::Granted,
             Ok((false, _)) => NodeOutcome::Refused,

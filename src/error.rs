@@ -351,9 +351,21 @@ pub enum ArgumentError {
     #[error(transparent)]
     Token(#[from] ParseTokenError),
 
-    /// A fenced lock was asked for over several resources; a fencing token covers one.
-    #[error("a fenced lock covers one resource; lock the others with a plain lock, or fence each on its own")]
-    FencedMany,
+    /// A kind that covers one resource (all but [`Kind::Plain`]) was asked
+    /// for over several: a fencing token, a set of readers or of permits
+    /// belongs to one.
+    #[error("a {0:?} lock covers one resource; take one for each, in a fixed order")]
+    OneResource(crate::Kind),
+
+    /// A semaphore of no permits ([`Kind::Semaphore`](crate::Kind::Semaphore)`(0)`)
+    /// could never be held.
+    #[error("a semaphore needs at least one permit")]
+    ZeroPermits,
+
+    /// An owner label ([`LockOptions::owner`](crate::LockOptions::owner))
+    /// is empty, longer than 200 bytes, or has a control character.
+    #[error("owner label {0:?} must be 1 to 200 bytes with no control characters (say host:pid)")]
+    Owner(String),
 
     /// A call's `extend_when_left` is not a fraction in `(0, 1)`.
     #[error("extend_when_left {value} is outside (0, 1): it is the share of the validity left when a guard extends")]
@@ -362,9 +374,11 @@ pub enum ArgumentError {
         value: f64,
     },
 
-    /// An acquisition named a resource under the prefix reserved for
-    /// fencing counters ([`FENCE_KEY_PREFIX`](crate::FENCE_KEY_PREFIX)).
-    #[error("resource `{0}` starts with `redlock-sync:fence:`, the prefix reserved for fencing counters; choose another name")]
+    /// An acquisition named a resource under the prefix the crate keeps
+    /// for its own keys, `redlock-sync:` (fencing counters, see
+    /// [`FENCE_KEY_PREFIX`](crate::FENCE_KEY_PREFIX), writers' intents and
+    /// the kinds of shared and counted locks).
+    #[error("resource `{0}` starts with `redlock-sync:`, the prefix reserved for the crate's own keys; choose another name")]
     ReservedResource(String),
 }
 
@@ -449,6 +463,10 @@ pub enum NodeError {
     /// The server answered something this client does not expect.
     #[error("unexpected reply: {0}")]
     Protocol(String),
+    /// The node holds the resource as another kind of lock (named here):
+    /// take or release it with the kind it was taken with. Permanent.
+    #[error("held here as {0}; use the kind it was taken with")]
+    OtherKind(String),
     /// The restarted-node guard kept the node out. It has been up for less
     /// than the grace period
     /// ([`RedlockBuilder::restart_grace`](crate::RedlockBuilder::restart_grace)),
@@ -545,7 +563,7 @@ impl NodeError {
         // as I/O errors; not a handshake cut short, as a restart can do.
         let tls = |text: &str| text.contains("certificate") || text.contains("crypto provider");
         match self {
-            NodeError::Auth { .. } => true,
+            NodeError::Auth { .. } | NodeError::OtherKind(_) => true,
             NodeError::Server(text) => text.starts_with("NOPERM"),
             NodeError::Io(text) => tls(text),
             NodeError::Connect(text) => {

@@ -133,8 +133,21 @@ pub enum Kind {
     /// ([`Lock::fencing_token`](crate::Lock::fencing_token)). The token
     /// exceeds that of every earlier fenced lock on the resource. Two
     /// rounds; the guarantee is above. Several resources fail with
-    /// [`ArgumentError::FencedMany`].
+    /// [`ArgumentError::OneResource`].
     Fenced,
+    /// The read side of a read-write lock on one resource: any number of
+    /// `Shared` holders at once, or one writer ([`Plain`](Self::Plain) or
+    /// [`Fenced`](Self::Fenced)), never both. One round. The safety
+    /// argument, the writers' turn and the costs are in
+    /// [the contract](crate::contract#shared-and-counted-locks).
+    Shared,
+    /// A semaphore: at most `K` holders of one resource at once. Each node
+    /// admits at most `K`, and a holder needs more than `N K / (K + 1)` of
+    /// the `N` nodes: a majority for `K = 1`, 4 of 5 nodes for `K = 2` or
+    /// 3, all 5 from `K = 4`. One round. `K = 0` fails with
+    /// [`ArgumentError::ZeroPermits`]. See
+    /// [the contract](crate::contract#shared-and-counted-locks).
+    Semaphore(u32),
 }
 
 impl Kind {
@@ -150,22 +163,44 @@ impl Kind {
                 return Err(ArgumentError::DuplicateResource(resource.clone()));
             }
         }
-        if self == Kind::Fenced && resources.len() > 1 {
-            return Err(ArgumentError::FencedMany);
+        match self {
+            Kind::Semaphore(0) => Err(ArgumentError::ZeroPermits),
+            Kind::Plain => Ok(()),
+            _ if resources.len() > 1 => Err(ArgumentError::OneResource(self)),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
-    /// As [`check`](Self::check), and no name under [`FENCE_KEY_PREFIX`]: a
-    /// lock there would block fenced locks on the rest of the name.
+    /// As [`check`](Self::check), and no name under the crate's prefix
+    /// `redlock-sync:`: a lock there would block the side keys of others.
     pub(crate) fn check_acquirable(self, resources: &[String]) -> Result<(), ArgumentError> {
         self.check(resources)?;
-        let reserved = resources.iter().find(|r| r.starts_with(FENCE_KEY_PREFIX));
+        let reserved = resources.iter().find(|r| r.starts_with(RESERVED));
         reserved.map_or(Ok(()), |r| Err(ArgumentError::ReservedResource(r.clone())))
     }
 
+    /// The nodes that must agree: a majority, or for `K` permits more than
+    /// `N K / (K + 1)`, so that `K + 1` holders would need more admissions
+    /// than the `N K` places the nodes have.
     pub(crate) fn quorum(self, nodes: usize) -> usize {
-        nodes / 2 + 1
+        match self {
+            Kind::Semaphore(k) => (nodes as u64 * u64::from(k) / (u64::from(k) + 1)) as usize + 1,
+            _ => nodes / 2 + 1,
+        }
+    }
+
+    /// The value a kind stores on its side key: `0` for readers, `K`.
+    fn counts(self) -> Option<u32> {
+        match self {
+            Kind::Shared => Some(0),
+            Kind::Semaphore(k) => Some(k),
+            _ => None,
+        }
+    }
+
+    /// Whether holders live in a sorted set ([`script::SHARED`]).
+    pub(crate) fn is_counted(self) -> bool {
+        self.counts().is_some()
     }
 
     /// Whether an acquisition takes a second round ([`confirm`](Self::confirm)).
@@ -173,32 +208,67 @@ impl Kind {
         self == Kind::Fenced
     }
 
-    /// The command of a one-round acquisition, and the lock keys of a
-    /// fenced one (the resource and its counter).
-    pub(crate) fn acquire(self, resources: &[String], token: &Token, ttl: Ttl) -> Command {
-        let (hex, number) = (token.hex(), ttl.ms().to_string());
-        let args: &[&[u8]] = &[&hex, number.as_bytes()];
+    /// The command of a one-round acquisition, or a fenced one's first,
+    /// storing `value`. A writer that `waited` marks its intent where
+    /// readers hold (see [`script::ACQUIRE_MANY`]).
+    pub(crate) fn acquire(
+        self,
+        resources: &[String],
+        value: &str,
+        ttl: Ttl,
+        waited: bool,
+    ) -> Command {
+        let number = ttl.ms().to_string();
+        let args: &[&[u8]] = &[value.as_bytes(), number.as_bytes(), b"waited"];
+        let args = &args[..2 + usize::from(waited)];
+        let with_intents = || {
+            let intents = resources.iter().map(|r| side_keys(r)[1].clone());
+            resources.iter().cloned().chain(intents).collect::<Vec<_>>()
+        };
         match (self, resources) {
             (Kind::Fenced, [one]) => {
                 Command::script(&script::FENCE_ACQUIRE, &fence_keys(one), args)
             }
-            (_, [one]) => Command::acquire(one, token, ttl.ms()),
-            (_, many) => Command::script(&script::ACQUIRE_MANY, many, args),
+            (Kind::Plain, [one]) if !waited => Command::acquire(one, value, ttl.ms()),
+            (Kind::Plain, _) => Command::script(&script::ACQUIRE_MANY, &with_intents(), args),
+            (_, [one]) => self.shared("acquire", one, &[value, &number]),
+            _ => unreachable!("checked: one resource"),
         }
+    }
+
+    /// A [`script::SHARED`] call of `op` on `resource`: `parts` are the
+    /// member and TTL, or the token.
+    fn shared(self, op: &str, resource: &str, parts: &[&str]) -> Command {
+        let k = self.counts().unwrap_or_default().to_string();
+        let args: Vec<&[u8]> = [op]
+            .iter()
+            .chain(parts)
+            .chain([&&*k])
+            .map(|a| a.as_bytes())
+            .collect();
+        Command::script(&script::SHARED, &side_keys(resource), &args)
     }
 
     /// A fenced acquisition's second round: raise the counter to `fence`
     /// where the lock still holds `token`.
-    pub(crate) fn confirm(self, resources: &[String], token: &Token, fence: u64) -> Command {
-        let keys = fence_keys(&resources[0]);
-        let (hex, number) = (token.hex(), fence.to_string());
-        let args: &[&[u8]] = &[&hex, number.as_bytes()];
-        Command::script(&script::FENCE_CONFIRM, &keys, args)
+    pub(crate) fn confirm(self, resources: &[String], value: &str, fence: u64) -> Command {
+        let keys = &fence_keys(&resources[0])[..2];
+        let number = fence.to_string();
+        let args: &[&[u8]] = &[value.as_bytes(), number.as_bytes()];
+        Command::script(&script::FENCE_CONFIRM, keys, args)
     }
 
     /// The release of the lock `token` holds on `resources` (see [`script::RELEASE`]).
     pub(crate) fn release(self, resources: &[String], token: &Token, by: Release) -> Command {
         let hex = token.hex();
+        if self.is_counted() {
+            let op = if by == Release::CleanUp {
+                "quiet"
+            } else {
+                "release"
+            };
+            return self.shared(op, &resources[0], &[&token.to_string(), ""]);
+        }
         let args: &[&[u8]] = if by == Release::CleanUp {
             &[&hex, script::QUIET]
         } else {
@@ -207,24 +277,29 @@ impl Kind {
         Command::script(&script::RELEASE, resources, args)
     }
 
-    /// One lock's keys and four arguments for [`script::EXTEND`]. `retake`,
-    /// the fencing token or zero, lets it set absent keys: a fenced lock
-    /// only with its token.
+    /// One lock's keys and arguments for [`script::EXTEND`], or for
+    /// [`script::SHARED`]'s `extend` (three of each). `retake`, the fencing
+    /// token or zero, lets it set absent keys: a fenced lock only with its
+    /// token.
     pub(crate) fn extend(
         self,
         resources: &[String],
-        token: &Token,
+        value: &str,
         ttl: Ttl,
         retake: Option<u64>,
-    ) -> (Vec<String>, [String; 4]) {
+    ) -> (Vec<String>, Vec<String>) {
+        if let Some(k) = self.counts() {
+            let args = vec![value.to_string(), ttl.ms().to_string(), k.to_string()];
+            return (side_keys(&resources[0]).to_vec(), args);
+        }
         let fence = retake.filter(|&f| (self == Kind::Fenced) == (f > 0));
         let keys = match fence {
-            Some(f) if f > 0 => fence_keys(&resources[0]).to_vec(),
+            Some(f) if f > 0 => fence_keys(&resources[0])[..2].to_vec(),
             _ => resources.to_vec(),
         };
         let fence = fence.map(|f| f.to_string()).unwrap_or_default();
         let count = keys.len().to_string();
-        let args = [count, token.to_string(), ttl.ms().to_string(), fence];
+        let args = vec![count, value.to_string(), ttl.ms().to_string(), fence];
         (keys, args)
     }
 }
@@ -236,12 +311,21 @@ pub(crate) enum Release {
     CleanUp,
 }
 
-/// The keys of a fenced lock's scripts: the lock, and its counter.
-pub(crate) fn fence_keys(resource: &str) -> [String; 2] {
-    [
-        resource.to_string(),
-        format!("{FENCE_KEY_PREFIX}{resource}"),
-    ]
+/// The prefix of every key the crate keeps beside a lock's own.
+const RESERVED: &str = "redlock-sync:";
+
+/// The keys of [`script::SHARED`]: the resource, a writer's intent, and
+/// the kind its holders took (`0` for readers, else `K`).
+pub(crate) fn side_keys(resource: &str) -> [String; 3] {
+    let side = |what: &str| format!("{RESERVED}{what}:{resource}");
+    [resource.to_string(), side("intent"), side("kind")]
+}
+
+/// The keys of a fenced lock's scripts: the lock, its counter, and the
+/// writer's intent.
+pub(crate) fn fence_keys(resource: &str) -> [String; 3] {
+    let [own, intent, _] = side_keys(resource);
+    [own, format!("{FENCE_KEY_PREFIX}{resource}"), intent]
 }
 
 /// An acquisition's reply as `Ok((granted, counter))`, or `Err` if

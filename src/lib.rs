@@ -260,7 +260,7 @@ pub mod contract {}
 
 pub use client::config::{RedlockBuilder, MAX_TIMEOUT, MAX_TTL};
 pub use client::guard::LockGuard;
-pub use client::inspect::{Holding, Inspection, NodeView, Verdict};
+pub use client::inspect::{Holder, Holding, Inspection, NodeView, Verdict};
 pub use client::Redlock;
 pub use error::{
     ArgumentError, ConfigError, LockError, Loss, NodeError, NodeOutcome, NodeReport,

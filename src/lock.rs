@@ -34,6 +34,7 @@ pub struct Lock {
     pub(crate) valid_until: Option<Instant>,
     pub(crate) report: Report,
     pub(crate) fencing_token: Option<u64>,
+    pub(crate) owner: Option<String>,
 }
 
 impl Lock {
@@ -76,6 +77,7 @@ impl Lock {
             valid_until: None,
             report: Report::default(),
             fencing_token: None,
+            owner: None,
         })
     }
 
@@ -205,6 +207,19 @@ impl Lock {
     /// ```
     pub fn fencing_token(&self) -> Option<u64> {
         self.fencing_token
+    }
+
+    /// What the nodes store: the token, then a space and the owner label.
+    pub(crate) fn value(&self) -> String {
+        value(&self.token, self.owner.as_deref())
+    }
+}
+
+/// A stored value: `TOKEN[ OWNER]` (a re-take inserts `~MARK` after the token).
+pub(crate) fn value(token: &Token, owner: Option<&str>) -> String {
+    match owner {
+        Some(owner) => format!("{token} {owner}"),
+        None => token.to_string(),
     }
 }
 

@@ -75,6 +75,7 @@ pub struct LockOptions {
     pub(crate) max_hold: Option<Duration>,
     pub(crate) extend_when_left: Option<f64>,
     pub(crate) cancel: Option<Cancel>,
+    pub(crate) owner: Option<String>,
 }
 
 impl From<Duration> for LockOptions {
@@ -97,6 +98,13 @@ impl LockOptions {
         /// Sets the kind of lock (an acquisition; `extend` goes by the lock's
         /// own kind). Defaults to [`Kind::Plain`].
         kind(kind: Kind) => kind = kind;
+
+        /// Labels who holds the lock (say `host:pid`). It is stored with the
+        /// lock on each node, and [`inspect`](crate::Redlock::inspect) shows
+        /// it. 1 to 200 bytes, no control characters, else
+        /// [`ArgumentError::Owner`](crate::ArgumentError::Owner). Defaults to
+        /// no label.
+        owner(label: &str) => owner = Some(label.to_string());
 
         /// Sets how long the waiting forms go on trying (`extend`'s retries
         /// included). The `try_` forms make one attempt whatever it says.

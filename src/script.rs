@@ -10,8 +10,6 @@ use std::sync::OnceLock;
 
 use redis::Value;
 
-use crate::token::Token;
-
 /// One Lua script, its SHA1 (hex), and its bit in a connection's set of
 /// scripts the server has cached.
 pub(crate) struct Script {
@@ -44,11 +42,20 @@ pub(crate) const QUIET: &[u8] = b"quiet";
 ///
 /// `PUBLISH` goes by `pcall`. A user without channel permissions (the ACL
 /// default since Redis 7) still releases; waiters sleep out their pause.
+///
+/// A key of another type is held by another, unless our token is among its
+/// members: then it is the wrong kind's release (`WRONGKIND`, an error).
 pub(crate) const RELEASE: Script = Script {
     bit: 1,
     body: "local n = 0\n\
            for _, key in ipairs(KEYS) do\n  \
-           local v = redis.call('get', key)\n  \
+           local v = redis.pcall('get', key)\n  \
+           if type(v) == 'table' then\n    \
+           for _, m in ipairs(redis.pcall('zrange', key, 0, -1)) do\n      \
+           if string.sub(m, 1, 40) == ARGV[1] then return redis.error_reply('WRONGKIND a shared lock or a semaphore') end\n    \
+           end\n    \
+           v = '-'\n  \
+           end\n  \
            local ours = v and string.sub(v, 1, 40) == ARGV[1]\n  \
            if ours then\n    \
            redis.call('del', key)\n    \
@@ -59,7 +66,7 @@ pub(crate) const RELEASE: Script = Script {
            end\n\
            end\n\
            return n",
-    sha: "dbaffd54b616371c6d2492796d503fff79292f0c",
+    sha: "a57fc277043d4ecf0f98312c70a6894a0349922b",
 };
 
 /// Extends many locks in one call. `ARGV[1]` is the round's re-take mark.
@@ -86,9 +93,9 @@ pub(crate) const EXTEND: Script = Script {
              local n, value, fence = tonumber(ARGV[g]), ARGV[g + 1], tonumber(ARGV[g + 3])\n  \
              local token, locks, vote = string.sub(value, 1, 40), n - ((fence or 0) > 0 and 1 or 0), 1\n  \
              for i = k + 1, k + locks do\n    \
-               local v = redis.call('get', KEYS[i])\n    \
-               if v and string.sub(v, 1, 40) ~= token then vote = 0\n    \
-               elseif v ~= value and vote == 1 then vote = fence and 2 or 3 end\n  \
+               local v = redis.pcall('get', KEYS[i])\n    \
+               if type(v) == 'table' or v and string.sub(v, 1, 40) ~= token then vote = 0\n    \
+               elseif (not v or string.byte(v, 41) == 126) and vote == 1 then vote = fence and 2 or 3 end\n  \
              end\n  \
              local writes = vote == 1 or vote == 2\n  \
              local counter = writes and locks < n and tonumber(redis.call('get', KEYS[k + n]) or '0')\n  \
@@ -105,7 +112,7 @@ pub(crate) const EXTEND: Script = Script {
              out[#out + 1], k = vote, k + n\n\
            end\n\
            return out",
-    sha: "c9389e5729d0a60af56077d86a6b8932534f9540",
+    sha: "113c2ff348e7e7c265fc66d653a9511ea1ed19b9",
 };
 
 /// Confirms one round's re-takes: a key marked with `ARGV[1]` (see
@@ -116,29 +123,37 @@ pub(crate) const CONFIRM: Script = Script {
     bit: 8,
     body: "local tail = '~' .. ARGV[1]\n\
            for _, key in ipairs(KEYS) do\n  \
-             local v = redis.call('get', key)\n  \
-             if v and string.sub(v, 41, 40 + #tail) == tail then\n    \
+             local v = redis.pcall('get', key)\n  \
+             if type(v) == 'string' and string.sub(v, 41, 40 + #tail) == tail then\n    \
                redis.call('set', key, string.sub(v, 1, 40) .. string.sub(v, 41 + #tail), 'KEEPTTL')\n  \
              end\n\
            end\n\
            return 0",
-    sha: "6b45265586bd75cb7b17f1dc8e0dd628f362fb5f",
+    sha: "a76b832a4e034fb7a114a100091b41d72b4fab4f",
 };
 
-/// Sets every key to our token with a TTL, if none of them exists. Returns
-/// 1 if it set them, 0 if not.
+/// A writer's acquisition: `KEYS` are the locks, then their intent keys.
+/// Sets every lock to our value with a TTL, if none of them exists, and
+/// deletes the intents: returns 1. Else returns 0, and a writer that waited
+/// (`ARGV[3]`) sets the intent of each lock that readers hold, for one
+/// TTL: new readers wait ([`SHARED`]).
 pub(crate) const ACQUIRE_MANY: Script = Script {
     bit: 4,
-    body: "for _, key in ipairs(KEYS) do\n  \
-             if redis.call('exists', key) == 1 then\n    \
+    body: "local n = #KEYS / 2\n\
+           for i = 1, n do\n  \
+             if redis.call('exists', KEYS[i]) == 1 then\n    \
+               for j = 1, n do\n      \
+                 if ARGV[3] and redis.call('type', KEYS[j]).ok == 'zset' then redis.call('set', KEYS[n + j], 1, 'PX', ARGV[2]) end\n    \
+               end\n    \
                return 0\n  \
              end\n\
            end\n\
-           for _, key in ipairs(KEYS) do\n  \
-             redis.call('set', key, ARGV[1], 'PX', ARGV[2])\n\
+           for i = 1, n do\n  \
+             redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2])\n  \
+             redis.call('del', KEYS[n + i])\n\
            end\n\
            return 1",
-    sha: "593a40f397e4a826c82cc7adb7cc44d68ccec191",
+    sha: "b8f62e61a18900736f5fef3344f70e7e5fa660e4",
 };
 
 /// Fenced acquisition, round one. If the lock key (`KEYS[1]`) is taken, it
@@ -150,8 +165,10 @@ pub(crate) const ACQUIRE_MANY: Script = Script {
 pub(crate) const FENCE_ACQUIRE: Script = Script {
     bit: 64,
     body: "if redis.call('exists', KEYS[1]) == 1 then\n  \
+             if ARGV[3] and redis.call('type', KEYS[1]).ok == 'zset' then redis.call('set', KEYS[3], 1, 'PX', ARGV[2]) end\n  \
              return 0\n\
            end\n\
+           redis.call('del', KEYS[3])\n\
            local fence = redis.call('incr', KEYS[2])\n\
            local time = redis.call('time')\n\
            local now = time[1] .. string.format('%06d', time[2])\n\
@@ -164,7 +181,7 @@ pub(crate) const FENCE_ACQUIRE: Script = Script {
            end\n\
            redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])\n\
            return fence",
-    sha: "f39ef435254ddb2cde2e278c131f430e536ecba4",
+    sha: "019626b11d8dc566d4dbb210d80e70612b7c2a19",
 };
 
 /// Fenced acquisition, round two. If `KEYS[1]` still holds our token
@@ -172,14 +189,71 @@ pub(crate) const FENCE_ACQUIRE: Script = Script {
 /// returns 1; otherwise it writes nothing and returns 0.
 pub(crate) const FENCE_CONFIRM: Script = Script {
     bit: 128,
-    body: "if redis.call('get', KEYS[1]) ~= ARGV[1] then\n  \
+    body: "if redis.pcall('get', KEYS[1]) ~= ARGV[1] then\n  \
              return 0\n\
            end\n\
            if tonumber(redis.call('get', KEYS[2]) or '0') < tonumber(ARGV[2]) then\n  \
              redis.call('set', KEYS[2], ARGV[2])\n\
            end\n\
            return 1",
-    sha: "9ce553a5967fc2a934f3760e7c931d0e0f2f6f80",
+    sha: "a3aa0470c63eef94e11a50eb881ab3983a7cc6cc",
+};
+
+/// The shared and counted kinds' acquire, extend, release and clean-up
+/// (`ARGV[1]`: `acquire`, `extend`, `release` or `quiet`). Then each lock
+/// has three keys (the resource, its writer's intent, its kind) and three
+/// arguments (the member or token, the TTL in ms, the kind: `0` for
+/// readers, else `K`).
+///
+/// Holders are the members of a sorted set at the resource's key, scored
+/// by their expiry on the node's clock. Every call purges the expired
+/// ones, and the key expires with its last live member. So a writer's
+/// `SET NX` fails exactly while a holder lives. The kind key keeps `0` or
+/// `K` as long. A call of another kind is a `WRONGKIND` error.
+///
+/// A member is admitted if it is new, no writer or intent is there, and
+/// fewer than `K` live. An extension renews a live member (1) and never
+/// re-takes one that is gone (3). A writer's key answers 0. Release
+/// deletes our member and publishes as [`RELEASE`]. Extension returns one
+/// reply per lock, the others one.
+pub(crate) const SHARED: Script = Script {
+    bit: 16,
+    body: "local time = redis.call('time')\n\
+           local now, op, out = time[1] * 1000 + math.floor(time[2] / 1000), ARGV[1], {}\n\
+           for g = 2, #ARGV, 3 do\n  \
+             local key, intent, kind, member, ttl, k = KEYS[g - 1], KEYS[g], KEYS[g + 1], ARGV[g], ARGV[g + 1], ARGV[g + 2]\n  \
+             local token, t, vote, mine = string.sub(member, 1, 40), redis.call('type', key).ok, 0\n  \
+             if t == 'zset' then\n    \
+               redis.call('zremrangebyscore', key, '-inf', now)\n    \
+               for _, m in ipairs(redis.call('zrange', key, 0, -1)) do\n      \
+                 if string.sub(m, 1, 40) == token then mine = m end\n    \
+               end\n  \
+             end\n  \
+             local held = redis.call('exists', key) == 1 and redis.call('get', kind)\n  \
+             if t ~= 'zset' and t ~= 'none' then\n    \
+               if t == 'string' and op ~= 'extend' and string.sub(redis.call('get', key), 1, 40) == token then vote = redis.error_reply('WRONGKIND a plain or fenced lock') end\n  \
+             elseif held and held ~= k then\n    \
+               vote = redis.error_reply('WRONGKIND ' .. (held == '0' and 'a shared lock' or 'a semaphore of ' .. held .. ' permits'))\n  \
+             elseif op == 'extend' then\n    \
+               vote = mine and 1 or 3\n    \
+               if mine then redis.call('zadd', key, now + ttl, mine) end\n  \
+             elseif op ~= 'acquire' then\n    \
+               if mine then redis.call('zrem', key, mine) vote = 1 end\n    \
+               if op == 'release' and (mine or t == 'none') then redis.pcall('publish', 'redlock-sync:released:' .. key, token) end\n  \
+             elseif not mine and redis.call('exists', intent) == 0 and (k == '0' or redis.call('zcard', key) < tonumber(k)) then\n    \
+               redis.call('zadd', key, now + ttl, member)\n    \
+               vote = 1\n  \
+             end\n  \
+             if vote == 1 and redis.call('exists', key) == 1 then\n    \
+               local top = redis.call('zrange', key, -1, -1, 'withscores')[2]\n    \
+               redis.call('pexpireat', key, top)\n    \
+               redis.call('set', kind, k, 'pxat', top)\n  \
+             end\n  \
+             out[#out + 1] = vote\n\
+           end\n\
+           if op == 'extend' then return out end\n\
+           return out[1]",
+    sha: "07238d3ae8a62047413507ee8c5b310e51df6c1c",
 };
 
 /// One command, packed once, sent to every node of a round.
@@ -193,10 +267,10 @@ pub(crate) struct Command {
 }
 
 impl Command {
-    /// `SET resource token NX PX ttl_ms`.
-    pub(crate) fn acquire(resource: &str, token: &Token, ttl_ms: u64) -> Command {
-        let (key, hex, ttl) = (resource.as_bytes(), token.hex(), ttl_ms.to_string());
-        Command::packed(None, &[b"SET", key, &hex, b"NX", b"PX", ttl.as_bytes()])
+    /// `SET resource value NX PX ttl_ms`.
+    pub(crate) fn acquire(resource: &str, value: &str, ttl_ms: u64) -> Command {
+        let (key, value, ttl) = (resource.as_bytes(), value.as_bytes(), ttl_ms.to_string());
+        Command::packed(None, &[b"SET", key, value, b"NX", b"PX", ttl.as_bytes()])
     }
 
     /// A script over `keys` with arguments `args`, as `EVALSHA`.
@@ -230,13 +304,14 @@ impl Command {
 }
 
 /// Every script, loaded by every new connection's handshake.
-pub(crate) const SCRIPTS: [&Script; 6] = [
+pub(crate) const SCRIPTS: [&Script; 7] = [
     &RELEASE,
     &EXTEND,
     &CONFIRM,
     &ACQUIRE_MANY,
     &FENCE_ACQUIRE,
     &FENCE_CONFIRM,
+    &SHARED,
 ];
 
 /// Turns a packed `EVALSHA sha numkeys ...` into `EVAL body numkeys ...`.
@@ -301,13 +376,14 @@ mod tests {
     #[test]
     fn every_scripts_hard_coded_sha_is_the_one_script_load_returns() {
         let cluster = redlock_sync_testing::Cluster::start(1).expect("a redis-server node");
-        let scripts: [(&str, &Script); 6] = [
+        let scripts: [(&str, &Script); 7] = [
             ("RELEASE", &RELEASE),
             ("EXTEND", &EXTEND),
             ("CONFIRM", &CONFIRM),
             ("ACQUIRE_MANY", &ACQUIRE_MANY),
             ("FENCE_ACQUIRE", &FENCE_ACQUIRE),
             ("FENCE_CONFIRM", &FENCE_CONFIRM),
+            ("SHARED", &SHARED),
         ];
         let mut bits = 0u8;
         for (name, script) in scripts {

@@ -7,14 +7,21 @@ use super::{Ask, Redlock, Tally};
 use crate::error::NodeOutcome;
 use crate::kind::{acquire_vote, script_vote, Kind};
 use crate::time::Ttl;
-use crate::token::Token;
 
 impl Redlock {
     /// One attempt on the resources `names`: one round, or a fenced
     /// acquisition's two. A fenced attempt counts a node as granted only if
     /// it granted both rounds. The tally carries round one's fencing token.
-    pub(super) fn attempt(&self, kind: Kind, names: &[String], token: &Token, ttl: Ttl) -> Tally {
-        let (claim, ttl) = (kind.acquire(names, token, ttl), ttl.duration());
+    /// A writer that `waited` marks its intent where readers hold.
+    pub(super) fn attempt(
+        &self,
+        kind: Kind,
+        names: &[String],
+        value: &str,
+        ttl: Ttl,
+        waited: bool,
+    ) -> Tally {
+        let (claim, ttl) = (kind.acquire(names, value, ttl, waited), ttl.duration());
         // A fenced round one reads every reply (no early decision): every
         // node that may count must have its counter in the token, so a node
         // whose round-one reply went unread must not confirm in round two.
@@ -26,7 +33,7 @@ impl Redlock {
         if !kind.confirms() || !first.granted() {
             return first;
         }
-        let confirm = kind.confirm(names, token, first.fence);
+        let confirm = kind.confirm(names, value, first.fence);
         // Round two asks only the nodes that granted round one: each of its
         // confirmations counts, so it may stop once a quorum confirmed.
         let granted: Vec<bool> = (first.report.nodes.iter())

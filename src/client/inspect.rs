@@ -4,17 +4,31 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use redis::Value;
+
 use super::Redlock;
 use crate::error::{ArgumentError, LockError, NodeError, NodeOutcome};
-use crate::kind::fence_keys;
+use crate::kind::{fence_keys, side_keys, Kind};
 use crate::script::{Command, Script};
 
-/// Reads the lock key, its time left and the fencing counter. It has no bit:
-/// it always goes as `EVAL`, and is never loaded with the lock scripts.
+/// Reads the fencing counter, the kind of a sorted set's holders, then each
+/// live holder's value and time left: a writer's key, or the set's members.
+/// It has no bit: it always goes as `EVAL`, and is never loaded with the
+/// lock scripts.
 const INSPECT: Script = Script {
     bit: 0,
-    body: "return {redis.call('get', KEYS[1]) or '', redis.call('pttl', KEYS[1]), redis.call('get', KEYS[2]) or ''}",
-    sha: "6b6bab4dcd950950ab3c340bee7f1b6cc26272c7",
+    body: "local time = redis.call('time')\n\
+           local now = time[1] * 1000 + math.floor(time[2] / 1000)\n\
+           local t, out = redis.call('type', KEYS[1]).ok, {redis.call('get', KEYS[2]) or '', ''}\n\
+           if t == 'zset' then\n  \
+             out[2] = redis.call('get', KEYS[3]) or '0'\n  \
+             local z = redis.call('zrangebyscore', KEYS[1], '(' .. now, '+inf', 'withscores')\n  \
+             for i = 1, #z, 2 do out[#out + 1] = z[i] out[#out + 1] = z[i + 1] - now end\n\
+           elseif t == 'string' then\n  \
+             out[3], out[4] = redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1])\n\
+           end\n\
+           return out",
+    sha: "0a3124072c9e76ee31b6f2c10288ca671f6abb07",
 };
 
 /// How many characters of a token [`inspect`](Redlock::inspect) shows:
@@ -28,7 +42,8 @@ const SHOWN: usize = 8;
 pub struct Inspection {
     /// The resource inspected.
     pub resource: String,
-    /// How many nodes make a quorum.
+    /// How many nodes make a quorum for a writer (for a semaphore, see
+    /// [`Kind::Semaphore`]).
     pub quorum: usize,
     /// Each node, in the client's order.
     pub nodes: Vec<NodeView>,
@@ -46,6 +61,19 @@ pub struct NodeView {
     pub fence: Option<u64>,
 }
 
+/// One holder on one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Holder {
+    /// The token's first 8 characters.
+    pub token: String,
+    /// Its time left. `None`: the key never expires, so this crate did not
+    /// set it.
+    pub ttl: Option<Duration>,
+    /// Its owner label ([`LockOptions::owner`](crate::LockOptions::owner)).
+    pub owner: Option<String>,
+}
+
 /// The lock key on one node.
 ///
 /// ```no_run
@@ -53,7 +81,8 @@ pub struct NodeView {
 /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
 /// for view in locks.inspect("invoice:42")?.nodes {
 ///     match view.holding {
-///         Holding::Held { token, ttl } => println!("{}: {token}… for {ttl:?}", view.node),
+///         Holding::Held(h) => println!("{}: {}… ({:?}) for {:?}", view.node, h.token, h.owner, h.ttl),
+///         Holding::Shared { kind, holders } => println!("{}: {kind:?}, {} holders", view.node, holders.len()),
 ///         Holding::Free => println!("{}: free", view.node),
 ///         Holding::Unknown(why) => println!("{}: {why}", view.node),
 ///         _ => {}
@@ -64,15 +93,16 @@ pub struct NodeView {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Holding {
-    /// No key.
+    /// No key, or no live holder.
     Free,
-    /// A key: the holder's token, shortened, and its time left. `None`: the
-    /// key never expires, so this crate did not set it.
-    Held {
-        /// The token's first 8 characters.
-        token: String,
-        /// The key's time left.
-        ttl: Option<Duration>,
+    /// A writer: a [`Kind::Plain`] or [`Kind::Fenced`] lock.
+    Held(Holder),
+    /// Live holders of a [`Kind::Shared`] or [`Kind::Semaphore`] lock.
+    Shared {
+        /// Their kind.
+        kind: Kind,
+        /// Each live holder.
+        holders: Vec<Holder>,
     },
     /// The node did not answer, or does not vote: the same server as another
     /// node, or restarted within the grace.
@@ -83,12 +113,21 @@ pub enum Holding {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Verdict {
-    /// One token is on a quorum of nodes.
+    /// One writer's token is on a quorum of nodes.
     Held {
         /// The token's first 8 characters.
         token: String,
         /// On how many nodes.
         nodes: usize,
+    },
+    /// Shared or counted holders: each token (first 8 characters) on its
+    /// kind's quorum. For a semaphore, the permits left are `K` less their
+    /// number.
+    Shared {
+        /// Their kind.
+        kind: Kind,
+        /// The tokens that hold.
+        tokens: Vec<String>,
     },
     /// No token is on a quorum, nor can be with the nodes that did not answer.
     Free,
@@ -97,23 +136,73 @@ pub enum Verdict {
 }
 
 impl Inspection {
-    /// Held by one token on a quorum, or else free if no token can be on a
-    /// quorum, else unknown. Free counts the silent nodes as holding it.
+    /// Held by one writer's token on a quorum, or by shared or counted
+    /// holders each on their kind's quorum. Else free if no token can be on
+    /// a quorum, else unknown. Free counts the silent nodes as holding it.
     pub fn verdict(&self) -> Verdict {
-        let tokens = self.nodes.iter().filter_map(|n| match &n.holding {
-            Holding::Held { token, .. } => Some(token.clone()),
-            _ => None,
+        let n = self.nodes.len();
+        let held = self.nodes.iter().flat_map(|v| match &v.holding {
+            Holding::Held(h) => vec![(Kind::Plain, &h.token)],
+            Holding::Shared { kind, holders } => {
+                holders.iter().map(|h| (*kind, &h.token)).collect()
+            }
+            _ => vec![],
         });
-        let count = |t: &String| tokens.clone().filter(|u| u == t).count();
-        let top = tokens.clone().map(|t| (count(&t), t)).max();
-        let unknown = |n: &&NodeView| matches!(n.holding, Holding::Unknown(_));
+        let held: Vec<_> = held.collect();
+        let count = |t: &(Kind, &String)| held.iter().filter(|u| *u == t).count();
+        let unknown = |v: &&NodeView| matches!(v.holding, Holding::Unknown(_));
         let unknown = self.nodes.iter().filter(unknown).count();
-        match top {
-            Some((nodes, token)) if nodes >= self.quorum => Verdict::Held { token, nodes },
-            top if top.as_ref().map_or(0, |t| t.0) + unknown < self.quorum => Verdict::Free,
+        let mut on_quorum: Vec<_> = (held.iter())
+            .filter(|t| count(t) >= t.0.quorum(n))
+            .collect();
+        on_quorum.sort_unstable_by_key(|t| t.1);
+        on_quorum.dedup();
+        match (on_quorum.first(), held.iter().map(count).max().unwrap_or(0)) {
+            (Some((Kind::Plain, token)), _) => Verdict::Held {
+                token: token.to_string(),
+                nodes: count(on_quorum[0]),
+            },
+            (Some(&&(kind, _)), _) => Verdict::Shared {
+                kind,
+                tokens: on_quorum.iter().map(|t| t.1.clone()).collect(),
+            },
+            (None, top) if top + unknown < self.quorum => Verdict::Free,
             _ => Verdict::Unknown,
         }
     }
+}
+
+/// A holder from its stored value (`TOKEN[~MARK][ OWNER]`) and time left.
+fn holder(value: &str, ms: i64) -> Holder {
+    Holder {
+        token: value.chars().take(SHOWN).collect(),
+        ttl: u64::try_from(ms).ok().map(Duration::from_millis),
+        owner: value.split_once(' ').map(|(_, owner)| owner.to_string()),
+    }
+}
+
+/// One node's reply to [`INSPECT`] as what it holds and its fencing counter.
+fn view(value: Value) -> Option<(Holding, Option<u64>)> {
+    let items: Vec<Value> = redis::from_redis_value(value).ok()?;
+    let text = |v: &Value| redis::from_redis_value::<String>(v.clone()).ok();
+    let (fence, kind) = (text(items.first()?)?.parse().ok(), text(items.get(1)?)?);
+    let holders = (items[2..].chunks(2))
+        .map(|pair| Some(holder(&text(&pair[0])?, text(pair.get(1)?)?.parse().ok()?)))
+        .collect::<Option<Vec<_>>>()?;
+    let holding = match (kind.parse::<u32>(), &holders[..]) {
+        (_, []) => Holding::Free,
+        (Err(_), [one]) => Holding::Held(one.clone()),
+        (Ok(0), _) => Holding::Shared {
+            kind: Kind::Shared,
+            holders,
+        },
+        (Ok(k), _) => Holding::Shared {
+            kind: Kind::Semaphore(k),
+            holders,
+        },
+        _ => return None,
+    };
+    Some((holding, fence))
 }
 
 impl Redlock {
@@ -129,26 +218,20 @@ impl Redlock {
         if resource.is_empty() {
             return Err(ArgumentError::EmptyResource.into());
         }
-        let cmd = Command::script(&INSPECT, &fence_keys(resource), &[]);
+        let [own, fence, _] = fence_keys(resource);
+        let keys = [own, fence, side_keys(resource)[2].clone()];
+        let cmd = Command::script(&INSPECT, &keys, &[]);
         let nodes = (self.replies(&cmd).into_iter())
             .map(|(node, reply)| {
                 let read = reply.and_then(|value| {
-                    redis::from_redis_value::<(String, i64, String)>(value)
-                        .map_err(|e| NodeOutcome::Failed(NodeError::Protocol(e.to_string())))
+                    let garbled = NodeError::Protocol(format!("{value:?}"));
+                    view(value).ok_or(NodeOutcome::Failed(garbled))
                 });
-                let (holding, fence) = match read {
-                    Ok((token, _, fence)) if token.is_empty() => (Holding::Free, fence),
-                    Ok((token, ms, fence)) => {
-                        let (token, ttl) = (token.chars().take(SHOWN).collect(), u64::try_from(ms));
-                        let ttl = ttl.ok().map(Duration::from_millis);
-                        (Holding::Held { token, ttl }, fence)
-                    }
-                    Err(outcome) => (Holding::Unknown(outcome), String::new()),
-                };
+                let (holding, fence) = read.unwrap_or_else(|why| (Holding::Unknown(why), None));
                 NodeView {
                     node,
                     holding,
-                    fence: fence.parse().ok(),
+                    fence,
                 }
             })
             .collect();
