@@ -634,6 +634,8 @@ impl Redlock {
         let (resource, report) = (resources[0].clone(), tally.report);
         let result = if report.granted() >= report.quorum {
             Ok(report)
+        } else if report.unusable().count() > report.nodes.len() - report.quorum {
+            Err(LockError::Unusable { resource, report })
         } else if lost {
             Err(LockError::Lost {
                 resource,

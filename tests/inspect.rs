@@ -33,12 +33,10 @@ fn inspect_tells_free_held_and_partly_held_resources_apart_and_writes_nothing() 
     );
     for node in &held.nodes {
         match &node.holding {
-            Holding::Held {
-                token: t,
-                ttl: Some(ttl),
-            } => {
-                assert_eq!(*t, token);
-                assert!(*ttl <= TTL && *ttl > TTL / 2, "{ttl:?}");
+            Holding::Held(h) => {
+                let ttl = h.ttl.expect("a TTL");
+                assert_eq!(h.token, token);
+                assert!(ttl <= TTL && ttl > TTL / 2, "{ttl:?}");
             }
             other => panic!("{}: {other:?}", node.node),
         }
@@ -54,7 +52,7 @@ fn inspect_tells_free_held_and_partly_held_resources_apart_and_writes_nothing() 
     let partly = locks.inspect("partly").unwrap();
     assert_eq!(partly.verdict(), Verdict::Free);
     assert!(
-        matches!(&partly.nodes[0].holding, Holding::Held { token, ttl: None } if token == "01234567")
+        matches!(&partly.nodes[0].holding, Holding::Held(h) if h.token == "01234567" && h.ttl.is_none())
     );
 
     // Read-only: no key was written anywhere.

@@ -85,11 +85,10 @@ fn as_text(resource: &str, seen: &Inspection, answered: usize) -> String {
 fn node_line(node: &NodeView) -> String {
     let mut line = match &node.holding {
         Holding::Free => "free".to_string(),
-        Holding::Held {
-            token,
-            ttl: Some(left),
-        } => format!("held by {token}...  {:.1}s left", left.as_secs_f64()),
-        Holding::Held { token, ttl: None } => format!("held by {token}...  never expires"),
+        Holding::Held(h) => match h.ttl {
+            Some(left) => format!("held by {}...  {:.1}s left", h.token, left.as_secs_f64()),
+            None => format!("held by {}...  never expires", h.token),
+        },
         Holding::Unknown(why) => return format!("error: {why}"),
         _ => "?".to_string(),
     };
@@ -103,7 +102,7 @@ fn node_line(node: &NodeView) -> String {
 fn node_json(node: &NodeView) -> Value {
     let (state, token, ttl) = match &node.holding {
         Holding::Free => ("free", None, None),
-        Holding::Held { token, ttl } => ("held", Some(token), ttl.map(|t| t.as_millis() as u64)),
+        Holding::Held(h) => ("held", Some(&h.token), h.ttl.map(|t| t.as_millis() as u64)),
         Holding::Unknown(why) => {
             return json!({ "node": &*node.node, "state": "error", "error": why.to_string() })
         }
