@@ -351,11 +351,11 @@ pub enum ArgumentError {
     #[error(transparent)]
     Token(#[from] ParseTokenError),
 
-    /// A kind that covers one resource (all but [`Kind::Plain`]) was asked
-    /// for over several: a fencing token, a set of readers or of permits
+    /// A kind that covers one resource (all but plain: `fenced`, `shared`
+    /// or `semaphore`) was asked for over several: a fencing token, a set of readers or of permits
     /// belongs to one.
-    #[error("a {0:?} lock covers one resource; take one for each, in a fixed order")]
-    OneResource(crate::Kind),
+    #[error("a {0} lock covers one resource; take one for each, in a fixed order")]
+    OneResource(&'static str),
 
     /// A semaphore of no permits ([`Kind::Semaphore`](crate::Kind::Semaphore)`(0)`)
     /// could never be held.

@@ -166,7 +166,7 @@ impl Kind {
         match self {
             Kind::Semaphore(0) => Err(ArgumentError::ZeroPermits),
             Kind::Plain => Ok(()),
-            _ if resources.len() > 1 => Err(ArgumentError::OneResource(self)),
+            _ if resources.len() > 1 => Err(ArgumentError::OneResource(self.name())),
             _ => Ok(()),
         }
     }
@@ -186,6 +186,15 @@ impl Kind {
         match self {
             Kind::Semaphore(k) => (nodes as u64 * u64::from(k) / (u64::from(k) + 1)) as usize + 1,
             _ => nodes / 2 + 1,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Plain => "plain",
+            Kind::Fenced => "fenced",
+            Kind::Shared => "shared",
+            Kind::Semaphore(_) => "semaphore",
         }
     }
 

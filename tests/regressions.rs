@@ -452,18 +452,22 @@ fn waiter(
     (locks, waiting)
 }
 
-/// How many `SET` commands node `i` has run.
+/// How many attempts node `i` has seen: `SET` commands, and scripts (a
+/// writer that waited goes by script, to mark its intent).
 fn sets_run(nodes: &redlock_sync_testing::Cluster, i: usize) -> u64 {
     let info = match nodes.node(i).query(&["INFO", "commandstats"]) {
         Ok(redis::Value::BulkString(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
         Ok(redis::Value::VerbatimString { text, .. }) => text,
         other => panic!("INFO commandstats: {other:?}"),
     };
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_set:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    let calls = |command: &str| -> u64 {
+        (info.lines())
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    calls("set") + calls("evalsha") + calls("eval")
 }
 
 #[test]

@@ -245,11 +245,11 @@ fn bad_shared_and_counted_settings_are_refused_with_argument_errors() {
     );
     assert_eq!(
         refused(locks.acquire(["a", "b"], shared(TTL))),
-        ArgumentError::OneResource(Kind::Shared)
+        ArgumentError::OneResource("shared")
     );
     assert_eq!(
         refused(locks.acquire(["a", "b"], permits(2, TTL))),
-        ArgumentError::OneResource(Kind::Semaphore(2))
+        ArgumentError::OneResource("semaphore")
     );
     for bad in ["", "tab\there", &"x".repeat(201)] {
         let options = LockOptions::new(TTL).owner(bad);
