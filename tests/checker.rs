@@ -1,9 +1,11 @@
 //! The randomized checker of the contract (docs/contract.md): several
-//! clients, each with several threads, contend for one resource with fenced
-//! locks held in the three ways a program holds them (an explicit `Lock`,
-//! some of which extend after their validity ran out; a guard from `lock`;
-//! a `with_lock` closure), while the fault classes of the contract's table
-//! hit five nodes, one class at a time:
+//! clients, each with several threads, contend for locks held in the three
+//! ways a program holds them (an explicit `Lock`, some of which extend
+//! after their validity ran out; a guard from `lock`; a `with_lock`
+//! closure), while the fault classes of the contract's table hit five
+//! nodes, one class at a time. Each hold is of one of five roles: a fenced
+//! writer or a reader ([`Kind::Shared`]) of one resource, or a holder of a
+//! semaphore of 1, 2 or 3 permits, each on a resource of its own:
 //!
 //! | class | the table says |
 //! |---|---|
@@ -26,14 +28,17 @@
 //! The oracle follows the table. A holder's *claimed hold* runs from its
 //! acquisition to the end of the last validity an `Ok` gave it, gaps
 //! included; an `Ok` release or unlock ends it at its start, a gap before
-//! it included. Where the
-//! table says exclusive, no two claimed holds overlap. Everywhere, of two
-//! holders whose claims overlap, the one whose hold began first is
-//! told: no call of it that started after the other's hold began returns
-//! `Ok`, and a guard's `is_held` is false once the validity it had then
-//! (or an extension then in flight gave it) is over. Fencing tokens
-//! increase in the order the acquisitions returned, in the classes where
-//! the fenced guarantee holds (no data lost, or the guard on).
+//! it included. A *conflict* is a writer's claim overlapping any other
+//! claim of its resource, or `K + 1` claims of a `K`-permit semaphore
+//! overlapping. Where the table says exclusive, there is none. Everywhere,
+//! of a conflict's claims, those that began first are told (for a
+//! semaphore, all but `K - 1` of them): no call of theirs that started
+//! after the last claim began returns `Ok`, and a guard's `is_held` is
+//! false once the validity it had then (or an extension then in flight
+//! gave it) is over. Readers' claims, and up to `K` holders', do overlap:
+//! the run fails if they never did. Writers' fencing tokens increase in the
+//! order the acquisitions returned, in the classes where the fenced
+//! guarantee holds (no data lost, or the guard on).
 //!
 //! It runs for about 45 s (each class for 5 s, in turn).
 //! `REDLOCK_CHECKER_SECS=600` runs longer, cycling through the classes
@@ -50,7 +55,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{cluster, fenced, wait_until};
-use redlock_sync::{LockError, NodeOutcome, Redlock, RetryPolicy};
+use redlock_sync::{Kind, LockError, LockOptions, NodeOutcome, Redlock, RetryPolicy};
 use redlock_sync_testing::{Cluster, Fault, Proxy};
 
 const RESOURCE: &str = "checked";
@@ -192,6 +197,39 @@ const CLASSES: [Class; 9] = [
     },
 ];
 
+/// What a hold is of: a resource's writer or reader, or a permit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Writer,
+    Reader,
+    Permit(u32),
+}
+
+impl Role {
+    fn draw(rng: &mut Rng) -> Role {
+        match rng.below(10) {
+            0..=4 => Role::Writer,
+            5 | 6 => Role::Reader,
+            k => Role::Permit(k as u32 - 6),
+        }
+    }
+
+    fn resource(self) -> String {
+        match self {
+            Role::Permit(k) => format!("permits-{k}"),
+            _ => RESOURCE.to_string(),
+        }
+    }
+
+    fn options(self, ttl: Duration) -> LockOptions {
+        match self {
+            Role::Writer => fenced(ttl),
+            Role::Reader => LockOptions::new(ttl).kind(Kind::Shared),
+            Role::Permit(k) => LockOptions::new(ttl).kind(Kind::Semaphore(k)),
+        }
+    }
+}
+
 /// How a holder held the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Holder {
@@ -204,6 +242,7 @@ enum Holder {
 #[derive(Debug)]
 struct Hold {
     who: (usize, usize),
+    role: Role,
     holder: Holder,
     /// The class in which the acquisition returned.
     class: usize,
@@ -221,10 +260,11 @@ struct Hold {
 }
 
 impl Hold {
-    fn new(who: (usize, usize), holder: Holder, class: usize, fence: u64) -> Hold {
+    fn new(who: (usize, usize), role: Role, holder: Holder, class: usize, fence: u64) -> Hold {
         let start = Instant::now();
         Hold {
             who,
+            role,
             holder,
             class,
             fence,
@@ -337,10 +377,11 @@ fn work(run: &Run, who: (usize, usize), seed: u64) {
         let class = run.class.load(Ordering::Relaxed);
         let locks = &run.clients[usize::from(CLASSES[class].guard)][who.0];
         let ttl = TTLS[rng.below(2) as usize];
+        let role = Role::draw(&mut rng);
         let hold = match rng.below(4) {
-            0 => scoped(run, locks, who, ttl, &mut rng),
-            1 => guarded(run, locks, who, ttl, &mut rng),
-            _ => explicit(run, locks, who, ttl, &mut rng),
+            0 => scoped(run, locks, (who, role), ttl, &mut rng),
+            1 => guarded(run, locks, (who, role), ttl, &mut rng),
+            _ => explicit(run, locks, (who, role), ttl, &mut rng),
         };
         if let Some(hold) = hold {
             run.log.lock().unwrap().push(hold);
@@ -354,17 +395,17 @@ fn work(run: &Run, who: (usize, usize), seed: u64) {
 fn explicit(
     run: &Run,
     locks: &Redlock,
-    who: (usize, usize),
+    (who, role): ((usize, usize), Role),
     ttl: Duration,
     rng: &mut Rng,
 ) -> Option<Hold> {
-    let mut lock = match locks.acquire(RESOURCE, fenced(ttl)) {
+    let mut lock = match locks.acquire(role.resource(), role.options(ttl)) {
         Ok(lock) => lock,
         Err(e) => return run.failed(&e, Holder::Lock),
     };
     let class = run.class.load(Ordering::Relaxed);
-    let fence = lock.fencing_token().expect("a fenced lock has a token");
-    let mut hold = Hold::new(who, Holder::Lock, class, fence);
+    let fence = lock.fencing_token().unwrap_or_default();
+    let mut hold = Hold::new(who, role, Holder::Lock, class, fence);
     hold.claim_end = lock.valid_until();
     let (work, extend) = match rng.below(60) {
         0..=2 => (lock.validity() + rng.millis(1, 60), true),
@@ -422,17 +463,17 @@ fn hold_while_held(guard: &redlock_sync::LockGuard, hold: &mut Hold, work: Durat
 fn guarded(
     run: &Run,
     locks: &Redlock,
-    who: (usize, usize),
+    (who, role): ((usize, usize), Role),
     ttl: Duration,
     rng: &mut Rng,
 ) -> Option<Hold> {
-    let guard = match locks.lock(RESOURCE, fenced(ttl)) {
+    let guard = match locks.lock(role.resource(), role.options(ttl)) {
         Ok(guard) => guard,
         Err(e) => return run.failed(&e, Holder::Guard),
     };
     let class = run.class.load(Ordering::Relaxed);
-    let fence = guard.fencing_token().expect("a fenced guard has a token");
-    let mut hold = Hold::new(who, Holder::Guard, class, fence);
+    let fence = guard.fencing_token().unwrap_or_default();
+    let mut hold = Hold::new(who, role, Holder::Guard, class, fence);
     hold_while_held(&guard, &mut hold, guard_work(ttl, rng));
     let at = Instant::now();
     let released = guard.unlock().is_ok();
@@ -444,16 +485,16 @@ fn guarded(
 fn scoped(
     run: &Run,
     locks: &Redlock,
-    who: (usize, usize),
+    (who, role): ((usize, usize), Role),
     ttl: Duration,
     rng: &mut Rng,
 ) -> Option<Hold> {
     let work = guard_work(ttl, rng);
     let mut held = None;
-    let result = locks.with_lock(RESOURCE, fenced(ttl), |guard| {
+    let result = locks.with_lock(role.resource(), role.options(ttl), |guard| {
         let class = run.class.load(Ordering::Relaxed);
-        let fence = guard.fencing_token().expect("a fenced guard has a token");
-        let mut hold = Hold::new(who, Holder::WithLock, class, fence);
+        let fence = guard.fencing_token().unwrap_or_default();
+        let mut hold = Hold::new(who, role, Holder::WithLock, class, fence);
         hold_while_held(guard, &mut hold, work);
         held = Some((hold, Instant::now()));
         Ok::<(), LockError>(())
@@ -590,13 +631,15 @@ fn inject(faults: &Faults, class: usize, until: Instant, seed: u64) {
 #[derive(Debug, Default)]
 struct Found {
     holds: usize,
+    /// Claims that overlapped as the kind allows: readers, or permits.
+    shared: usize,
     overlaps: Vec<String>,
     untold: Vec<String>,
     regressions: Vec<String>,
 }
 
-/// The oracle: per class, the overlapping claims, those whose first holder
-/// was not told, and the fencing tokens out of order.
+/// The oracle: per class, the conflicts, those whose first holders were
+/// not told, and the writers' fencing tokens out of order.
 fn judge(log: &[Hold]) -> Vec<Found> {
     let mut found: Vec<Found> = CLASSES.iter().map(|_| Found::default()).collect();
     let mut by_start: Vec<&Hold> = log.iter().collect();
@@ -604,18 +647,40 @@ fn judge(log: &[Hold]) -> Vec<Found> {
     // Sweep by claim start, keeping the claims not over yet.
     let mut open: Vec<&Hold> = Vec::new();
     for &b in &by_start {
-        found[b.class].holds += 1;
+        let found = &mut found[b.class];
+        found.holds += 1;
         open.retain(|a| a.claim_end > b.start);
-        for &a in &open {
-            // `a` began first (the sweep goes by start).
-            let seen = format!("{a:?}\n  and {b:?}");
-            if !a.told_since(b.start) {
-                found[b.class].untold.push(seen.clone());
+        // The claims of b's resource that began first (the sweep goes by start).
+        let same = open
+            .iter()
+            .filter(|a| a.role.resource() == b.role.resource());
+        let untold = |a: &&&Hold| !a.told_since(b.start);
+        if let Role::Permit(k) = b.role {
+            let (k, count) = (k as usize, same.clone().count());
+            found.shared += count.min(k - 1);
+            if count >= k {
+                let seen = format!("{} holders of {k} permits, the last {b:?}", count + 1);
+                if same.filter(untold).count() >= k {
+                    found.untold.push(seen.clone());
+                }
+                found.overlaps.push(seen);
             }
-            found[b.class].overlaps.push(seen);
+        } else {
+            for a in same {
+                if (a.role, b.role) == (Role::Reader, Role::Reader) {
+                    found.shared += 1;
+                    continue;
+                }
+                let seen = format!("{a:?}\n  and {b:?}");
+                if untold(&a) {
+                    found.untold.push(seen.clone());
+                }
+                found.overlaps.push(seen);
+            }
         }
         open.push(b);
     }
+    by_start.retain(|h| h.role == Role::Writer);
     for pair in by_start.windows(2) {
         let (a, b) = (pair[0], pair[1]);
         let asserted = CLASSES[a.class].fencing && CLASSES[b.class].fencing;
@@ -693,6 +758,7 @@ fn no_fault_class_breaks_the_contract_for_locks_guards_or_with_lock() {
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
     for hold in &log {
         *kinds.entry(format!("{:?}", hold.holder)).or_default() += 1;
+        *kinds.entry(format!("{:?}", hold.role)).or_default() += 1;
         *kinds.entry(format!("client {}", hold.who.0)).or_default() += 1;
     }
     println!(
@@ -703,16 +769,22 @@ fn no_fault_class_breaks_the_contract_for_locks_guards_or_with_lock() {
     );
     for (class, found) in CLASSES.iter().zip(&found) {
         println!(
-            "checker: {:<42} {:<9} faults {:>4}, holds {:>5}, overlaps {:>3}, untold {}, token regressions {}",
+            "checker: {:<42} {:<9} faults {:>4}, holds {:>5}, shared {:>4}, conflicts {:>3}, untold {}, token regressions {}",
             class.name,
             format!("{:?}", class.cell),
             counts.get(class.name).unwrap_or(&0),
             found.holds,
+            found.shared,
             found.overlaps.len(),
             found.untold.len(),
             found.regressions.len()
         );
     }
+    let shared: usize = found.iter().map(|f| f.shared).sum();
+    assert!(
+        shared > 0,
+        "readers and permit holders never overlapped: the kinds do not share"
+    );
     for (class, found) in CLASSES.iter().zip(&found) {
         let what = format!("{} (seed {seed})", class.name);
         assert!(found.holds > 0, "{what}: no hold");
@@ -748,6 +820,7 @@ fn the_oracle_finds_overlaps_untold_holders_and_token_regressions_in_a_made_up_l
     let at = |ms: u64| t0 + Duration::from_millis(ms);
     let hold = |class: usize, fence: u64, start: u64, claim_end: u64| Hold {
         who: (0, 0),
+        role: Role::Writer,
         holder: Holder::Lock,
         class,
         fence,
@@ -790,4 +863,32 @@ fn the_oracle_finds_overlaps_untold_holders_and_token_regressions_in_a_made_up_l
     first.held = vec![(at(5), at(200)), (at(400), at(500))];
     let found = judge(&[first, hold(3, 2, 10, 30)]);
     assert_eq!(found[3].untold.len(), 1, "{found:?}");
+    // Readers share; a writer among them conflicts with each.
+    let as_role = |role: Role, start: u64, end: u64| Hold {
+        role,
+        ..hold(class, 0, start, end)
+    };
+    let readers = [as_role(Role::Reader, 0, 20), as_role(Role::Reader, 5, 30)];
+    let found = judge(&readers);
+    assert_eq!((found[class].shared, found[class].overlaps.len()), (1, 0));
+    let mut mixed: Vec<Hold> = readers.iter().map(|h| as_role(h.role, 0, 20)).collect();
+    mixed.push(as_role(Role::Writer, 10, 40));
+    assert_eq!(judge(&mixed)[class].overlaps.len(), 2);
+    // Two permits: two holders share, a third conflicts; untold only if
+    // neither of the first two was told.
+    let permits = |third: u64| {
+        let (mut first, mut second) = (
+            as_role(Role::Permit(2), 0, 50),
+            as_role(Role::Permit(2), 5, 50),
+        );
+        first.oks.push(at(third + 1));
+        second.oks.push(at(third + 2));
+        vec![first, second, as_role(Role::Permit(2), third, 60)]
+    };
+    let found = judge(&permits(10));
+    assert_eq!((found[class].shared, found[class].overlaps.len()), (2, 1));
+    assert_eq!(found[class].untold.len(), 1, "{found:?}");
+    let mut told = permits(10);
+    told[1].oks.clear();
+    assert_eq!(judge(&told)[class].untold.len(), 0);
 }
