@@ -28,7 +28,9 @@
 //! several as one lock ([`IntoResources`]). How: a [`LockOptions`], or a bare
 //! `Duration` for the TTL alone. The options carry:
 //!
-//! - the [`Kind`]: plain, or fenced with a fencing token;
+//! - the [`Kind`]: plain, fenced with a fencing token, shared (readers beside
+//!   one another, never beside a writer), or a semaphore of `K` permits;
+//! - an owner label, shown by [`inspect`](Redlock::inspect);
 //! - the [`Patience`] of the waiting methods;
 //! - a guard's hold cap and the point at which it is extended;
 //! - a [`Cancel`] handle that ends a wait from another thread.
