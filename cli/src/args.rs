@@ -27,6 +27,15 @@ macro_rules! common_codes {
     };
 }
 
+/// The text that says which kind flags `extend` and `release` need.
+macro_rules! kind_note {
+    () => {
+        "Give the kind flag the lock was taken with (--shared, or --semaphore K with the same K): \
+without one, it is looked for as an exclusive lock. A lock held as another kind is refused, and nothing \
+changes on the nodes.\n\n"
+    };
+}
+
 /// The text that says where the nodes come from, for every subcommand.
 macro_rules! nodes_note {
     () => {
@@ -44,6 +53,7 @@ fault tolerance. Passwords are never printed."
 const NODES: &str = "Nodes";
 const TAKING: &str = "Taking the lock";
 const RUNNING: &str = "Running the command";
+const KIND: &str = "Kind of lock";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -55,6 +65,9 @@ const RUNNING: &str = "Running the command";
 (the Redlock algorithm): flock(1) across hosts. `redlock run` takes the lock, runs the command, keeps the \
 lock alive while the command runs and releases it when the command ends. `acquire`, `extend` and `release` \
 take and give back a lock in separate steps, with an explicit token; `status` shows who holds a lock.\n\n",
+        "A lock is exclusive by default (--fenced adds a fencing token). --shared takes the read side of a \
+read-write lock: readers share it, an exclusive holder excludes them. --semaphore K takes one of K permits. \
+Each holder is labelled with --owner (default HOST:PID), which `status` shows.\n\n",
         nodes_note!()
     ),
     after_help = "Run `redlock help SUBCOMMAND` or `redlock SUBCOMMAND --help` for what each does, its exit codes and an example.",
@@ -62,6 +75,7 @@ take and give back a lock in separate steps, with an explicit token; `status` sh
         "Exit codes (each subcommand's --help has its own list):\n",
         code_line!("0    ", "done (for run: the command's own status)"),
         common_codes!(),
+        code_line!("64   ", "also: the lock is held as another kind than the one given (--shared,\n         --semaphore K)"),
         code_line!("75   ", "the lock is held by another client (--conflict-exit-code changes it)"),
         code_line!("74   ", "acquire: the token could not be printed (the lock was released)"),
         code_line!("76   ", "the lock was lost while held, or was not held at extend or release"),
@@ -71,6 +85,7 @@ take and give back a lock in separate steps, with an explicit token; `status` sh
         "\nExample:\n",
         "  export REDLOCK_NODES=redis://h1:6379,redis://h2:6379,redis://h3:6379\n",
         "  redlock run --no-wait nightly-report -- /usr/local/bin/nightly-report\n",
+        "  redlock run --shared --wait 1m catalog -- ./read-catalog\n",
         "\nThe manual page: `redlock man | man -l -`; shell completions: `redlock completions bash`.\n",
     )
 )]
@@ -180,11 +195,14 @@ pub struct Acquisition {
     #[arg(short = 'E', long, value_name = "N", help_heading = TAKING)]
     pub conflict_exit_code: Option<u8>,
 
-    /// Take a fenced lock: it comes with a fencing token, a number larger
-    /// than that of every earlier fenced lock on the resource, for the
-    /// protected storage to check.
-    #[arg(long, help_heading = TAKING)]
-    pub fenced: bool,
+    #[command(flatten)]
+    pub kind: KindArgs,
+
+    /// The label stored with the lock on each node, which `redlock status`
+    /// shows: who holds it (1 to 200 bytes, no control characters).
+    /// Default: this host's name and redlock's pid, `HOST:PID`.
+    #[arg(long, value_name = "LABEL", help_heading = TAKING)]
+    pub owner: Option<String>,
 
     /// Say on standard error when waiting starts and when the lock is had,
     /// and why it was not had (in full, with each node's answer).
@@ -192,13 +210,44 @@ pub struct Acquisition {
     pub verbose: bool,
 }
 
-impl Acquisition {
-    /// The kind of lock `--fenced` asks for.
+/// Which kind of lock: `run`'s, `acquire`'s, `extend`'s and `release`'s.
+/// Without any, an exclusive lock (the write side of `--shared`).
+#[derive(Debug, Args)]
+#[group(multiple = false)]
+pub struct KindArgs {
+    /// A fenced lock: exclusive, with a fencing token, a number larger
+    /// than that of every earlier fenced lock on the resource, for the
+    /// protected storage to check.
+    #[arg(long, help_heading = KIND)]
+    pub fenced: bool,
+
+    /// The read side of a read-write lock (like flock -s): any number of
+    /// --shared holders at once, or one exclusive holder (a plain or
+    /// fenced lock on the same resource), never both. No fencing token.
+    #[arg(long, help_heading = KIND)]
+    pub shared: bool,
+
+    /// One of K permits: at most K holders at once. Every holder of the
+    /// resource must give the same K. A holder needs more than N K / (K + 1)
+    /// of the N nodes: a majority for K = 1, 4 of 5 nodes for K = 2 or 3,
+    /// all 3 of 3 for K >= 2 (no node may be down). No fencing token.
+    #[arg(
+        long,
+        value_name = "K",
+        value_parser = clap::value_parser!(u32).range(1..),
+        help_heading = KIND
+    )]
+    pub semaphore: Option<u32>,
+}
+
+impl KindArgs {
+    /// The kind of lock the flags ask for.
     pub fn kind(&self) -> Kind {
-        if self.fenced {
-            Kind::Fenced
-        } else {
-            Kind::Plain
+        match (self.fenced, self.shared, self.semaphore) {
+            (_, _, Some(permits)) => Kind::Semaphore(permits),
+            (_, true, _) => Kind::Shared,
+            (true, _, _) => Kind::Fenced,
+            _ => Kind::Plain,
         }
     }
 }
@@ -212,6 +261,13 @@ impl Acquisition {
         "Take the lock on RESOURCE, run COMMAND with its arguments while holding it, keep the lock alive \
 while the command runs (it is extended each time a third of its validity is left), release it when the \
 command ends, and exit with the command's status.\n\n",
+        "By default the lock is exclusive: one run at a time. With --shared, the run holds the read side \
+(like flock -s): --shared runs on RESOURCE run at once, and a run without --shared (the write side) waits \
+until none is left. A waiting exclusive run keeps new --shared runs from starting (it marks its intent on \
+the nodes), so readers cannot starve it. With --semaphore K, at most K runs hold RESOURCE at once; every \
+run on it must give the same K. Waiting, keeping the lock alive and stopping the command work the same for \
+every kind. A lock held as another kind (--semaphore with another K, or --semaphore against --shared) \
+is a usage error (64): waiting cannot fix it.\n\n",
         "By default wait for the lock as long as it takes (while too few nodes answer, saying so on standard \
 error at once and then at most every 10 s); --wait bounds the wait and --no-wait (-n) gives up at once. \
 The wait is not a poll: it ends as soon as the holder releases the lock, whatever --retry-delay. \
@@ -249,7 +305,8 @@ meanwhile. Ctrl-Z does not suspend the command (a suspended job would hold the l
 once. Standard input, output and error are redlock's, and the exit status is the command's.\n\n",
         "The command's environment gets REDLOCK_RESOURCE, REDLOCK_TOKEN and, with --fenced, \
 REDLOCK_FENCING_TOKEN (pass it to the storage you write, which should refuse a token lower than one it \
-has seen).\n\n",
+has seen). The lock is labelled with --owner (default HOST:PID, of redlock), which `redlock status` \
+shows.\n\n",
         nodes_note!()
     ),
     after_help = "Run `redlock run --help` for the exit codes and an example.",
@@ -257,6 +314,7 @@ has seen).\n\n",
         "Exit codes:\n",
         code_line!("any  ", "the command's own exit status (0 when it succeeded), when it ran with\n         the lock held throughout"),
         common_codes!(),
+        code_line!("64   ", "also: the lock is held as another kind (--shared, --semaphore K with\n         another K): the command did not run"),
         code_line!("75   ", "the lock is held by another client (or was until --wait ran out):\n         the command did not run; --conflict-exit-code changes it"),
         code_line!("77   ", "too many nodes refuse this client for a quorum (a wrong or missing\n         password, a missing ACL permission, TLS, an unknown host): waiting cannot fix that"),
         code_line!("76   ", "the lock was lost or about to run out while the command ran, or\n         --max-hold was reached: the command's processes were stopped\n         (SIGTERM, then SIGKILL), or are named as left running; or the lock\n         was lost or about to run out before the command started, which did\n         not run"),
@@ -277,6 +335,11 @@ has seen).\n\n",
         "\n",
         "  # a shell command line, as flock -c runs one\n",
         "  redlock run -c 'make && make install' build\n",
+        "\n",
+        "  # readers at once, or one writer; at most 2 exports at a time\n",
+        "  redlock run --shared catalog -- ./read-catalog\n",
+        "  redlock run catalog -- ./rewrite-catalog\n",
+        "  redlock run --semaphore 2 export -- ./export.sh\n",
     )
 )]
 pub struct RunArgs {
@@ -346,6 +409,9 @@ impl RunArgs {
 fencing token, separated by a space). The lock is not kept alive: it expires after --ttl unless \
 `redlock extend` renews it in time, and `redlock release` gives it back. For scripts that take and give \
 back a lock in separate steps; `redlock run` is simpler where it fits.\n\n",
+        "--shared takes the read side of a read-write lock, --semaphore K one of K permits (see `redlock run \
+--help`). Give `extend` and `release` the same kind flag: they need it to find the lock. The lock is \
+labelled with --owner (default HOST:PID), which `redlock status` shows.\n\n",
         "Waits as `redlock run` does (--wait, --no-wait; while too few nodes answer, it says so on standard \
 error; the wait ends as soon as the holder releases the lock); a signal while waiting ends the wait at once \
 (within --io-timeout).\n\n",
@@ -356,6 +422,7 @@ error; the wait ends as soon as the holder releases the lock); a signal while wa
         "Exit codes:\n",
         code_line!("0    ", "the lock is had: its token was printed"),
         common_codes!(),
+        code_line!("64   ", "also: the lock is held as another kind (--shared, --semaphore K with\n         another K)"),
         code_line!("74   ", "the token could not be printed (standard output closed, a broken\n         pipe, a full disk): the lock was released, or never taken"),
         code_line!("75   ", "the lock is held by another client (or was until --wait ran out);\n         --conflict-exit-code changes it"),
         code_line!("77   ", "too many nodes refuse this client for a quorum (a wrong or missing\n         password, a missing ACL permission, TLS, an unknown host): waiting cannot fix that"),
@@ -364,6 +431,9 @@ error; the wait ends as soon as the holder releases the lock); a signal while wa
         "  token=$(redlock acquire --ttl 5m migrate) || exit\n",
         "  ./migrate step-1 && redlock extend --ttl 5m migrate \"$token\" && ./migrate step-2\n",
         "  redlock release migrate \"$token\"\n",
+        "\n",
+        "  token=$(redlock acquire --semaphore 3 export) || exit\n",
+        "  ./export.sh; redlock release --semaphore 3 export \"$token\"\n",
     )
 )]
 pub struct AcquireArgs {
@@ -380,10 +450,12 @@ pub struct AcquireArgs {
 /// `redlock extend`.
 #[derive(Debug, Args)]
 #[command(
+    mut_arg("fenced", fenced_as_plain),
     about = "Extend a lock taken with acquire",
     long_about = concat!(
         "Make the lock on RESOURCE that TOKEN holds last --ttl from now, if a quorum of nodes still holds \
 it. Prints nothing (with --json: the validity left).\n\n",
+        kind_note!(),
         "When too few nodes answer, it tries again up to 3 times, each after 200 ms plus up to 100 ms at \
 random (as the library does by default); when too many nodes no longer \
 hold the token, the lock is lost and it does not try again.\n\n",
@@ -394,9 +466,11 @@ hold the token, the lock is lost and it does not try again.\n\n",
         "Exit codes:\n",
         code_line!("0    ", "extended"),
         common_codes!(),
-        code_line!("76   ", "the lock was lost: it had expired, or another client holds it now"),
+        code_line!("64   ", "also: the lock is held as another shared or counted kind than the\n         one given"),
+        code_line!("76   ", "the lock was lost: it had expired, or another client holds it now;\n         or it is held as an exclusive lock and --shared or --semaphore was\n         given, or the other way round"),
         "\nExample:\n",
         "  redlock extend --ttl 5m migrate \"$token\" || { echo 'lost the lock' >&2; exit 1; }\n",
+        "  redlock extend --shared --ttl 5m catalog \"$token\"\n",
     )
 )]
 pub struct ExtendArgs {
@@ -414,10 +488,12 @@ pub struct ExtendArgs {
 /// `redlock release`.
 #[derive(Debug, Args)]
 #[command(
+    mut_arg("fenced", fenced_as_plain),
     about = "Release a lock taken with acquire",
     long_about = concat!(
         "Release the lock on RESOURCE that TOKEN holds: delete it on every node that still holds that \
 token, and nothing else. Prints nothing (with --json: what each node answered).\n\n",
+        kind_note!(),
         nodes_note!()
     ),
     after_help = "Run `redlock release --help` for the exit codes and an example.",
@@ -425,9 +501,11 @@ token, and nothing else. Prints nothing (with --json: what each node answered).\
         "Exit codes:\n",
         code_line!("0    ", "released"),
         common_codes!(),
+        code_line!("64   ", "also: the lock is held as another kind than the one given (--shared,\n         --semaphore K): nothing was released"),
         code_line!("76   ", "the lock was not held any more: it had expired (and may have been\n         taken); the work done under it may have overlapped another holder's"),
         "\nExample:\n",
         "  redlock release migrate \"$token\"\n",
+        "  redlock release --semaphore 3 export \"$token\"\n",
     )
 )]
 pub struct ReleaseArgs {
@@ -438,10 +516,13 @@ pub struct ReleaseArgs {
     pub lock: LockRef,
 }
 
-/// A lock taken by `redlock acquire`, named by its resource and token:
-/// `extend`'s and `release`'s operands.
+/// A lock taken by `redlock acquire`, named by its resource, token and
+/// kind: `extend`'s and `release`'s operands.
 #[derive(Debug, Args)]
 pub struct LockRef {
+    #[command(flatten)]
+    pub kind: KindArgs,
+
     /// The lock's name.
     pub resource: String,
 
@@ -454,10 +535,12 @@ pub struct LockRef {
 #[command(
     about = "Show what each node holds for a lock",
     long_about = concat!(
-        "Show what each node holds for RESOURCE right now: held or free, the time left, the holder's token \
-by its first 8 characters (the whole token would let anyone release the lock), the fencing counter, and \
-whether a quorum holds one token (then the lock is held). Read-only: GET and PTTL in one MULTI on each \
-node.\n\n",
+        "Show what each node holds for RESOURCE right now: free, held by one exclusive holder, or by \
+--shared or --semaphore holders; for each holder its token by its first 8 characters (the whole token \
+would let anyone release the lock), its owner label (--owner; HOST:PID by default) and the time left; \
+and the fencing counter. Then what a quorum says: held by one token, or by which shared or counted \
+holders (and for a semaphore of K permits, how many are left), or free. Read-only: one read-only \
+script on each node.\n\n",
         "When fewer than a quorum of nodes answer, whether the lock is held cannot be told: it says \
 \"unknown\" (with --json, \"held\": null) and exits with 69.\n\n",
         nodes_note!()
@@ -470,6 +553,7 @@ node.\n\n",
         "\nExample:\n",
         "  redlock status nightly-report\n",
         "  redlock status --json nightly-report | jq .held\n",
+        "  redlock status --json export | jq '.holders[].owner, .permits_left'\n",
     )
 )]
 pub struct StatusArgs {
@@ -567,6 +651,12 @@ fn watchdog_pause(arg: clap::Arg) -> clap::Arg {
     arg.help(format!(
         "{shared}. Also the pause before the watchdog retries a failed extension while the command runs"
     ))
+}
+
+/// `extend`'s and `release`'s `--fenced`: accepted, so that the flags of
+/// `acquire` work as they are; a fenced lock is found as a plain one.
+fn fenced_as_plain(arg: clap::Arg) -> clap::Arg {
+    arg.help("A fenced lock: the same as none here (a fenced lock is extended and released as a plain one)")
 }
 
 /// Parses a human duration: `500ms`, `30s`, `5m`, `1h 30m`.

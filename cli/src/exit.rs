@@ -11,11 +11,11 @@ use std::io::{self, Write};
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use redlock_sync::{LockError, NodeOutcome, Report};
+use redlock_sync::{LockError, NodeError, NodeOutcome, Report};
 use serde_json::{json, Value};
 
-/// Bad usage: an option, a duration, a URL, a token, no nodes
-/// (`EX_USAGE`).
+/// Bad usage: an option, a duration, a URL, a token, no nodes; or a lock
+/// held as another kind than the flags say (`EX_USAGE`).
 pub const USAGE: u8 = 64;
 /// Too few nodes answered to decide (`EX_UNAVAILABLE`).
 pub const NODES: u8 = 69;
@@ -89,6 +89,9 @@ impl Failure {
     /// The failure for a library error. `conflict` is the code for a lock
     /// held by another client.
     pub fn from_lock(e: LockError, conflict: u8) -> Failure {
+        if let Some(failure) = wrong_kind(&e) {
+            return failure;
+        }
         let (code, kind) = match &e {
             LockError::Config(_) | LockError::Argument(_) => (USAGE, "usage"),
             LockError::Contended { .. } => (conflict, "conflict"),
@@ -140,6 +143,30 @@ impl Failure {
             let _ = print_line(format_args!("{out}"));
         }
     }
+}
+
+/// The usage failure for a lock held as another kind than the one given
+/// (a node's [`NodeError::OtherKind`]): the flags are wrong, and waiting
+/// cannot fix it. `None` for any other error.
+fn wrong_kind(e: &LockError) -> Option<Failure> {
+    let LockError::Unusable {
+        resource, report, ..
+    } = e
+    else {
+        return None;
+    };
+    let held_as = report.nodes.iter().find_map(|n| match &n.outcome {
+        NodeOutcome::Failed(NodeError::OtherKind(what)) => Some(what),
+        _ => None,
+    })?;
+    let message = format!(
+        "`{resource}` is held as {held_as}, another kind than the one given: give the kind it was \
+         taken with (--shared, --semaphore K with the same K, or neither for an exclusive lock)"
+    );
+    Some(Failure {
+        report: Some(report.clone()),
+        ..Failure::new(USAGE, "wrong_kind", message)
+    })
 }
 
 /// Says `message` on standard error, after `redlock: `. A standard error

@@ -22,8 +22,9 @@ pub fn acquire(args: &AcquireArgs) -> Result<u8, Failure> {
     let locks = nodes::client(&args.nodes, |builder| paced(builder, take))?;
     let events = Events::listen(Role::Tool)?;
     let resource = args.resource.as_str();
+    let plan = WaitPlan::new(take);
     // The library's wait, which a signal cancels and a release wakes.
-    let lock = keep_trying(&WaitPlan::new(take), &events, resource, |form| match form {
+    let lock = keep_trying(&plan, &events, resource, |form| match form {
         Form::Once(options) => locks.try_acquire(resource, options),
         Form::Wait(options) => locks.acquire(resource, options),
     })?;
@@ -37,6 +38,9 @@ pub fn acquire(args: &AcquireArgs) -> Result<u8, Failure> {
         json!({
             "resource": resource,
             "token": lock.token().to_string(),
+            "kind": kind_name(lock.kind()),
+            "permits": permits(lock.kind()),
+            "owner": plan.owner(),
             "fencing_token": lock.fencing_token(),
             "validity_ms": millis(lock.validity()),
             "nodes": nodes_json(lock.report()),
@@ -142,6 +146,25 @@ fn rebuilt(nodes: &NodeArgs, named: &LockRef) -> Result<(Redlock, Lock), Failure
                 .jitter(Duration::from_millis(100)),
         )
     })?;
-    let lock = Lock::from_token(named.resource.as_str(), token, Kind::Plain)?;
+    let lock = Lock::from_token(named.resource.as_str(), token, named.kind.kind())?;
     Ok((locks, lock))
+}
+
+/// A semaphore's permits, for `--json` output; `None` for other kinds.
+fn permits(kind: Kind) -> Option<u32> {
+    match kind {
+        Kind::Semaphore(k) => Some(k),
+        _ => None,
+    }
+}
+
+/// A kind's name in `--json` output: `plain`, `fenced`, `shared`,
+/// `semaphore`.
+fn kind_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Fenced => "fenced",
+        Kind::Shared => "shared",
+        Kind::Semaphore(_) => "semaphore",
+        _ => "plain",
+    }
 }

@@ -14,7 +14,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redlock_sync::{LockError, LockOptions, NodeOutcome, Patience, RedlockBuilder, Report};
+use redlock_sync::{
+    LockError, LockOptions, NodeError, NodeOutcome, Patience, RedlockBuilder, Report,
+};
 
 use crate::args::Acquisition;
 use crate::events::Events;
@@ -39,8 +41,10 @@ pub struct WaitPlan {
     no_wait: bool,
     /// The fixed part of the pause (see [`paced`]).
     delay: Duration,
-    /// The options of every attempt: the TTL and the kind.
+    /// The options of every attempt: the TTL, the kind and the owner.
     options: LockOptions,
+    /// The owner label in `options`.
+    owner: String,
     /// `-E`: the exit code for a lock held by another client, which is
     /// then not said unless `verbose`.
     conflict: Option<u8>,
@@ -55,6 +59,23 @@ pub fn paced(builder: RedlockBuilder, args: &Acquisition) -> RedlockBuilder {
             .delay(args.retry_delay)
             .jitter(args.retry_delay / 2),
     )
+}
+
+/// The owner label of the lock: `--owner`, else this host's name and the
+/// tool's pid, `HOST:PID` (`unknown:PID` where the name cannot be read).
+fn owner(args: &Acquisition) -> String {
+    if let Some(label) = &args.owner {
+        return label.clone();
+    }
+    #[cfg(unix)]
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|name| name.into_string().ok())
+        .filter(|name| !name.is_empty());
+    #[cfg(not(unix))]
+    let host = std::env::var("COMPUTERNAME").ok();
+    let host = host.unwrap_or_else(|| "unknown".to_string());
+    format!("{host}:{}", std::process::id())
 }
 
 /// One call to the library: which form, with which options.
@@ -78,14 +99,23 @@ enum Step {
 impl WaitPlan {
     /// The plan that the options of `args` ask for, counted from now.
     pub fn new(args: &Acquisition) -> WaitPlan {
+        let owner = owner(args);
         WaitPlan {
             deadline: args.wait.and_then(|wait| Instant::now().checked_add(wait)),
             no_wait: args.no_wait,
             delay: args.retry_delay,
-            options: LockOptions::new(args.ttl).kind(args.kind()),
+            options: LockOptions::new(args.ttl)
+                .kind(args.kind.kind())
+                .owner(&owner),
+            owner,
             conflict: args.conflict_exit_code,
             verbose: args.verbose,
         }
+    }
+
+    /// The owner label that each attempt stores with the lock.
+    pub fn owner(&self) -> &str {
+        &self.owner
     }
 
     /// The failure for a library error, with this wait's conflict code.
@@ -316,11 +346,13 @@ pub fn warn_refusals(report: &Report) {
 /// The nodes of `report` that cannot serve this client however long it
 /// waits, each with its cause, which names the node. These are the
 /// library's `NodeError::is_permanent`: a refused password, a missing ACL
-/// permission, a TLS failure, a host that does not exist.
+/// permission, a TLS failure, a host that does not exist. Not a lock held
+/// as another kind: that is the flags' fault ([`Failure::from_lock`]).
 fn refusing(report: &Report) -> Vec<(&Arc<str>, String)> {
     report
         .unusable()
         .filter_map(|n| match &n.outcome {
+            NodeOutcome::Failed(NodeError::OtherKind(_)) => None,
             NodeOutcome::Failed(e) => Some((&n.node, format!("node `{}`: {e}", n.node))),
             _ => None,
         })

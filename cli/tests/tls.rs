@@ -30,11 +30,7 @@ fn acquire_status_run_and_release_over_tls() {
     let token = text(&out.stdout).trim().to_string();
     assert_eq!(token.len(), 40, "the token alone on stdout: {token:?}");
     // The harness inspects over the nodes' plain ports.
-    let holders = cluster
-        .nodes()
-        .iter()
-        .filter(|node| node.get("deploy").unwrap().as_deref() == Some(&*token))
-        .count();
+    let holders = holders(&cluster, "deploy", &token);
     assert!(holders >= 2, "a quorum holds the token: {holders} of 3");
 
     // status reads every node over TLS too.

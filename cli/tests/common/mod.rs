@@ -258,12 +258,16 @@ pub fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
-/// How many nodes hold `resource` with the value `token`.
+/// How many nodes hold `resource` with `token` (or with the token of a
+/// value `token` read from a node): the stored value is the token, then a
+/// space and the owner label.
 pub fn holders(cluster: &Cluster, resource: &str, token: &str) -> usize {
+    let token = token.split(' ').next();
+    let held = |value: Option<String>| value.is_some_and(|v| v.split(' ').next() == token);
     cluster
         .nodes()
         .iter()
-        .filter(|node| node.get(resource).ok().flatten().as_deref() == Some(token))
+        .filter(|node| held(node.get(resource).ok().flatten()))
         .count()
 }
 
@@ -427,4 +431,26 @@ pub fn stamps(path: &Path) -> Vec<(String, f64)> {
 /// [`stamps`].
 pub fn stamp(path: &Path, label: &str) -> String {
     format!("echo \"{label} $(date +%s.%N)\" >> '{}'", path.display())
+}
+
+/// The members of `resource`'s sorted set on each node: the holders of a
+/// `--shared` or `--semaphore` lock (0 where the key is absent).
+pub fn members_on(cluster: &Cluster, resource: &str) -> Vec<i64> {
+    let count = |node: &redlock_sync_testing::Node| match node.query(&["ZCARD", resource]) {
+        Ok(redis::Value::Int(n)) => n,
+        _ => 0,
+    };
+    cluster.nodes().iter().map(count).collect()
+}
+
+/// This host's name, as the tool's default owner label has it
+/// (`HOST:PID`).
+pub fn host_name() -> String {
+    let name = read(Path::new("/proc/sys/kernel/hostname"));
+    let name = name.trim();
+    if name.is_empty() {
+        "unknown".to_string()
+    } else {
+        name.to_string()
+    }
 }
