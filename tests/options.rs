@@ -83,7 +83,10 @@ fn a_fenced_lock_over_several_resources_is_refused_before_any_round() {
         .map(drop),
     ] {
         assert!(
-            matches!(refused, Err(LockError::Argument(ArgumentError::OneResource("fenced")))),
+            matches!(
+                refused,
+                Err(LockError::Argument(ArgumentError::OneResource("fenced")))
+            ),
             "{refused:?}"
         );
     }

@@ -330,3 +330,92 @@ fn shared_and_counted_guards_are_kept_past_their_ttl_by_the_watchdog() {
     reader.unlock().expect("held throughout");
     holder.unlock().expect("held throughout");
 }
+
+/// How many scripts node `i` has run.
+fn commands_run(nodes: &redlock_sync_testing::Cluster, i: usize) -> u64 {
+    let info = match nodes.node(i).query(&["INFO", "commandstats"]) {
+        Ok(redis::Value::BulkString(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
+        Ok(redis::Value::VerbatimString { text, .. }) => text,
+        other => panic!("INFO commandstats: {other:?}"),
+    };
+    let calls = |command: &str| -> u64 {
+        (info.lines())
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    calls("evalsha") + calls("eval")
+}
+
+#[test]
+fn an_uncontended_shared_or_counted_acquisition_is_one_round() {
+    let nodes = cluster(3);
+    let locks = client(&nodes);
+    // A first lock opens the connections (their handshake loads scripts).
+    locks.release(locks.acquire("warm", TTL).unwrap()).unwrap();
+    for options in [shared(TTL), permits(3, TTL)] {
+        let before: Vec<u64> = (0..3).map(|i| commands_run(&nodes, i)).collect();
+        let lock = locks.acquire("once", options).expect("uncontended");
+        let after: Vec<u64> = (0..3).map(|i| commands_run(&nodes, i)).collect();
+        // One script a node; INFO itself is not counted here.
+        for (b, a) in before.iter().zip(&after) {
+            assert!(a - b <= 1, "{before:?} -> {after:?}");
+        }
+        assert!(after.iter().zip(&before).filter(|(a, b)| a > b).count() >= 2);
+        locks.release(lock).expect("release");
+    }
+}
+
+#[test]
+fn a_waiter_for_a_permit_is_woken_by_the_release_not_by_its_pause() {
+    let nodes = cluster(3);
+    let holder = client(&nodes);
+    let held = holder.acquire("slot", permits(1, TTL)).expect("the permit");
+    let waiter = common::slow_retrying_client(&nodes);
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| {
+            let got = waiter.acquire("slot", permits(1, TTL));
+            (got, Instant::now())
+        });
+        // Its first attempt failed, and it listens for the release.
+        wait_until(Duration::from_secs(5), "the waiter listens", || {
+            common::listeners(&nodes, 0, "slot") > 0
+        });
+        let released = Instant::now();
+        holder.release(held).expect("release");
+        let (got, at) = waiting.join().unwrap();
+        waiter.release(got.expect("woken")).expect("release");
+        // Its pause is 10 s: it came at the news.
+        assert!(
+            at - released < Duration::from_secs(3),
+            "{:?}",
+            at - released
+        );
+    });
+}
+
+#[test]
+fn plain_scripts_take_a_readers_key_for_another_holder_not_for_a_node_error() {
+    let nodes = cluster(3);
+    let locks = client(&nodes);
+    let reader = locks.acquire("mixed", shared(TTL)).expect("a reader");
+    let stranger = redlock_sync::Token::random().unwrap();
+    let mut writer = Lock::from_token("mixed", stranger, Kind::Plain).unwrap();
+    match locks.extend(&mut writer, TTL) {
+        Err(LockError::Lost { report, .. }) => {
+            assert_eq!(report.refused(), 3, "{report:?}");
+        }
+        other => panic!("expected Lost, refused everywhere: {other:?}"),
+    }
+    let fenced = Lock::from_token("mixed", stranger, Kind::Fenced).unwrap();
+    match locks.release(fenced) {
+        Err(LockError::Lost { report, .. }) => assert_eq!(report.failed(), 0, "{report:?}"),
+        other => panic!("expected Lost, refused everywhere: {other:?}"),
+    }
+    let view = locks.inspect("mixed").expect("inspect");
+    assert!(matches!(view.verdict(), Verdict::Shared { .. }), "{view:?}");
+    let rows = locks.with_lock("mixed", shared(TTL), |_| Ok::<_, LockError>(7));
+    assert_eq!(rows.expect("a second reader in a closure"), 7);
+    locks.release(reader).expect("release");
+}
