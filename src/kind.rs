@@ -240,8 +240,8 @@ impl Kind {
             }
             (Kind::Plain, [one]) if !waited => Command::acquire(one, value, ttl.ms()),
             (Kind::Plain, _) => Command::script(&script::ACQUIRE_MANY, &with_intents(), args),
-            (_, [one]) => self.shared("acquire", one, &[value, &number]),
-            _ => unreachable!("checked: one resource"),
+            // Checked: one resource.
+            (_, one) => self.shared("acquire", &one[0], &[value, &number]),
         }
     }
 
