@@ -705,10 +705,9 @@ impl Redlock {
     ) -> Vec<Tally> {
         let inner = &*self.inner;
         let n = inner.nodes.len();
-        let quorums: Vec<usize> = calls.iter().map(|(kind, _)| kind.quorum(n)).collect();
-        let quorum = quorums[0];
         // A call's quorum, grants, refusals, and largest counter.
-        let mut counts: Vec<_> = quorums.iter().map(|&q| (q, 0, 0, 0)).collect();
+        let mut counts: Vec<_> = calls.iter().map(|(k, _)| (k.quorum(n), 0, 0, 0)).collect();
+        let quorum = counts[0].0;
         let every_reply = matches!(ask, Ask::EveryReply);
         let start = Instant::now();
         // The fewest replies that can decide: a quorum of grants, or
