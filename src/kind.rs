@@ -13,8 +13,8 @@ use crate::token::Token;
 ///
 /// A counter never expires: it must outlive every lock to keep tokens
 /// rising. It costs one small key per resource ever locked with
-/// [`Kind::Fenced`]. The prefix is reserved: locking a name under it fails
-/// with [`ArgumentError::ReservedResource`].
+/// [`Kind::Fenced`]. The crate reserves `redlock-sync:` for its keys:
+/// locking a name under it fails with [`ArgumentError::ReservedResource`].
 /// Deleting a counter is safe, given the clock caveats in [`Kind`].
 ///
 /// ```
@@ -137,16 +137,20 @@ pub enum Kind {
     Fenced,
     /// The read side of a read-write lock on one resource: any number of
     /// `Shared` holders at once, or one writer ([`Plain`](Self::Plain) or
-    /// [`Fenced`](Self::Fenced)), never both. One round. The safety
-    /// argument, the writers' turn and the costs are in
+    /// [`Fenced`](Self::Fenced)), never both. One round. Readers get no
+    /// fencing token: they do not exclude one another. Several resources
+    /// fail with [`ArgumentError::OneResource`]. The safety argument, the
+    /// writers' turn and the costs are in
     /// [the contract](crate::contract#shared-and-counted-locks).
     Shared,
     /// A semaphore: at most `K` holders of one resource at once. Each node
     /// admits at most `K`, and a holder needs more than `N K / (K + 1)` of
     /// the `N` nodes: a majority for `K = 1`, 4 of 5 nodes for `K = 2` or
     /// 3, all 5 from `K = 4`. One round. `K = 0` fails with
-    /// [`ArgumentError::ZeroPermits`]. See
-    /// [the contract](crate::contract#shared-and-counted-locks).
+    /// [`ArgumentError::ZeroPermits`], several resources with
+    /// [`ArgumentError::OneResource`]. While holders live, a call with
+    /// another `K` fails with [`NodeError::OtherKind`](crate::NodeError::OtherKind).
+    /// See [the contract](crate::contract#shared-and-counted-locks).
     Semaphore(u32),
 }
 
