@@ -500,9 +500,10 @@ impl Redlock {
         }
     }
 
-    /// One extension round for all of `locks`, each by its checked TTL: one
-    /// [`script::EXTEND`] call a node. Each lock is judged on its own part
-    /// of the replies, as if the round were its alone. Returns one outcome a
+    /// Extension rounds for all of `locks`, each by its checked TTL: one
+    /// [`script::EXTEND`] call a node, then one [`script::SHARED`] call for
+    /// the shared and counted ones. Each lock is judged on its own part of
+    /// the replies, as if the round were its alone. Returns one outcome a
     /// lock, in order. The rules are in `docs/contract.md`.
     pub(crate) fn extend_all(
         &self,

@@ -43,6 +43,10 @@ pub(crate) const QUIET: &[u8] = b"quiet";
 /// `PUBLISH` goes by `pcall`. A user without channel permissions (the ACL
 /// default since Redis 7) still releases; waiters sleep out their pause.
 ///
+/// A holder's release also deletes the writers' intents ([`ACQUIRE_MANY`])
+/// on every node: one left where it lost would keep readers out for a TTL.
+/// A writer still waiting sets its intent again at its next attempt.
+///
 /// A key of another type is held by another, unless our token is among its
 /// members: then it is the wrong kind's release (`WRONGKIND`, an error).
 pub(crate) const RELEASE: Script = Script {
@@ -61,12 +65,13 @@ pub(crate) const RELEASE: Script = Script {
            redis.call('del', key)\n    \
            if string.byte(v, 41) ~= 126 then n = n + 1 end\n  \
            end\n  \
+           if ARGV[2] == nil then redis.call('del', 'redlock-sync:intent:' .. key) end\n  \
            if ARGV[2] == nil and (ours or v == false) then\n    \
            redis.pcall('publish', 'redlock-sync:released:' .. key, ARGV[1])\n  \
            end\n\
            end\n\
            return n",
-    sha: "a57fc277043d4ecf0f98312c70a6894a0349922b",
+    sha: "2c4b8aae63060934e5126944f1f1d4c970cdee76",
 };
 
 /// Extends many locks in one call. `ARGV[1]` is the round's re-take mark.
@@ -94,7 +99,12 @@ pub(crate) const EXTEND: Script = Script {
              local token, locks, vote = string.sub(value, 1, 40), n - ((fence or 0) > 0 and 1 or 0), 1\n  \
              for i = k + 1, k + locks do\n    \
                local v = redis.pcall('get', KEYS[i])\n    \
-               if type(v) == 'table' or v and string.sub(v, 1, 40) ~= token then vote = 0\n    \
+               if type(v) == 'table' then\n      \
+                 vote = 0\n      \
+                 for _, m in ipairs(redis.pcall('zrange', KEYS[i], 0, -1)) do\n        \
+                   if string.sub(m, 1, 40) == token then vote = redis.error_reply('WRONGKIND a shared lock or a semaphore') end\n      \
+                 end\n    \
+               elseif v and string.sub(v, 1, 40) ~= token then vote = 0\n    \
                elseif (not v or string.byte(v, 41) == 126) and vote == 1 then vote = fence and 2 or 3 end\n  \
              end\n  \
              local writes = vote == 1 or vote == 2\n  \
@@ -112,7 +122,7 @@ pub(crate) const EXTEND: Script = Script {
              out[#out + 1], k = vote, k + n\n\
            end\n\
            return out",
-    sha: "113c2ff348e7e7c265fc66d653a9511ea1ed19b9",
+    sha: "729392c39308d683f65eb7cb011c8210b5f67501",
 };
 
 /// Confirms one round's re-takes: a key marked with `ARGV[1]` (see
@@ -222,17 +232,16 @@ pub(crate) const SHARED: Script = Script {
            local now, op, out = time[1] * 1000 + math.floor(time[2] / 1000), ARGV[1], {}\n\
            for g = 2, #ARGV, 3 do\n  \
              local key, intent, kind, member, ttl, k = KEYS[g - 1], KEYS[g], KEYS[g + 1], ARGV[g], ARGV[g + 1], ARGV[g + 2]\n  \
-             local token, t, vote, mine = string.sub(member, 1, 40), redis.call('type', key).ok, 0\n  \
-             if t == 'zset' then\n    \
+             local token, t, held, vote, mine = string.sub(member, 1, 40), redis.call('type', key).ok, redis.call('get', kind), 0\n  \
+             if t == 'zset' and held then\n    \
                redis.call('zremrangebyscore', key, '-inf', now)\n    \
                for _, m in ipairs(redis.call('zrange', key, 0, -1)) do\n      \
                  if string.sub(m, 1, 40) == token then mine = m end\n    \
                end\n  \
              end\n  \
-             local held = redis.call('exists', key) == 1 and redis.call('get', kind)\n  \
-             if t ~= 'zset' and t ~= 'none' then\n    \
-               if t == 'string' and op ~= 'extend' and string.sub(redis.call('get', key), 1, 40) == token then vote = redis.error_reply('WRONGKIND a plain or fenced lock') end\n  \
-             elseif held and held ~= k then\n    \
+             if t ~= 'none' and not (t == 'zset' and held) then\n    \
+               if t == 'string' and string.sub(redis.call('get', key), 1, 40) == token then vote = redis.error_reply('WRONGKIND a plain or fenced lock') end\n  \
+             elseif held and held ~= k and redis.call('exists', key) == 1 then\n    \
                vote = redis.error_reply('WRONGKIND ' .. (held == '0' and 'a shared lock' or 'a semaphore of ' .. held .. ' permits'))\n  \
              elseif op == 'extend' then\n    \
                vote = mine and 1 or 3\n    \
@@ -253,7 +262,7 @@ pub(crate) const SHARED: Script = Script {
            end\n\
            if op == 'extend' then return out end\n\
            return out[1]",
-    sha: "07238d3ae8a62047413507ee8c5b310e51df6c1c",
+    sha: "e93bd1da9d93f44e35a9b7a98de9353e370baa1f",
 };
 
 /// One command, packed once, sent to every node of a round.

@@ -419,3 +419,76 @@ fn plain_scripts_take_a_readers_key_for_another_holder_not_for_a_node_error() {
     assert_eq!(rows.expect("a second reader in a closure"), 7);
     locks.release(reader).expect("release");
 }
+
+#[test]
+fn an_applications_sorted_set_at_the_resource_is_another_holder_and_left_untouched() {
+    let nodes = cluster(3);
+    let locks = client(&nodes);
+    for node in nodes.nodes() {
+        node.query(&["ZADD", "board", "10", "alice", "20", "bob"])
+            .unwrap();
+    }
+    let reader = locks.try_acquire("board", shared(TTL));
+    assert!(
+        matches!(reader, Err(LockError::Contended { .. })),
+        "{reader:?}"
+    );
+    let permit = locks.try_acquire("board", permits(2, TTL));
+    assert!(
+        matches!(permit, Err(LockError::Contended { .. })),
+        "{permit:?}"
+    );
+    for node in nodes.nodes() {
+        let members: Vec<String> =
+            redis::from_redis_value(node.query(&["ZRANGE", "board", "0", "-1"]).unwrap()).unwrap();
+        assert_eq!(members, ["alice", "bob"]);
+        assert_eq!(node.pttl("board").unwrap(), -1, "no expiry was set");
+    }
+    let view = locks.inspect("board").expect("inspect");
+    assert_eq!(view.verdict(), Verdict::Unknown, "{view:?}");
+}
+
+#[test]
+fn a_writers_release_clears_the_intents_it_left_where_readers_held() {
+    let nodes = cluster(3);
+    let locks = client(&nodes);
+    // Node 0 holds a reader's entry (of a reader that reached no quorum),
+    // and the intent of a writer that waited there.
+    let until = (std::time::SystemTime::now() + TTL)
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        .to_string();
+    let stray = "0123456789abcdef0123456789abcdef01234567";
+    let node = nodes.node(0);
+    node.query(&["ZADD", "hall", &until, stray]).unwrap();
+    node.query(&["SET", "redlock-sync:kind:hall", "0", "PX", "10000"])
+        .unwrap();
+    node.query(&["SET", "redlock-sync:intent:hall", "1", "PX", "10000"])
+        .unwrap();
+    let writer = locks.try_acquire("hall", TTL).expect("nodes 1 and 2 grant");
+    locks.release(writer).expect("release");
+    assert_eq!(node.get("redlock-sync:intent:hall").unwrap(), None);
+    // With node 2 down, readers need node 0: no intent may keep them out.
+    nodes.node(2).pause().expect("pause");
+    let reader = locks.try_acquire("hall", shared(TTL));
+    nodes.node(2).resume().expect("resume");
+    locks.release(reader.expect("nodes 0 and 1 admit")).ok();
+}
+
+#[test]
+fn extending_with_the_wrong_kind_is_refused_and_changes_nothing() {
+    let nodes = cluster(3);
+    let locks = client(&nodes);
+    let reader = locks.acquire("desk", shared(TTL)).expect("a reader");
+    let mut wrong = Lock::from_token("desk", *reader.token(), Kind::Plain).unwrap();
+    assert!(other_kind(locks.extend(&mut wrong, TTL)));
+    let writer = locks.acquire("door", TTL).expect("a writer");
+    let mut wrong = Lock::from_token("door", *writer.token(), Kind::Shared).unwrap();
+    assert!(other_kind(locks.extend(&mut wrong, TTL)));
+    for lock in [reader, writer] {
+        locks
+            .release(lock)
+            .expect("still held: nothing was cleaned up");
+    }
+}

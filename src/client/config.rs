@@ -13,10 +13,10 @@ use crate::retry::RetryPolicy;
 use crate::setters::setters;
 use crate::time::later;
 
-/// The largest TTL accepted. Redis rejects expiry times that overflow a
-/// signed 64-bit count of milliseconds since the epoch. Half that range
-/// leaves room for any clock.
-pub const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 2);
+/// The largest TTL accepted: 2^52 ms, about 142,000 years. Shared and
+/// counted locks keep expiry times as doubles, exact below 2^53 ms since
+/// the epoch; the rest of that range leaves room for any clock.
+pub const MAX_TTL: Duration = Duration::from_millis(1 << 52);
 
 /// The largest `io_timeout` and `connect_timeout` accepted: a round that
 /// may take longer than an hour is no lock round.

@@ -13,6 +13,8 @@ use crate::script::{Command, Script};
 
 /// Reads the fencing counter, the kind of a sorted set's holders, then each
 /// live holder's value and time left: a writer's key, or the set's members.
+/// A key of another type, or a sorted set not of this crate, is an error:
+/// the node's view is unknown.
 /// It has no bit: it always goes as `EVAL`, and is never loaded with the
 /// lock scripts.
 const INSPECT: Script = Script {
@@ -21,14 +23,14 @@ const INSPECT: Script = Script {
            local now = time[1] * 1000 + math.floor(time[2] / 1000)\n\
            local t, out = redis.call('type', KEYS[1]).ok, {redis.call('get', KEYS[2]) or '', ''}\n\
            if t == 'zset' then\n  \
-             out[2] = redis.call('get', KEYS[3]) or '0'\n  \
+             out[2] = redis.call('get', KEYS[3]) or redis.call('get', KEYS[1])\n  \
              local z = redis.call('zrangebyscore', KEYS[1], '(' .. now, '+inf', 'withscores')\n  \
              for i = 1, #z, 2 do out[#out + 1] = z[i] out[#out + 1] = z[i + 1] - now end\n\
-           elseif t == 'string' then\n  \
+           else\n  \
              out[3], out[4] = redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1])\n\
            end\n\
            return out",
-    sha: "0a3124072c9e76ee31b6f2c10288ca671f6abb07",
+    sha: "b67816d3c87c63f1ed5f6494d8ef3c1fb0920e1e",
 };
 
 /// How many characters of a token [`inspect`](Redlock::inspect) shows:
