@@ -26,11 +26,11 @@ const INSPECT: Script = Script {
              out[2] = redis.call('get', KEYS[3]) or redis.call('get', KEYS[1])\n  \
              local z = redis.call('zrangebyscore', KEYS[1], '(' .. now, '+inf', 'withscores')\n  \
              for i = 1, #z, 2 do out[#out + 1] = z[i] out[#out + 1] = z[i + 1] - now end\n\
-           else\n  \
+           elseif t ~= 'none' then\n  \
              out[3], out[4] = redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1])\n\
            end\n\
            return out",
-    sha: "b67816d3c87c63f1ed5f6494d8ef3c1fb0920e1e",
+    sha: "12aadd330db96e5b6372da3583f9514e17ce44a3",
 };
 
 /// How many characters of a token [`inspect`](Redlock::inspect) shows:
