@@ -455,19 +455,7 @@ fn waiter(
 /// How many attempts node `i` has seen: `SET` commands, and scripts (a
 /// writer that waited goes by script, to mark its intent).
 fn sets_run(nodes: &redlock_sync_testing::Cluster, i: usize) -> u64 {
-    let info = match nodes.node(i).query(&["INFO", "commandstats"]) {
-        Ok(redis::Value::BulkString(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
-        Ok(redis::Value::VerbatimString { text, .. }) => text,
-        other => panic!("INFO commandstats: {other:?}"),
-    };
-    let calls = |command: &str| -> u64 {
-        (info.lines())
-            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    };
-    calls("set") + calls("evalsha") + calls("eval")
+    common::calls(nodes, i, &["set", "evalsha", "eval"])
 }
 
 #[test]

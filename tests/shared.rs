@@ -333,19 +333,7 @@ fn shared_and_counted_guards_are_kept_past_their_ttl_by_the_watchdog() {
 
 /// How many scripts node `i` has run.
 fn commands_run(nodes: &redlock_sync_testing::Cluster, i: usize) -> u64 {
-    let info = match nodes.node(i).query(&["INFO", "commandstats"]) {
-        Ok(redis::Value::BulkString(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
-        Ok(redis::Value::VerbatimString { text, .. }) => text,
-        other => panic!("INFO commandstats: {other:?}"),
-    };
-    let calls = |command: &str| -> u64 {
-        (info.lines())
-            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    };
-    calls("evalsha") + calls("eval")
+    common::calls(nodes, i, &["evalsha", "eval"])
 }
 
 #[test]

@@ -198,3 +198,21 @@ pub fn wait_until_held_by(cluster: &Cluster, lock: &Lock, n: usize) {
 pub fn fenced(ttl: Duration) -> LockOptions {
     LockOptions::new(ttl).kind(Kind::Fenced)
 }
+
+/// How many calls of `commands` node `i` has run (`INFO commandstats`,
+/// which counts the commands scripts call too).
+pub fn calls(cluster: &Cluster, i: usize, commands: &[&str]) -> u64 {
+    let info = match cluster.node(i).query(&["INFO", "commandstats"]) {
+        Ok(redis::Value::BulkString(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
+        Ok(redis::Value::VerbatimString { text, .. }) => text,
+        other => panic!("INFO commandstats: {other:?}"),
+    };
+    let calls = |command: &&str| -> u64 {
+        (info.lines())
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    commands.iter().map(calls).sum()
+}
