@@ -379,3 +379,36 @@ pub(crate) fn release_vote(resources: usize) -> impl Fn(&Value) -> Result<(bool,
         other => Err(other),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Kind;
+
+    #[test]
+    fn quorums_match_the_contracts_table() {
+        // (N, K, q) as docs/contract.md lists them; K = 0 is a writer.
+        let table = [
+            (1, 0, 1),
+            (3, 0, 2),
+            (4, 0, 3),
+            (5, 0, 3),
+            (3, 1, 2),
+            (3, 2, 3),
+            (5, 1, 3),
+            (5, 2, 4),
+            (5, 3, 4),
+            (5, 4, 5),
+            (7, 2, 5),
+            (7, 5, 6),
+            (7, 6, 7),
+        ];
+        for (n, k, q) in table {
+            let kind = if k == 0 { Kind::Plain } else { Kind::Semaphore(k) };
+            assert_eq!(kind.quorum(n), q, "N = {n}, K = {k}");
+            // K + 1 holders would need more admissions than the N K places.
+            assert!(k == 0 || (k as usize + 1) * q > n * k as usize);
+        }
+        assert_eq!(Kind::Shared.quorum(5), 3);
+        assert_eq!(Kind::Semaphore(u32::MAX).quorum(5), 5);
+    }
+}
