@@ -403,7 +403,11 @@ mod tests {
             (7, 6, 7),
         ];
         for (n, k, q) in table {
-            let kind = if k == 0 { Kind::Plain } else { Kind::Semaphore(k) };
+            let kind = if k == 0 {
+                Kind::Plain
+            } else {
+                Kind::Semaphore(k)
+            };
             assert_eq!(kind.quorum(n), q, "N = {n}, K = {k}");
             // K + 1 holders would need more admissions than the N K places.
             assert!(k == 0 || (k as usize + 1) * q > n * k as usize);
