@@ -107,6 +107,12 @@ fn the_readers_key_expires_with_its_last_live_reader_so_a_writer_needs_no_purge(
 
 #[test]
 fn a_waiting_writer_is_not_kept_out_by_a_steady_stream_of_readers() {
+    writer_not_starved(LockOptions::new(TTL));
+    writer_not_starved(LockOptions::new(TTL).kind(Kind::Fenced));
+}
+
+/// A writer taken with `options` gets in within 2 s of a stream of readers.
+fn writer_not_starved(options: LockOptions) {
     let nodes = cluster(3);
     let locks = contending_client(&nodes);
     let (stop, reads) = (AtomicBool::new(false), AtomicUsize::new(0));
@@ -132,7 +138,11 @@ fn a_waiting_writer_is_not_kept_out_by_a_steady_stream_of_readers() {
         });
         let start = Instant::now();
         let locks = &locks;
-        let writer = s.spawn(move || locks.acquire("stream", TTL).map(|l| (l, start.elapsed())));
+        let writer = s.spawn(move || {
+            locks
+                .acquire("stream", options)
+                .map(|l| (l, start.elapsed()))
+        });
         // The stream goes on for 5 s, or until the writer got in.
         let mut intents = 0;
         while !writer.is_finished() && start.elapsed() < Duration::from_secs(5) {
