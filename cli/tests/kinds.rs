@@ -155,7 +155,7 @@ fn a_semaphore_of_two_runs_two_at_once_and_the_next_one_after_a_release() {
         holder.wait_started();
     }
     let mut delays = Vec::new();
-    for round in 2..5 {
+    for round in 2..7 {
         let mut next = Gated::spawn(&cluster, &format!("h{round}"), &flags, "export");
         next.tool.wait_for_stderr("waiting for `export`");
         wait_until("the waiter listens for a release", || {
