@@ -352,8 +352,8 @@ pub enum ArgumentError {
     Token(#[from] ParseTokenError),
 
     /// A kind that covers one resource (all but plain: `fenced`, `shared`
-    /// or `semaphore`) was asked for over several: a fencing token, a set of readers or of permits
-    /// belongs to one.
+    /// or `semaphore`) was asked for over several: a fencing token, a set
+    /// of readers or of permits belongs to one.
     #[error("a {0} lock covers one resource; take one for each, in a fixed order")]
     OneResource(&'static str),
 

@@ -142,6 +142,22 @@ pub enum Kind {
     /// fail with [`ArgumentError::OneResource`]. The safety argument, the
     /// writers' turn and the costs are in
     /// [the contract](crate::contract#shared-and-counted-locks).
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// use redlock_sync::{Kind, LockOptions, Redlock};
+    ///
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// let ttl = Duration::from_secs(10);
+    /// let read = LockOptions::new(ttl).kind(Kind::Shared);
+    /// let (one, two) = (locks.acquire("catalog", read.clone())?, locks.acquire("catalog", read)?);
+    /// assert!(locks.try_acquire("catalog", ttl).is_err()); // a writer waits for both
+    /// locks.release(one)?;
+    /// locks.release(two)?;
+    /// let writer = locks.acquire("catalog", ttl)?; // the write side: a plain lock
+    /// # let _ = writer;
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
     Shared,
     /// A semaphore: at most `K` holders of one resource at once. Each node
     /// admits at most `K`, and a holder needs more than `N K / (K + 1)` of
@@ -151,6 +167,22 @@ pub enum Kind {
     /// [`ArgumentError::OneResource`]. While holders live, a call with
     /// another `K` fails with [`NodeError::OtherKind`](crate::NodeError::OtherKind).
     /// See [the contract](crate::contract#shared-and-counted-locks).
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// use redlock_sync::{Kind, LockError, LockOptions, Redlock};
+    ///
+    /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
+    /// // At most 2 exports at once, each labelled with who runs it.
+    /// let permit = LockOptions::new(Duration::from_secs(60))
+    ///     .kind(Kind::Semaphore(2))
+    ///     .owner("host-a:4242");
+    /// locks.with_lock("export", permit, |_guard| {
+    ///     // ... one of at most 2 exports ...
+    ///     Ok::<(), LockError>(())
+    /// })?;
+    /// # Ok::<(), redlock_sync::LockError>(())
+    /// ```
     Semaphore(u32),
 }
 
