@@ -361,6 +361,7 @@ impl Redlock {
             None => None,
         };
         let mut waited = false;
+        let mut failed_in_a_row = 0u32;
         if call.cancelled() {
             return Err(cancelled(&resources));
         }
@@ -407,7 +408,20 @@ impl Redlock {
             let observe = |what: Option<What>, outcome: Result<&Report, &LockError>| {
                 self.observe_acquiring(what, ids, acquisition, counts, outcome);
             };
-            let (config, budget) = (&inner.config, (attempts, call.retries));
+            let budget = match &error {
+                // Behind a holder, waiting `WhileHeld` uses up no retry.
+                LockError::Contended { .. } if call.while_held => {
+                    failed_in_a_row = 0;
+                    let retries = call.retries.max(1);
+                    (attempts.min(retries), retries)
+                }
+                _ if call.while_held => {
+                    failed_in_a_row += 1;
+                    (failed_in_a_row, call.retries)
+                }
+                _ => (attempts, call.retries),
+            };
+            let config = &inner.config;
             let planned = match error {
                 LockError::Unusable { .. } => None,
                 _ if call.cancelled() => None,

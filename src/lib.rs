@@ -7,14 +7,19 @@
 //! One client, [`Redlock`], serves every thread of a process. Six of its
 //! methods acquire a lock:
 //!
-//! | method | waits | returns |
+//! | method | waits, by default | returns |
 //! |---|---|---|
-//! | [`acquire`](Redlock::acquire) | yes | a [`Lock`], yours until its validity runs out |
+//! | [`acquire`](Redlock::acquire) | the retry policy: 3 retries, about 1 s | a [`Lock`], yours until its validity runs out |
 //! | [`try_acquire`](Redlock::try_acquire) | one attempt | a [`Lock`] |
-//! | [`lock`](Redlock::lock) | yes | a [`LockGuard`], extended by a watchdog |
+//! | [`lock`](Redlock::lock) | while another client holds it | a [`LockGuard`], extended by a watchdog |
 //! | [`try_lock`](Redlock::try_lock) | one attempt | a [`LockGuard`] |
-//! | [`with_lock`](Redlock::with_lock) | yes | what your closure returns, run under a guard |
+//! | [`with_lock`](Redlock::with_lock) | while another client holds it | what your closure returns, run under a guard |
 //! | [`try_with_lock`](Redlock::try_with_lock) | one attempt | what your closure returns |
+//!
+//! A wait while another client holds the lock ([`Patience::WhileHeld`]) has
+//! no bound of its own: a holder that keeps extending keeps it waiting. Set
+//! the builder's [`max_wait`](RedlockBuilder::max_wait), or a [`Patience`],
+//! to bound it.
 //!
 //! Three more act on a lock or a resource:
 //!
@@ -68,7 +73,9 @@
 //! # Ok::<(), LockError>(())
 //! ```
 //!
-//! `with_lock` waits while another client holds the lock. Then it runs the
+//! `with_lock` waits while another client holds the lock, however long that
+//! takes (too few nodes answering ends it after the retry policy's 3
+//! retries). Then it runs the
 //! closure, and releases the lock when the closure ends, panics included. A
 //! watchdog thread extends the lock meanwhile, so the closure may outlast the
 //! TTL. [`check`](LockGuard::check) fails once the lock is lost. If the lock

@@ -11,8 +11,14 @@ use crate::setters::setters;
 
 /// How long a waiting call goes on trying.
 ///
-/// Unset, the client's [`retry_policy`](crate::RedlockBuilder::retry_policy)
-/// retries within its [`max_wait`](crate::RedlockBuilder::max_wait).
+/// Unset, [`acquire`](crate::Redlock::acquire) and
+/// [`extend`](crate::Redlock::extend) follow the client's
+/// [`retry_policy`](crate::RedlockBuilder::retry_policy) within its
+/// [`max_wait`](crate::RedlockBuilder::max_wait), and
+/// [`lock`](crate::Redlock::lock) and [`with_lock`](crate::Redlock::with_lock)
+/// wait [`WhileHeld`](Self::WhileHeld). Such a call can wait indefinitely
+/// behind a holder that keeps extending: set `max_wait`, or pass
+/// [`For`](Self::For), to bound it.
 /// Whatever the patience, a [`Cancel`] ends the wait, and so does
 /// [`LockError::Unusable`](crate::LockError::Unusable).
 ///
@@ -48,6 +54,13 @@ pub enum Patience {
     Until(Instant),
     /// Retries until the lock is won (or the call is cancelled).
     Forever,
+    /// Retries for as long as another client holds the lock. The retry
+    /// policy counts only the attempts that fail otherwise (too few nodes
+    /// answered, too slow), in a row: after its retries of them, the call
+    /// ends with that error. The builder's
+    /// [`max_wait`](crate::RedlockBuilder::max_wait), when set, still bounds
+    /// the whole wait. The default of `lock` and `with_lock`.
+    WhileHeld,
 }
 
 /// How a call locks: the TTL, and what is not the client's default.

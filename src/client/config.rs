@@ -245,8 +245,9 @@ impl Config {
             return Err(ArgumentError::ExtendWhenLeft { value: when_left }.into());
         }
         let max_wait = self.max_wait.map(|wait| later(started, wait));
+        let while_held = options.patience == Some(Patience::WhileHeld);
         let (retries, deadline) = match options.patience {
-            None => (self.retry.retries, max_wait),
+            None | Some(Patience::WhileHeld) => (self.retry.retries, max_wait),
             Some(Patience::Retries(n)) => (n, None),
             Some(Patience::For(wait)) => (u32::MAX, Some(later(started, wait))),
             Some(Patience::Until(deadline)) => (u32::MAX, Some(deadline)),
@@ -254,6 +255,7 @@ impl Config {
         };
         Ok(Call {
             retries,
+            while_held,
             deadline,
             max_hold: options.max_hold.or(self.max_hold),
             extend_when_left: when_left,
@@ -267,6 +269,9 @@ impl Config {
 #[derive(Debug, Default)]
 pub(crate) struct Call {
     pub(crate) retries: u32,
+    /// [`Patience::WhileHeld`]: `retries` counts only the attempts that
+    /// failed otherwise than by contention, in a row.
+    pub(crate) while_held: bool,
     /// No attempt starts, and no pause is slept, past this.
     pub(crate) deadline: Option<Instant>,
     pub(crate) max_hold: Option<Duration>,

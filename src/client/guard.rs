@@ -477,6 +477,10 @@ impl Redlock {
     /// keeps the lock alive. Use it for code that does not fit in the closure
     /// of [`with_lock`](Self::with_lock).
     ///
+    /// Unless the options set a [`Patience`], it waits
+    /// [`WhileHeld`](Patience::WhileHeld): for as long as another client
+    /// holds the lock, within the builder's `max_wait` if set.
+    ///
     /// The guard's watchdog extends the lock by the TTL
     /// ([`LockOptions::extend_when_left`]), up to the hold cap
     /// ([`LockOptions::max_hold`]).
@@ -494,7 +498,9 @@ impl Redlock {
         resources: impl IntoResources,
         options: impl Into<LockOptions>,
     ) -> Result<LockGuard, LockError> {
-        let options = options.into();
+        let mut options = options.into();
+        // A guard's door waits while another holds the lock, by default.
+        options.patience = options.patience.or(Some(Patience::WhileHeld));
         let (acquired, call) = self.acquire_with(resources.into_resources(), &options)?;
         let lease = Lease::new(&acquired, &call, Ttl::whole_ms(options.ttl));
         let guard = LockGuard {
