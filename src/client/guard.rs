@@ -598,6 +598,14 @@ impl Redlock {
     /// [`check`](LockGuard::check) before each step. The error type needs
     /// only `From<LockError>`, so `?` works on both kinds of error.
     ///
+    /// That type is generic, and Rust does not infer it from `?` alone. A
+    /// function that returns the call's result names it, and so does a
+    /// `match` on its error. Else end `f` with `Ok::<_, LockError>(value)`.
+    /// A default type would need a second door, or one `E` for everyone.
+    ///
+    /// A loop passes its options by reference (`&options`): see
+    /// [`LockOptions`].
+    ///
     /// Record results inside `f`, after a last `check`. Once `with_lock`
     /// returns, another worker may hold the lock (see
     /// `examples/batch_jobs.rs`).
