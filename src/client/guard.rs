@@ -447,11 +447,12 @@ impl LockGuard {
     ///
     /// A loss before the release is never skipped. Once the lock is lost,
     /// [`wait_lost`](Self::wait_lost) returns true only after the callbacks
-    /// have returned. A drop or [`unlock`](Self::unlock) waits for them too.
-    /// A guard released while held runs none, ever.
+    /// have returned. A drop or [`unlock`](Self::unlock) waits for them too:
+    /// a callback must not wait for what the releasing thread holds. A
+    /// guard released while held runs none, ever.
     ///
     /// Callbacks run one at a time: one that blocks delays the others, and
-    /// its guard's drop, never an extension. A panic in one is caught. A
+    /// the releases that wait for them, never an extension. A panic in one is caught. A
     /// callback may drop or unlock guards, its own included: on the
     /// notifier, a release waits for no callback.
     pub fn on_lost(&self, callback: impl FnOnce(&LockError) + Send + 'static) {
