@@ -457,23 +457,46 @@ impl Redlock {
     /// On success, the lock's validity and report are measured anew. Too few
     /// nodes answering is retried as the options' patience allows, but never
     /// after the lock's validity ends. A refusal by too many nodes is final.
-    /// The lock's own kind is used, not the options'. The round waits for
-    /// every node's reply, up to `io_timeout`.
+    /// The round waits for every node's reply, up to `io_timeout`.
+    ///
+    /// An extension reads three of its [`LockOptions`]:
+    ///
+    /// - the TTL, which the keys get anew;
+    /// - the [`Patience`]: unset, the client's retry policy within its
+    ///   `max_wait`. `Patience::Retries(0)` makes one round;
+    /// - the [`Cancel`](crate::Cancel), which ends the retries.
+    ///
+    /// It ignores the others: the kind (the lock's own is used), the owner
+    /// label (the acquisition's stays), `max_hold` and `extend_when_left`
+    /// (a guard's).
     ///
     /// A node that lost the key gets it set again while the validity lasts:
     /// a *re-take* ([`NodeReport::retook`]). So a guard's lock outlives a
     /// rolling restart of every node. A re-take never counts as a vote (see
     /// [the contract](crate::contract)).
     ///
+    /// A loop that extends on its own schedule makes one round a call. Then
+    /// a node outage costs a call one `io_timeout`, not the retry policy's
+    /// pauses:
+    ///
     /// ```no_run
-    /// # use redlock_sync::Redlock;
+    /// # use redlock_sync::{LockError, LockOptions, Patience, Redlock};
     /// # use std::time::Duration;
     /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// let mut lock = locks.acquire("invoice:42", Duration::from_secs(10))?;
-    /// // ... most of the TTL later ...
-    /// locks.extend(&mut lock, Duration::from_secs(10))?;
-    /// assert!(lock.validity() > Duration::from_secs(9));
-    /// # Ok::<(), redlock_sync::LockError>(())
+    /// let ttl = Duration::from_secs(10);
+    /// let mut lock = locks.acquire("invoice:42", ttl)?;
+    /// let once = LockOptions::new(ttl).patience(Patience::Retries(0));
+    /// for _step in 0..100 {
+    ///     // ... a step of the work, well within the validity ...
+    ///     match locks.extend(&mut lock, &once) {
+    ///         Ok(()) => {}
+    ///         // Too few nodes answered: try again after the next step.
+    ///         Err(LockError::NoQuorum { .. }) if lock.validity() > ttl / 2 => {}
+    ///         Err(e) => return Err(e),
+    ///     }
+    /// }
+    /// locks.release(lock)?;
+    /// # Ok::<(), LockError>(())
     /// ```
     ///
     /// # Errors
@@ -488,7 +511,8 @@ impl Redlock {
     /// - [`LockError::TooSlow`] when the round used up the whole TTL.
     /// - [`LockError::Unusable`] and [`LockError::Cancelled`] as for
     ///   [`acquire`](Self::acquire).
-    /// - [`LockError::Argument`] for a bad TTL.
+    /// - [`LockError::Argument`] for a bad TTL, or an `extend_when_left`
+    ///   outside `(0, 1)`.
     ///
     /// [`NodeReport::retook`]: crate::NodeReport::retook
     pub fn extend(

@@ -65,7 +65,9 @@ pub enum Patience {
 
 /// How a call locks: the TTL, and what is not the client's default.
 ///
-/// A [`Duration`] converts into options with only the TTL set.
+/// A [`Duration`] converts into options with only the TTL set. A
+/// `&LockOptions` converts into a copy: a loop passes `&options` to each
+/// call, with no `clone()`.
 ///
 /// ```no_run
 /// # use std::time::Duration;
@@ -76,7 +78,10 @@ pub enum Patience {
 ///     .kind(Kind::Fenced)
 ///     .patience(Patience::Forever)
 ///     .max_hold(Duration::from_secs(3600));
-/// let guard = locks.lock("leader", leader)?;
+/// let guard = locks.lock("leader", &leader)?;
+/// # drop(guard);
+/// // The same options again, by reference.
+/// let again = locks.lock("follower", &leader)?;
 /// # Ok::<(), redlock_sync::LockError>(())
 /// ```
 #[derive(Debug, Clone, Default)]
@@ -97,6 +102,13 @@ impl From<Duration> for LockOptions {
     }
 }
 
+/// A copy, for the doors that take `impl Into<LockOptions>`.
+impl From<&LockOptions> for LockOptions {
+    fn from(options: &LockOptions) -> LockOptions {
+        options.clone()
+    }
+}
+
 impl LockOptions {
     /// Options with this TTL, and the client's defaults. The TTL is how long
     /// the keys live on the nodes, and what each extension sets anew.
@@ -112,12 +124,13 @@ impl LockOptions {
         /// own kind). Defaults to [`Kind::Plain`].
         kind(kind: Kind) => kind = kind;
 
-        /// Labels who holds the lock (say `host:pid`). It is stored with the
+        /// Labels who holds the lock (say `host:pid`): a `&str` or a
+        /// `String`, such as `format!("{host}:{pid}")`. It is stored with the
         /// lock on each node, and [`inspect`](crate::Redlock::inspect) shows
         /// it. 1 to 200 bytes, no control characters, else
         /// [`ArgumentError::Owner`](crate::ArgumentError::Owner). Defaults to
         /// no label.
-        owner(label: &str) => owner = Some(label.to_string());
+        owner(label: impl Into<String>) => owner = Some(label.into());
 
         /// Sets how long the waiting forms go on trying (`extend`'s retries
         /// included). The `try_` forms make one attempt whatever it says.
