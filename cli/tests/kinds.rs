@@ -123,7 +123,7 @@ fn two_shared_runs_hold_at_once_and_a_plain_run_waits_until_both_ended() {
     writer.tool.wait_for_stderr("waiting for `catalog`");
     // Its intent, once marked, keeps new readers out.
     wait_until("the writer marked its intent", || {
-        keys_on(&cluster, "redlock-sync:intent:catalog") >= 2
+        exists_on(&cluster, "redlock-sync:intents:catalog") >= 2
     });
     let late = output(redlock("acquire", &cluster).args(["-n", "--shared", "catalog"]));
     assert_eq!(code(&late), 75, "{}", text(&late.stderr));
@@ -468,5 +468,29 @@ fn the_help_and_the_manual_page_tell_the_kinds_and_the_owner() {
     let page = text(&output(bare().args(["man", "run"])).stdout);
     for says in ["shared", "semaphore", "owner"] {
         assert!(page.contains(says), "the manual page should say {says:?}");
+    }
+}
+
+#[test]
+fn a_permit_whose_nodes_went_to_readers_is_lost_at_extend_and_release_with_76() {
+    let cluster = cluster(5);
+    let step = |args: &[&str]| {
+        let (sub, rest) = args.split_first().unwrap();
+        output(redlock(sub, &cluster).args(rest))
+    };
+    let out = step(&["acquire", "--semaphore", "2", "--ttl", "30s", "printer"]);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let permit = text(&out.stdout).trim().to_string();
+    // Its member gone from four nodes (a flush of that key), and readers
+    // take the resource there.
+    for node in &cluster.nodes()[..4] {
+        node.query(&["DEL", "printer"]).unwrap();
+    }
+    let reader = step(&["acquire", "--shared", "--ttl", "30s", "printer"]);
+    assert_eq!(code(&reader), 0, "{}", text(&reader.stderr));
+    for sub in ["extend", "release"] {
+        let out = step(&[sub, "--semaphore", "2", "printer", &permit]);
+        assert_eq!(code(&out), 76, "{sub}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains("lost"), "{}", text(&out.stderr));
     }
 }
