@@ -23,7 +23,7 @@ use crate::node::{Bounds, Endpoint, Node};
 use crate::request::{LockOptions, Patience};
 use crate::retry::{Pause, Retries};
 use crate::round;
-use crate::script::{self, Command};
+use crate::store::script::{self, Command};
 use crate::time::{later, Ttl};
 use crate::token::Token;
 use crate::wait::Waiters;

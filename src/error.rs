@@ -376,7 +376,7 @@ pub enum ArgumentError {
 
     /// An acquisition named a resource under the prefix the crate keeps
     /// for its own keys, `redlock-sync:` (fencing counters, see
-    /// [`FENCE_KEY_PREFIX`](crate::FENCE_KEY_PREFIX), writers' intents and
+    /// [`fence_key`](crate::fence_key), writers' intents and
     /// the kinds of shared and counted locks).
     #[error("resource `{0}` starts with `redlock-sync:`, the prefix reserved for the crate's own keys; choose another name")]
     ReservedResource(String),

@@ -258,8 +258,8 @@ mod node;
 mod request;
 mod retry;
 mod round;
-mod script;
 mod setters;
+mod store;
 mod time;
 mod token;
 mod wait;
@@ -276,10 +276,11 @@ pub use error::{
     ParseTokenError, Report,
 };
 pub use event::{Event, What};
-pub use kind::{Kind, FENCE_KEY_PREFIX};
+pub use kind::Kind;
 pub use lock::{IntoResources, Lock};
 pub use request::{Cancel, LockOptions, Patience};
 pub use retry::RetryPolicy;
+pub use store::fence_key;
 pub use token::Token;
 
 /// The crate's socket `write` and `read` calls so far, for its benchmark
@@ -287,10 +288,15 @@ pub use token::Token;
 #[doc(hidden)]
 pub use node::{io_counts, IoCounts};
 
+/// The keys and channel of a resource, for the tests that read them from
+/// the nodes: not part of the API.
+#[doc(hidden)]
+pub use store::{intents_key, released_channel};
+
 /// The crate's release script, for its benchmark's floor: not part of the
 /// API.
 #[doc(hidden)]
-pub const RELEASE_SCRIPT: &str = script::RELEASE.body;
+pub const RELEASE_SCRIPT: &str = store::script::RELEASE.body;
 
 /// The README's code blocks, compiled (and, where they need no servers, run)
 /// as doctests, so that `cargo test` fails when the README and the API part

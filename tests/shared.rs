@@ -147,7 +147,8 @@ fn writer_not_starved(options: LockOptions) {
         let mut intents = 0;
         while !writer.is_finished() && start.elapsed() < Duration::from_secs(5) {
             let intent = |n: &redlock_sync_testing::Node| {
-                let exists = n.query(&["EXISTS", "redlock-sync:intents:stream"]);
+                let key = redlock_sync::intents_key("stream");
+                let exists = n.query(&["EXISTS", &key]);
                 exists.unwrap() == redis::Value::Int(1)
             };
             intents = intents.max(nodes.nodes().iter().filter(|n| intent(n)).count());
@@ -478,7 +479,7 @@ fn a_writers_release_leaves_another_writers_intent_which_keeps_readers_out_until
         stray,
     ];
     node.query(&set).unwrap();
-    let intents = "redlock-sync:intents:hall";
+    let intents = &redlock_sync::intents_key("hall");
     node.query(&["ZADD", intents, &intent_until, "00000000000000aa"])
         .unwrap();
     node.query(&["PEXPIREAT", intents, &intent_until]).unwrap();

@@ -24,7 +24,7 @@ fn permits(k: u32, ttl: Duration) -> LockOptions {
 
 /// The key of a resource's writers' intents.
 fn intents(resource: &str) -> String {
-    format!("redlock-sync:intents:{resource}")
+    redlock_sync::intents_key(resource)
 }
 
 /// The members of the sorted set `key` on `node`, with their scores.

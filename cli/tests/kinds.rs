@@ -123,7 +123,7 @@ fn two_shared_runs_hold_at_once_and_a_plain_run_waits_until_both_ended() {
     writer.tool.wait_for_stderr("waiting for `catalog`");
     // Its intent, once marked, keeps new readers out.
     wait_until("the writer marked its intent", || {
-        exists_on(&cluster, "redlock-sync:intents:catalog") >= 2
+        exists_on(&cluster, &redlock_sync::intents_key("catalog")) >= 2
     });
     let late = output(redlock("acquire", &cluster).args(["-n", "--shared", "catalog"]));
     assert_eq!(code(&late), 75, "{}", text(&late.stderr));

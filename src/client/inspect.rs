@@ -9,7 +9,7 @@ use redis::Value;
 use super::Redlock;
 use crate::error::{ArgumentError, LockError, NodeError, NodeOutcome};
 use crate::kind::{fence_keys, Kind};
-use crate::script::{Command, Script};
+use crate::store::script::{Command, Script};
 
 /// Reads the fencing counter, the kind of a sorted set's holders (its
 /// marker's), then each live holder's value and time left: a writer's key,

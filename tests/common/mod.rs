@@ -133,7 +133,7 @@ pub fn holders(cluster: &Cluster, lock: &Lock) -> usize {
 
 /// How many connections listen for releases of `resource` on node `i`.
 pub fn listeners(cluster: &Cluster, i: usize, resource: &str) -> i64 {
-    let channel = format!("redlock-sync:released:{resource}");
+    let channel = redlock_sync::released_channel(resource);
     match cluster.node(i).query(&["PUBSUB", "NUMSUB", &channel]) {
         Ok(redis::Value::Array(parts)) => match parts.get(1) {
             Some(redis::Value::Int(n)) => *n,

@@ -411,7 +411,7 @@ pub fn kill(signal: &str, pid: u32, group: bool) {
 /// releases of `resource` are said (see the library's `Patience`):
 /// a waiter inside the library's wait listens there.
 pub fn listeners(cluster: &Cluster, resource: &str) -> i64 {
-    let channel = format!("redlock-sync:released:{resource}");
+    let channel = redlock_sync::released_channel(resource);
     let count =
         |node: &redlock_sync_testing::Node| match node.query(&["PUBSUB", "NUMSUB", &channel]) {
             Ok(redis::Value::Array(reply)) => match reply.get(1) {
