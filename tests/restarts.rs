@@ -74,7 +74,7 @@ fn rolling_restart(
         // restarted from the clock would hand out smaller tokens.
         let far = SystemClock::micros() + 1_000_000_000_000;
         for node in nodes.nodes() {
-            let key = redlock_sync::fence_key(&resources[0]);
+            let key = redlock_sync::fence_key(resources[0]);
             node.query(&["SET", &key, &far.to_string()]).unwrap();
         }
     }
