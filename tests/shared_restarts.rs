@@ -79,14 +79,13 @@ fn readers_and_two_permit_holders_kept_by_guards_are_never_told_lost_across_kill
     let nodes = persistent_cluster(5);
     let locks = client(&nodes);
     let other = client(&nodes);
-    let guards: Vec<LockGuard> = [shared(ttl), shared(ttl), permits(2, ttl), permits(2, ttl)]
-        .into_iter()
-        .enumerate()
-        .map(|(i, options)| {
-            let resource = if i < 2 { "shelf" } else { "pool" };
-            locks.lock(resource, options).expect("a guard")
-        })
-        .collect();
+    let mut guards = Vec::new();
+    for _ in 0..2 {
+        guards.push(locks.lock("shelf", shared(ttl)).expect("a reader"));
+    }
+    for _ in 0..2 {
+        guards.push(locks.lock("pool", permits(2, ttl)).expect("a permit"));
+    }
     let told: Told = Arc::default();
     for guard in &guards {
         listen(guard, &told);
@@ -94,7 +93,8 @@ fn readers_and_two_permit_holders_kept_by_guards_are_never_told_lost_across_kill
     // A round is decided at its quorum; the other nodes' writes land just
     // after.
     wait_until(common::SETTLE, "every node holds every guard", || {
-        (nodes.nodes().iter()).all(|n| guards.iter().all(|g| score(n, g).is_some()))
+        let holds_all = |n: &Node| guards.iter().all(|g| score(n, g).is_some());
+        nodes.nodes().iter().all(holds_all)
     });
     refused(&other, "pool", permits(2, ttl), "a third permit is refused");
     for (i, node) in nodes.nodes().iter().enumerate() {
@@ -116,8 +116,9 @@ fn readers_and_two_permit_holders_kept_by_guards_are_never_told_lost_across_kill
             Duration::from_secs(20),
             &format!("every guard renewed on node {i} after its restart"),
             || {
-                (guards.iter().zip(&before))
-                    .all(|(g, was)| score(node, g).is_some_and(|s| s > *was))
+                let renewed =
+                    |(g, was): (&LockGuard, &f64)| score(node, g).is_some_and(|s| s > *was);
+                guards.iter().zip(&before).all(renewed)
             },
         );
         for guard in &guards {
@@ -258,16 +259,18 @@ fn one_attempt_sends_exactly_one_command_per_node_where_the_permits_are_all_take
     let one = locks.acquire("full", permits(2, ttl)).expect("permit 1");
     let two = locks.acquire("full", permits(2, ttl)).expect("permit 2");
     let writer = locks.acquire("taken", ttl).expect("a writer");
-    // The nodes past each quorum apply the writes just after.
+    // The nodes past each quorum apply the writes just after. (Holders
+    // are scored by their expiry; nothing else in the set counts.)
     wait_until(common::SETTLE, "every node holds the locks", || {
         nodes.nodes().iter().all(|n| {
-            let card = n.query(&["ZCARD", "full"]).ok();
-            let card: i64 = card
+            let live = n.query(&["ZCOUNT", "full", "(0", "+inf"]).ok();
+            let live: i64 = live
                 .and_then(|c| redis::from_redis_value(c).ok())
                 .unwrap_or(0);
-            card >= 2 && n.get("taken").ok().flatten().is_some()
+            live == 2 && n.get("taken").ok().flatten().is_some()
         })
     });
+    let mut extra = Vec::new();
     for (resource, options) in [("full", permits(2, ttl)), ("taken", shared(ttl))] {
         let before = sent(&nodes);
         let result = third.try_acquire(resource, options);
@@ -277,13 +280,16 @@ fn one_attempt_sends_exactly_one_command_per_node_where_the_permits_are_all_take
             other => panic!("{resource}: expected the contended error, got {other:?}"),
         };
         for (i, (was, now)) in before.iter().zip(&after).enumerate() {
-            assert_eq!(
-                (now.0 - was.0, now.1 - was.1),
-                (1, 0),
-                "{resource}: node {i} ran (scripts, other commands) {was:?} before, {now:?} after; {report}"
-            );
+            let ran = (now.0 - was.0, now.1 - was.1);
+            if ran != (1, 0) {
+                extra.push(format!("{resource}: node {i} ran {ran:?}; {report}"));
+            }
         }
     }
+    assert!(
+        extra.is_empty(),
+        "(scripts, other commands) where one script each was due: {extra:#?}"
+    );
     for lock in [one, two, writer] {
         locks.release(lock).expect("release");
     }
