@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{builder, calls, client, cluster, wait_until};
-use redlock_sync::{Kind, LockError, LockGuard, LockOptions, Redlock};
+use redlock_sync::{Kind, LockError, LockGuard, LockOptions, NodeOutcome, NodeReport, Redlock};
 use redlock_sync_testing::{Cluster, Node};
 
 fn shared(ttl: Duration) -> LockOptions {
@@ -27,6 +27,10 @@ fn shared(ttl: Duration) -> LockOptions {
 fn permits(k: u32, ttl: Duration) -> LockOptions {
     LockOptions::new(ttl).kind(Kind::Semaphore(k))
 }
+
+/// How long the nodes past a quorum may take to apply a decided round's
+/// writes: roomy, for a busy machine whose nodes sync every write.
+const LANDED: Duration = Duration::from_secs(10);
 
 /// Starts `n` nodes with `appendonly yes` and `appendfsync always`.
 fn persistent_cluster(n: usize) -> Cluster {
@@ -47,6 +51,21 @@ fn score(node: &Node, guard: &LockGuard) -> Option<f64> {
 /// Every loss told to the guards' `on_lost` callbacks: the guard's
 /// resource, when, and the error.
 type Told = Arc<Mutex<Vec<(String, Instant, String)>>>;
+
+/// Waits until every node answers `locks`, so that its connections are
+/// open: a node it cannot reach during an acquisition never gets the
+/// holder's member, and these kinds never re-take one.
+fn every_node_answers(locks: &Redlock) {
+    let ttl = Duration::from_secs(5);
+    wait_until(LANDED, "every node answers", || {
+        let answered =
+            |n: &NodeReport| !matches!(n.outcome, NodeOutcome::Failed(_) | NodeOutcome::TimedOut);
+        locks
+            .try_acquire("warm-up", ttl)
+            .and_then(|lock| locks.release(lock))
+            .is_ok_and(|report| report.nodes.iter().all(answered))
+    });
+}
 
 /// Registers a callback on `guard` that writes its loss into `told`.
 fn listen(guard: &LockGuard, told: &Told) {
@@ -79,6 +98,8 @@ fn readers_and_two_permit_holders_kept_by_guards_are_never_told_lost_across_kill
     let nodes = persistent_cluster(5);
     let locks = client(&nodes);
     let other = client(&nodes);
+    every_node_answers(&locks);
+    every_node_answers(&other);
     let mut guards = Vec::new();
     for _ in 0..2 {
         guards.push(locks.lock("shelf", shared(ttl)).expect("a reader"));
@@ -90,9 +111,9 @@ fn readers_and_two_permit_holders_kept_by_guards_are_never_told_lost_across_kill
     for guard in &guards {
         listen(guard, &told);
     }
-    // A round is decided at its quorum; the other nodes' writes land just
+    // A round is decided at its quorum; the other nodes' writes land
     // after.
-    wait_until(common::SETTLE, "every node holds every guard", || {
+    wait_until(LANDED, "every node holds every guard", || {
         let holds_all = |n: &Node| guards.iter().all(|g| score(n, g).is_some());
         nodes.nodes().iter().all(holds_all)
     });
@@ -156,6 +177,7 @@ fn a_two_permit_guard_on_seven_nodes_is_kept_across_two_restarts_without_persist
         .restart_grace(Duration::ZERO)
         .build()
         .expect("valid test configuration");
+    every_node_answers(&locks);
     // An extension every fifth of the validity: about 1 s, while the
     // validity left never falls below 4 s. Told within an interval is
     // told by an extension, not by the validity running out.
@@ -167,7 +189,7 @@ fn a_two_permit_guard_on_seven_nodes_is_kept_across_two_restarts_without_persist
     listen(&guard, &told);
     // Node 6 is never restarted: its score moves with each extension.
     let witness = nodes.node(6);
-    wait_until(common::SETTLE, "every node holds the permit", || {
+    wait_until(LANDED, "every node holds the permit", || {
         nodes.nodes().iter().all(|n| score(n, &guard).is_some())
     });
     // Waits for the next extension: node 6's score moves.
@@ -255,18 +277,16 @@ fn one_attempt_sends_exactly_one_command_per_node_where_the_permits_are_all_take
     let nodes = cluster(5);
     let locks = client(&nodes);
     let third = client(&nodes);
-    // A first lock of each client opens its connections (their handshake
-    // loads the scripts).
-    for client in [&locks, &third] {
-        let warm = client.acquire("warm", shared(ttl)).expect("warm-up");
-        client.release(warm).expect("release");
-    }
+    // Each client's connections are open (their handshake loads the
+    // scripts).
+    every_node_answers(&locks);
+    every_node_answers(&third);
     let one = locks.acquire("full", permits(2, ttl)).expect("permit 1");
     let two = locks.acquire("full", permits(2, ttl)).expect("permit 2");
     let writer = locks.acquire("taken", ttl).expect("a writer");
     // The nodes past each quorum apply the writes just after. (Holders
     // are scored by their expiry; nothing else in the set counts.)
-    wait_until(common::SETTLE, "every node holds the locks", || {
+    wait_until(LANDED, "every node holds the locks", || {
         nodes.nodes().iter().all(|n| {
             let live = n.query(&["ZCOUNT", "full", "(0", "+inf"]).ok();
             let live: i64 = live
