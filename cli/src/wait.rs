@@ -62,8 +62,9 @@ pub fn paced(builder: RedlockBuilder, args: &Acquisition) -> RedlockBuilder {
 }
 
 /// The owner label of the lock: `--owner`, else this host's name and the
-/// tool's pid, `HOST:PID` (`unknown:PID` where the name cannot be read).
-fn owner(args: &Acquisition) -> String {
+/// pid of the process that holds the lock, `HOST:PID` (`unknown:PID`
+/// where the name cannot be read).
+fn owner(args: &Acquisition, holder: u32) -> String {
     if let Some(label) = &args.owner {
         return label.clone();
     }
@@ -75,7 +76,7 @@ fn owner(args: &Acquisition) -> String {
     #[cfg(not(unix))]
     let host = std::env::var("COMPUTERNAME").ok();
     let host = host.unwrap_or_else(|| "unknown".to_string());
-    format!("{host}:{}", std::process::id())
+    format!("{host}:{holder}")
 }
 
 /// One call to the library: which form, with which options.
@@ -98,8 +99,10 @@ enum Step {
 
 impl WaitPlan {
     /// The plan that the options of `args` ask for, counted from now.
-    pub fn new(args: &Acquisition) -> WaitPlan {
-        let owner = owner(args);
+    /// `holder` is the pid of the process that holds the lock, which the
+    /// default owner label names.
+    pub fn new(args: &Acquisition, holder: u32) -> WaitPlan {
+        let owner = owner(args, holder);
         WaitPlan {
             deadline: args.wait.and_then(|wait| Instant::now().checked_add(wait)),
             no_wait: args.no_wait,
