@@ -30,8 +30,8 @@ pub fn man(args: &ManArgs) -> Result<u8, Failure> {
             .cloned()
             .ok_or_else(|| Failure::usage(format_args!("no subcommand `{name}`")))?,
     };
-    let text = render(&page)
-        .map_err(|e| Failure::system(format!("cannot make the manual page: {e}")))?;
+    let text =
+        render(&page).map_err(|e| Failure::system(format!("cannot make the manual page: {e}")))?;
     write_out(text.as_bytes(), "the manual page")
 }
 

@@ -386,6 +386,62 @@ fn the_manual_page_renders_and_the_bash_completions_parse() {
     assert!(text(&out.stdout).contains("acquire"));
 }
 
+#[test]
+fn man_dir_creates_the_folder_and_its_parents_and_each_synopsis_names_the_values() {
+    let base = scratch_file("deep/.keep", b"")
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let dir = base.join("share/man/man1");
+    assert!(!dir.exists());
+    let out = output(bare().arg("man").arg("--dir").arg(&dir));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let page = std::fs::read_to_string(dir.join("redlock-acquire.1")).unwrap();
+    let synopsis = page
+        .split_once(".SH SYNOPSIS\n")
+        .and_then(|(_, rest)| rest.split_once("\n.SH "))
+        .map(|(synopsis, _)| synopsis.to_string())
+        .unwrap_or_else(|| panic!("no SYNOPSIS: {page}"));
+    for says in [
+        "\\fB\\-\\-ttl\\fR \\fIDURATION\\fR",
+        "\\fB\\-\\-semaphore\\fR \\fIK\\fR",
+        "\\fB\\-\\-owner\\fR \\fILABEL\\fR",
+        "<\\fIRESOURCE\\fR>",
+    ] {
+        assert!(synopsis.contains(says), "no {says}: {synopsis}");
+    }
+    let out = output(bare().args(["man", "run"]));
+    let rendered = Command::new("man")
+        .args(["-l", "-P", "cat"])
+        .arg(scratch_file("run.1", &out.stdout))
+        .env("MANWIDTH", "200")
+        .output()
+        .expect("man runs (man-db)");
+    // Justified lines get two blanks where one is written.
+    let rendered = text(&rendered.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    for says in [
+        "[--kill-after DURATION]",
+        "[-c|--command COMMAND_LINE]",
+        "<RESOURCE> [COMMAND]...",
+    ] {
+        assert!(rendered.contains(says), "no {says}: {rendered}");
+    }
+
+    // A DIR that cannot be made is the output code, and says so.
+    let file = scratch_file("not-a-folder", b"");
+    let out = output(bare().arg("man").arg("--dir").arg(file.join("man1")));
+    let stderr = text(&out.stderr);
+    assert_eq!(code(&out), 74, "{stderr}");
+    assert!(
+        stderr.contains("cannot write the manual pages into"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("standard output"), "{stderr}");
+}
+
 /// Writes `bytes` to a file of this name in a fresh directory.
 fn scratch_file(name: &str, bytes: &[u8]) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("redlock-cli-test-{}", std::process::id()));
