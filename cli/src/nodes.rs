@@ -25,7 +25,7 @@ pub fn urls(args: &NodeArgs) -> Result<Vec<String>, Failure> {
         if let Some(scheme) = urls.iter().find_map(|url| tls_scheme(url)) {
             return Err(Failure::usage(format!(
                 "{scheme}:// nodes need TLS, and this redlock was built without it: \
-                 install it with `cargo install redlock-cli --features tls`"
+                 build it with `cargo install --locked --path cli --features tls`"
             )));
         }
     }

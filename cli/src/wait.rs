@@ -312,32 +312,49 @@ fn recount(said: &str, (tried, attempts): (u32, u32)) -> String {
 ///
 /// # Errors
 ///
-/// The [`exit::REFUSED`] failure, naming each refusing node and its cause.
+/// The [`exit::REFUSED`] failure, naming each refusing node once and each
+/// cause once (its hint says what to fix).
 fn refusals(report: &Report, warned: &mut Vec<Arc<str>>) -> Result<(), Failure> {
     let refusing = refusing(report);
     if !refusing.is_empty() && report.nodes.len() - refusing.len() < report.quorum {
-        let causes: Vec<String> = refusing.iter().map(|(_, cause)| cause.clone()).collect();
         return Err(Failure::new(
             exit::REFUSED,
             "refused",
             format!(
-                "{} of {} nodes refuse this client, which leaves too few for a quorum of {}; \
-                 waiting cannot fix that (fix the node URLs, their passwords, the ACL \
-                 user's permissions, or the TLS certificates): {}",
+                "{} of {} nodes refuse this client (quorum {}): {}",
                 refusing.len(),
                 report.nodes.len(),
                 report.quorum,
-                causes.join("; ")
+                by_cause(&refusing)
             ),
         ));
     }
     for (node, cause) in refusing {
         if !warned.contains(node) {
-            say(format_args!("{cause}; going on with the other nodes"));
+            say(format_args!(
+                "node {node}: {cause}; going on with the other nodes"
+            ));
             warned.push(node.clone());
         }
     }
     Ok(())
+}
+
+/// The refusing nodes, grouped by cause in their order: `a, b: cause`,
+/// the groups joined by `; `.
+fn by_cause(refusing: &[(&Arc<str>, String)]) -> String {
+    let mut groups: Vec<(&str, Vec<&str>)> = Vec::new();
+    for (node, cause) in refusing {
+        match groups.iter_mut().find(|(seen, _)| seen == cause) {
+            Some((_, nodes)) => nodes.push(node),
+            None => groups.push((cause, vec![node])),
+        }
+    }
+    let groups: Vec<String> = groups
+        .iter()
+        .map(|(cause, nodes)| format!("{}: {cause}", nodes.join(", ")))
+        .collect();
+    groups.join("; ")
 }
 
 /// Says each node of `report` that refuses this client: the lock was had
@@ -347,7 +364,7 @@ pub fn warn_refusals(report: &Report) {
 }
 
 /// The nodes of `report` that cannot serve this client however long it
-/// waits, each with its cause, which names the node. These are the
+/// waits, each with its cause. These are the
 /// library's `NodeError::is_permanent`: a refused password, a missing ACL
 /// permission, a TLS failure, a host that does not exist. Not a lock held
 /// as another kind: that is the flags' fault ([`Failure::from_lock`]).
@@ -356,7 +373,7 @@ fn refusing(report: &Report) -> Vec<(&Arc<str>, String)> {
         .unusable()
         .filter_map(|n| match &n.outcome {
             NodeOutcome::Failed(NodeError::OtherKind(_)) => None,
-            NodeOutcome::Failed(e) => Some((&n.node, format!("node `{}`: {e}", n.node))),
+            NodeOutcome::Failed(e) => Some((&n.node, e.to_string())),
             _ => None,
         })
         .collect()

@@ -506,6 +506,96 @@ fn nodes_refusing_the_password_fail_at_once_when_too_few_are_left_and_are_only_s
     assert!(stderr.contains("going on with the other nodes"), "{stderr}");
 }
 
+/// The pieces of a message between its stops (`. `, `; `, `: `,
+/// brackets, line ends), of 12 characters or more: those that repeat a
+/// fact if they appear twice.
+fn sentences(message: &str) -> Vec<String> {
+    let mut text = message.to_string();
+    for stop in [". ", "; ", ": ", " (", ")", "\n"] {
+        text = text.replace(stop, "|");
+    }
+    text.split('|')
+        .map(str::trim)
+        .filter(|piece| piece.len() >= 12)
+        .map(str::to_string)
+        .collect()
+}
+
+/// Fails unless `message` says each piece once, names each node of
+/// `nodes` once, and is under 200 characters.
+fn said_once(what: &str, message: &str, nodes: &[String]) {
+    assert!(
+        message.len() < 200,
+        "{what}: {} characters: {message}",
+        message.len()
+    );
+    let pieces = sentences(message);
+    for piece in &pieces {
+        let times = pieces.iter().filter(|p| *p == piece).count();
+        assert_eq!(times, 1, "{what}: {piece:?} said {times} times: {message}");
+    }
+    for node in nodes {
+        let host = node.trim_start_matches("redis://");
+        let host = host.rsplit('@').next().unwrap();
+        assert_eq!(
+            message.matches(host).count(),
+            1,
+            "{what}: {host}: {message}"
+        );
+    }
+}
+
+#[test]
+fn a_refused_password_and_an_unknown_status_say_each_fact_once_in_under_200_characters() {
+    let token = "0123456789abcdef0123456789abcdef01234567";
+    for n in [1, 3] {
+        let cluster = cluster(n);
+        for node in cluster.nodes() {
+            require_a_password(node);
+        }
+        let missing = cluster.urls();
+        let wrong: Vec<String> = missing
+            .iter()
+            .map(|url| url.replace("redis://", "redis://:wrong@"))
+            .collect();
+        for (password, urls) in [("missing", &missing), ("wrong", &wrong)] {
+            let steps: [&[&str]; 4] = [
+                &["run", "r", "true"],
+                &["acquire", "r"],
+                &["extend", "r", token],
+                &["release", "r", token],
+            ];
+            for step in steps {
+                let (sub, rest) = step.split_first().unwrap();
+                let out = output(
+                    bare()
+                        .arg(sub)
+                        .arg("--nodes")
+                        .arg(urls.join(","))
+                        .args(rest),
+                );
+                let stderr = text(&out.stderr);
+                assert_eq!(code(&out), 77, "{sub}: {stderr}");
+                let what = format!("{sub}, {n} node(s), {password} password");
+                said_once(&what, stderr.trim_end(), urls);
+            }
+        }
+
+        // Too few nodes for status: said once, on standard output; with
+        // --json, on standard error, once.
+        let out = output(redlock("status", &cluster).arg("r"));
+        assert_eq!(code(&out), 69, "{}", text(&out.stderr));
+        assert_eq!(text(&out.stderr), "", "said on standard output already");
+        let shown = text(&out.stdout);
+        assert_eq!(shown.matches("fewer than a quorum").count(), 1, "{shown}");
+        let out = output(redlock("status", &cluster).args(["--json", "r"]));
+        assert_eq!(code(&out), 69);
+        let stderr = text(&out.stderr);
+        said_once("status --json", stderr.trim_end(), &[]);
+        assert_eq!(stderr.matches("fewer than a quorum").count(), 1, "{stderr}");
+    }
+}
+
 #[test]
 fn nodes_whose_host_does_not_exist_fail_at_once_with_the_refused_code() {
     // `.invalid` never resolves (RFC 2606): waiting cannot mend it.
