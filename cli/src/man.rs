@@ -104,7 +104,9 @@ fn synopsis(cmd: &clap::Command) -> String {
     if visible(cmd).next().is_some() {
         line.push_str(&format!(" <{}>", italic("subcommand")));
     }
-    line
+    // `\%` before each word: no word is hyphenated (`DU-RATION`).
+    let words: Vec<String> = line.split(' ').map(|word| format!("\\%{word}")).collect();
+    words.join(" ")
 }
 
 /// ` OPTION`, or ` [OPTION]` for an option that may be left out.

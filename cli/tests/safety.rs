@@ -403,10 +403,10 @@ fn man_dir_creates_the_folder_and_its_parents_and_each_synopsis_names_the_values
         .map(|(synopsis, _)| synopsis.to_string())
         .unwrap_or_else(|| panic!("no SYNOPSIS: {page}"));
     for says in [
-        "\\fB\\-\\-ttl\\fR \\fIDURATION\\fR",
-        "\\fB\\-\\-semaphore\\fR \\fIK\\fR",
-        "\\fB\\-\\-owner\\fR \\fILABEL\\fR",
-        "<\\fIRESOURCE\\fR>",
+        "\\fB\\-\\-ttl\\fR \\%\\fIDURATION\\fR",
+        "\\fB\\-\\-semaphore\\fR \\%\\fIK\\fR",
+        "\\fB\\-\\-owner\\fR \\%\\fILABEL\\fR",
+        "\\%<\\fIRESOURCE\\fR>",
     ] {
         assert!(synopsis.contains(says), "no {says}: {synopsis}");
     }
@@ -588,6 +588,10 @@ fn a_refused_password_and_an_unknown_status_say_each_fact_once_in_under_200_char
         assert_eq!(text(&out.stderr), "", "said on standard output already");
         let shown = text(&out.stdout);
         assert_eq!(shown.matches("fewer than a quorum").count(), 1, "{shown}");
+        // Each node's error is said once: a node whose error is the one
+        // above says so.
+        assert_eq!(shown.matches("asks for a password").count(), 1, "{shown}");
+        assert_eq!(shown.matches("the same as above").count(), n - 1, "{shown}");
         let out = output(redlock("status", &cluster).args(["--json", "r"]));
         assert_eq!(code(&out), 69);
         let stderr = text(&out.stderr);
