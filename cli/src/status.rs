@@ -37,11 +37,16 @@ pub fn status(args: &StatusArgs) -> Result<u8, Failure> {
     };
     print_line(text).map_err(|e| Failure::output(&e, "the status"))?;
     if found.held.is_none() {
-        let (quorum, total) = (seen.quorum, seen.nodes.len());
-        say(format_args!(
-            "only {answered} of {total} nodes answered, fewer than a quorum of {quorum}: \
-             whether `{resource}` is held cannot be told"
-        ));
+        // The text's first line says so already; an object on standard
+        // output is for a program, so people get it on standard error.
+        if args.nodes.json {
+            let total = seen.nodes.len();
+            say(format_args!(
+                "only {answered} of {total} nodes answered, fewer than a quorum of {}: \
+                 whether `{resource}` is held cannot be told",
+                seen.quorum
+            ));
+        }
         return Ok(exit::NODES);
     }
     Ok(0)
@@ -203,8 +208,17 @@ fn as_text(resource: &str, seen: &Inspection, found: &Found, answered: usize) ->
         }
     }
     let width = seen.nodes.iter().map(|n| n.node.len()).max().unwrap_or(0);
+    let mut above = String::new();
     for node in &seen.nodes {
-        let _ = write!(text, "\n  {:<width$}  {}", node.node, node_line(node));
+        let line = node_line(node);
+        // An error the node above had too is not said again.
+        let shown = if line.starts_with("error: ") && line == above {
+            "error: the same as above"
+        } else {
+            &line
+        };
+        let _ = write!(text, "\n  {:<width$}  {shown}", node.node);
+        above = line;
     }
     text
 }

@@ -197,14 +197,15 @@ fn status_shows_the_owner_of_a_plain_lock_and_the_holders_of_shared_and_semaphor
         (json(&out), shown)
     };
 
-    // The default owner: the host's name and the pid of `redlock acquire`.
+    // The default owner: the host's name and the pid of the process that
+    // called `redlock acquire`, this test.
     let printed = scratch(&cluster, "token");
     let mut acquire = Tool::spawn(
         redlock("acquire", &cluster)
             .arg("deploy")
             .stdout(std::fs::File::create(&printed).unwrap()),
     );
-    let owner = format!("{}:{}", host_name(), acquire.pid());
+    let owner = format!("{}:{}", host_name(), std::process::id());
     acquire.succeeds();
     let (seen, shown) = status("deploy");
     assert_eq!(seen["kind"], "exclusive", "{seen}");
@@ -297,6 +298,32 @@ fn a_runs_owner_is_its_host_and_pid_and_status_shows_it_while_the_command_runs()
             std::fs::remove_file(scratch(&cluster, f)).unwrap();
         }
     }
+}
+
+#[test]
+fn acquires_default_owner_is_the_shell_that_called_it_not_the_redlock_process_that_exited() {
+    let cluster = cluster(3);
+    let binary = env!("CARGO_BIN_EXE_redlock");
+    let nodes = cluster.urls().join(",");
+    // The shell prints its pid, then the owner that acquire reports; the
+    // last `true` keeps the shell from replacing itself with redlock.
+    let script = format!(
+        "echo $$; '{binary}' acquire --json --io-timeout 2s --connect-timeout 2s \
+         --nodes '{nodes}' handoff; true"
+    );
+    let out = output(
+        std::process::Command::new("sh")
+            .args(["-c", &script])
+            .env_remove("REDLOCK_NODES"),
+    );
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let printed = text(&out.stdout);
+    let (shell, acquired) = printed.split_once('\n').expect("two lines");
+    let acquired: Value = serde_json::from_str(acquired).expect("a JSON object");
+    let owner = format!("{}:{}", host_name(), shell.trim());
+    assert_eq!(acquired["owner"], owner.as_str(), "{printed}");
+    let out = output(redlock("status", &cluster).args(["--json", "handoff"]));
+    assert_eq!(json(&out)["owner"], owner.as_str());
 }
 
 #[test]
@@ -394,8 +421,20 @@ fn explicit_steps_take_the_kind_and_a_wrong_kind_is_refused_with_the_usage_code(
     }
     assert_eq!(members_on(&cluster, "export"), [0, 0, 0]);
 
-    // A plain lock is not released as a shared one.
+    // A plain lock is not released, nor extended, as a shared one; a
+    // shared one is not extended as a plain one: the user's flags are wrong.
     let p = token(&step(&["acquire", "deploy"]));
+    let r = token(&step(&["acquire", "--shared", "catalog"]));
+    for (wrong, resource, t) in [
+        (&["--shared"][..], "deploy", &p),
+        (&["--semaphore", "2"], "deploy", &p),
+        (&[], "catalog", &r),
+    ] {
+        let args = [&["extend"][..], wrong, &[resource, t.as_str()]].concat();
+        let out = step(&args);
+        assert_eq!(code(&out), 64, "{args:?}: {}", text(&out.stderr));
+    }
+    assert_eq!(code(&step(&["release", "--shared", "catalog", &r])), 0);
     let out = step(&["release", "--shared", "deploy", &p]);
     assert_eq!(code(&out), 64, "{}", text(&out.stderr));
     assert!(
@@ -429,7 +468,10 @@ fn kind_flags_exclude_each_other_and_bad_kinds_or_owners_are_usage_errors() {
             &["release", "--shared", "--semaphore", "2", "r", token],
             "cannot be used with",
         ),
-        (&["acquire", "--semaphore", "0", "r"], "0 is not in 1.."),
+        (
+            &["acquire", "--semaphore", "0", "r"],
+            "a semaphore needs at least 1 permit",
+        ),
         (
             &["run", "--semaphore", "many", "r", "true"],
             "--semaphore <K>",
@@ -463,6 +505,14 @@ fn the_help_and_the_manual_page_tell_the_kinds_and_the_owner() {
         }
     }
     assert!(help(&["run", "--help"]).contains("like flock -s"));
+    // A kind the user got wrong is a usage error for extend as for the
+    // rest; 76 is for a lock that was lost.
+    let extend = help(&["extend", "--help"]);
+    let codes = extend.split_once("Exit codes:").unwrap().1;
+    let usage = codes.split_once(" 69 ").unwrap().0;
+    assert!(usage.contains("held as another kind"), "{extend}");
+    let lost = codes.split_once(" 76 ").unwrap().1;
+    assert!(!lost.contains("kind"), "{extend}");
     assert!(help(&["acquire", "--help"]).contains("--owner <LABEL>"));
     assert!(help(&["status", "--help"]).contains("owner label"));
     let page = text(&output(bare().args(["man", "run"])).stdout);
