@@ -128,11 +128,15 @@ fn contended_lost_and_too_slow_say_each_fact_once_in_under_200_characters() {
     assert!(message.contains("held by another client"), "{message}");
     holder.release(held).unwrap();
 
-    let lock = locks.try_acquire("lost", TTL).unwrap();
+    let mut lock = locks.try_acquire("lost", TTL).unwrap();
     common::wait_until_held_by(&nodes, &lock, 5);
     for node in nodes.nodes() {
         node.set("lost", "someone-else").unwrap();
     }
+    let taken = locks.extend(&mut lock, TTL).unwrap_err();
+    assert!(matches!(taken, LockError::Lost { .. }), "{taken:?}");
+    let message = short(&taken);
+    assert!(message.contains("another token"), "{message}");
     let lost = locks.release(lock).unwrap_err();
     assert!(matches!(lost, LockError::Lost { .. }), "{lost:?}");
     let message = short(&lost);
@@ -200,35 +204,46 @@ fn too_few_nodes_after_several_attempts_says_the_count_once() {
 
 #[test]
 fn a_wrong_password_on_1_3_or_5_nodes_names_each_node_once_and_gives_its_hint_once() {
-    for n in [1, 3, 5] {
+    // Of how many nodes, how many have the wrong password.
+    for (n, wrong) in [(1, 1), (3, 3), (5, 3), (5, 5)] {
         let nodes = cluster(n);
         for node in nodes.nodes() {
             node.query(&["CONFIG", "SET", "requirepass", "right-Pw"])
                 .unwrap();
         }
-        let wrong = nodes.urls().into_iter();
+        let urls = nodes.urls().into_iter().enumerate();
         let locks = once(
-            wrong
-                .map(|u| u.replace("redis://", "redis://:wrong-Pw@"))
-                .collect(),
+            urls.map(|(i, u)| {
+                let password = if i < wrong { "wrong-Pw" } else { "right-Pw" };
+                u.replace("redis://", &format!("redis://:{password}@"))
+            })
+            .collect(),
         );
         let unusable = locks.try_acquire("r", TTL).unwrap_err();
         assert!(
             matches!(unusable, LockError::Unusable { .. }),
             "{unusable:?}"
         );
-        let message = if n < 5 {
+        let message = if wrong < 5 {
             short(&unusable)
         } else {
             checked(&unusable)
         };
         let report = unusable.report().unwrap();
-        for node in &report.nodes {
+        for node in &report.nodes[..wrong] {
             assert!(
                 message.contains(&*node.node),
                 "{} not named: {message}",
                 node.node
             );
+            // A node's own error does not name it again: the report does.
+            let NodeOutcome::Failed(error) = &node.outcome else {
+                panic!("{}: {}", node.node, node.outcome);
+            };
+            assert!(!error.to_string().contains(&*node.node), "{error}");
+        }
+        for node in &report.nodes[wrong..] {
+            assert!(!message.contains(&*node.node), "{message}");
         }
         assert_eq!(
             message.matches("refused authentication").count(),
@@ -241,13 +256,6 @@ fn a_wrong_password_on_1_3_or_5_nodes_names_each_node_once_and_gives_its_hint_on
             "{message}"
         );
         assert!(!message.contains("wrong-Pw") && !message.contains("right-Pw"));
-        // A node's own error does not name it again: the report does.
-        for node in &report.nodes {
-            let NodeOutcome::Failed(error) = &node.outcome else {
-                panic!("{}: {}", node.node, node.outcome);
-            };
-            assert!(!error.to_string().contains(&*node.node), "{error}");
-        }
     }
 }
 
