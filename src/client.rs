@@ -606,7 +606,8 @@ impl Redlock {
             let args: Vec<&[u8]> = args.iter().map(String::as_bytes).collect();
             let cmd = Command::script(script, &keys, &args);
             let tallies = self.rounds(&cmd, &calls, extend_vote, Ask::EveryReply);
-            for (i, tally) in batch.into_iter().zip(tallies) {
+            for (i, mut tally) in batch.into_iter().zip(tallies) {
+                tally.report.verb = "renewed";
                 let (lock, ttl) = &mut locks[i];
                 results[i] = self.judge(lock, *ttl, tally, attempt, (&mut confirm, &mut retook));
             }
@@ -681,7 +682,9 @@ impl Redlock {
         self.inner.waiters.close_if_idle();
         let cmd = kind.release(resources, token, Release::Holder);
         let vote = release_vote(resources.len());
-        let tally = self.round(kind, &cmd, Duration::ZERO, vote, Ask::UntilDecided);
+        let mut tally = self.round(kind, &cmd, Duration::ZERO, vote, Ask::UntilDecided);
+        // `rounds` goes by the script, which for shared and counted locks is one for all.
+        tally.report.verb = "deleted";
         if tally.report.granted() > 0 {
             // This client's own waiters need not hear it from a node.
             (self.inner.waiters).released(resources);
