@@ -300,6 +300,56 @@ fn a_runs_owner_is_its_host_and_pid_and_status_shows_it_while_the_command_runs()
 }
 
 #[test]
+fn status_of_an_applications_hash_says_held_by_something_that_is_not_a_lock_and_exits_0() {
+    let cluster = cluster(3);
+    for node in cluster.nodes() {
+        node.query(&["HSET", "settings", "theme", "dark"]).unwrap();
+    }
+    let out = output(redlock("status", &cluster).arg("settings"));
+    assert_eq!(code(&out), 0, "held: {}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.starts_with("`settings`: held by an application's hash (not a lock), on 3 of 3"),
+        "{shown}"
+    );
+    let out = output(redlock("status", &cluster).args(["--json", "settings"]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let seen = json(&out);
+    assert_eq!(seen["held"], true, "{seen}");
+    assert_eq!(seen["kind"], "not_a_lock", "{seen}");
+    assert_eq!(seen["redis_type"], "hash", "{seen}");
+    assert_eq!(seen["nodes"][0]["redis_type"], "hash", "{seen}");
+}
+
+#[test]
+fn status_json_of_a_two_permit_semaphore_gives_its_quorum_of_4_and_the_writers_quorum_of_3() {
+    let cluster = cluster(5);
+    let out = output(redlock("acquire", &cluster).args(["--semaphore", "2", "export"]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let out = output(redlock("status", &cluster).args(["--json", "export"]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let seen = json(&out);
+    assert_eq!(
+        (&seen["quorum"], &seen["writer_quorum"]),
+        (&4.into(), &3.into()),
+        "{seen}"
+    );
+    assert_eq!(
+        (&seen["holder_count"], &seen["permits_left"]),
+        (&1.into(), &1.into()),
+        "{seen}"
+    );
+    // A reader's quorum is the writers': no second figure.
+    let out = output(redlock("acquire", &cluster).args(["--shared", "catalog"]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let seen = json(&output(
+        redlock("status", &cluster).args(["--json", "catalog"]),
+    ));
+    assert_eq!(seen["quorum"], 3, "{seen}");
+    assert!(seen.get("writer_quorum").is_none(), "{seen}");
+}
+
+#[test]
 fn explicit_steps_take_the_kind_and_a_wrong_kind_is_refused_with_the_usage_code() {
     let cluster = cluster(3);
     let step = |args: &[&str]| {

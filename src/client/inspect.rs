@@ -302,10 +302,11 @@ impl Inspection {
         }
     }
 
-    /// How long new readers and permit holders stay out for a waiting
-    /// writer: while its intent stands on more nodes than a reader can
-    /// spare (`N - quorum`), counting the nodes that answered. `None`: no
-    /// intent stands on that many.
+    /// How long new readers stay out for a waiting writer: while its
+    /// intent stands on more nodes than a reader can spare (`N - quorum`),
+    /// among the nodes that answered. Permit holders need more nodes, so
+    /// they stay out at least as long. `None`: no intent stands on that
+    /// many.
     pub fn intent(&self) -> Option<Duration> {
         let mut left: Vec<Duration> = self.nodes.iter().filter_map(|v| v.intent).collect();
         left.sort_unstable_by(|a, b| b.cmp(a));
