@@ -322,6 +322,35 @@ fn status_of_an_applications_hash_says_held_by_something_that_is_not_a_lock_and_
 }
 
 #[test]
+fn status_shows_a_waiting_writers_intent_with_its_time_left() {
+    let cluster = cluster(3);
+    let out = output(redlock("acquire", &cluster).args(["--shared", "report"]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let reader = text(&out.stdout).trim().to_string();
+    // A writer waits behind the reader, and marks its intent.
+    let mut writer = Tool::spawn(
+        redlock("acquire", &cluster)
+            .args(["--ttl", "20s", "--retry-delay", "50ms", "report"])
+            .stdout(std::process::Stdio::null()),
+    );
+    wait_until("status shows the writer's intent", || {
+        let out = output(redlock("status", &cluster).args(["--json", "report"]));
+        json(&out)["intent_ms"].is_u64()
+    });
+    let out = output(redlock("status", &cluster).args(["--json", "report"]));
+    let left = json(&out)["intent_ms"].as_u64().unwrap();
+    assert!(left > 10_000 && left <= 20_000, "{left}");
+    let shown = text(&output(redlock("status", &cluster).arg("report")).stdout);
+    assert!(
+        shown.contains("\n  new readers held back for a waiting writer, "),
+        "{shown}"
+    );
+    let out = output(redlock("release", &cluster).args(["--shared", "report", &reader]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    writer.succeeds();
+}
+
+#[test]
 fn status_json_of_a_two_permit_semaphore_gives_its_quorum_of_4_and_the_writers_quorum_of_3() {
     let cluster = cluster(5);
     let out = output(redlock("acquire", &cluster).args(["--semaphore", "2", "export"]));
