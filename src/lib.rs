@@ -27,7 +27,7 @@
 //! |---|---|
 //! | [`extend`](Redlock::extend) | gives a [`Lock`] a new TTL |
 //! | [`release`](Redlock::release) | deletes a [`Lock`]'s keys, and returns a [`Report`] |
-//! | [`inspect`](Redlock::inspect) | reads who holds a resource on each node, without writing |
+//! | [`inspect`](Redlock::inspect) | reads who holds a resource (owners, time left, each kind on its own quorum), without writing |
 //!
 //! Each acquiring method takes what to lock and how. What: a resource name, or
 //! several as one lock ([`IntoResources`]). How: a [`LockOptions`], or a bare

@@ -327,6 +327,85 @@ fn acquires_default_owner_is_the_shell_that_called_it_not_the_redlock_process_th
 }
 
 #[test]
+fn status_of_an_applications_hash_says_held_by_something_that_is_not_a_lock_and_exits_0() {
+    let cluster = cluster(3);
+    for node in cluster.nodes() {
+        node.query(&["HSET", "settings", "theme", "dark"]).unwrap();
+    }
+    let out = output(redlock("status", &cluster).arg("settings"));
+    assert_eq!(code(&out), 0, "held: {}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.starts_with("`settings`: held by an application's hash (not a lock), on 3 of 3"),
+        "{shown}"
+    );
+    let out = output(redlock("status", &cluster).args(["--json", "settings"]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let seen = json(&out);
+    assert_eq!(seen["held"], true, "{seen}");
+    assert_eq!(seen["kind"], "not_a_lock", "{seen}");
+    assert_eq!(seen["redis_type"], "hash", "{seen}");
+    assert_eq!(seen["nodes"][0]["redis_type"], "hash", "{seen}");
+}
+
+#[test]
+fn status_shows_a_waiting_writers_intent_with_its_time_left() {
+    let cluster = cluster(3);
+    let out = output(redlock("acquire", &cluster).args(["--shared", "report"]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let reader = text(&out.stdout).trim().to_string();
+    // A writer waits behind the reader, and marks its intent.
+    let mut writer = Tool::spawn(
+        redlock("acquire", &cluster)
+            .args(["--ttl", "20s", "--retry-delay", "50ms", "report"])
+            .stdout(std::process::Stdio::null()),
+    );
+    wait_until("status shows the writer's intent", || {
+        let out = output(redlock("status", &cluster).args(["--json", "report"]));
+        json(&out)["intent_ms"].is_u64()
+    });
+    let out = output(redlock("status", &cluster).args(["--json", "report"]));
+    let left = json(&out)["intent_ms"].as_u64().unwrap();
+    assert!(left > 10_000 && left <= 20_000, "{left}");
+    let shown = text(&output(redlock("status", &cluster).arg("report")).stdout);
+    assert!(
+        shown.contains("\n  new readers held back for a waiting writer, "),
+        "{shown}"
+    );
+    let out = output(redlock("release", &cluster).args(["--shared", "report", &reader]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    writer.succeeds();
+}
+
+#[test]
+fn status_json_of_a_two_permit_semaphore_gives_its_quorum_of_4_and_the_writers_quorum_of_3() {
+    let cluster = cluster(5);
+    let out = output(redlock("acquire", &cluster).args(["--semaphore", "2", "export"]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let out = output(redlock("status", &cluster).args(["--json", "export"]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let seen = json(&out);
+    assert_eq!(
+        (&seen["quorum"], &seen["writer_quorum"]),
+        (&4.into(), &3.into()),
+        "{seen}"
+    );
+    assert_eq!(
+        (&seen["holder_count"], &seen["permits_left"]),
+        (&1.into(), &1.into()),
+        "{seen}"
+    );
+    // A reader's quorum is the writers': no second figure.
+    let out = output(redlock("acquire", &cluster).args(["--shared", "catalog"]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let seen = json(&output(
+        redlock("status", &cluster).args(["--json", "catalog"]),
+    ));
+    assert_eq!(seen["quorum"], 3, "{seen}");
+    assert!(seen.get("writer_quorum").is_none(), "{seen}");
+}
+
+#[test]
 fn explicit_steps_take_the_kind_and_a_wrong_kind_is_refused_with_the_usage_code() {
     let cluster = cluster(3);
     let step = |args: &[&str]| {

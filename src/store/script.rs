@@ -182,6 +182,23 @@ pub(crate) const SHARED: Script = Script {
     sha: "865d6df1267bbfc208a6e122eb6bf0cdbfcf3627",
 };
 
+/// Reads, without writing, the fencing counter, the holders' kind (`K`
+/// from a sorted set's marker, `w` for a token-shaped string), the key's
+/// Redis type, and the time left of the longest live writer's intent
+/// (`-1`: it never expires; `-2`: none). Then each live holder's value and
+/// time left: a writer's key, or the set's members by expiry.
+///
+/// A string is a writer's only if token-shaped: 40 lowercase hex digits,
+/// then optionally `~MARK` and ` OWNER`, 258 bytes at most. Any other key,
+/// and a sorted set without our marker, is not a lock: its kind is empty.
+/// It has no bit: it always goes as `EVAL`, and is never loaded with the
+/// lock scripts.
+pub(crate) const INSPECT: Script = Script {
+    bit: 0,
+    body: include_str!("lua/inspect.lua"),
+    sha: "615902c5e0ceffc871d8c2bd66eb88edf1abb2dd",
+};
+
 /// One command, packed once, sent to every node of a round.
 pub(crate) struct Command {
     /// The script it runs, if any.
@@ -296,7 +313,7 @@ mod tests {
     #[test]
     fn every_scripts_hard_coded_sha_is_the_one_script_load_returns() {
         let cluster = redlock_sync_testing::Cluster::start(1).expect("a redis-server node");
-        let scripts: [(&str, &Script); 8] = [
+        let scripts: [(&str, &Script); 9] = [
             ("RELEASE", &RELEASE),
             ("EXTEND", &EXTEND),
             ("CONFIRM", &CONFIRM),
@@ -305,6 +322,7 @@ mod tests {
             ("FENCE_CONFIRM", &FENCE_CONFIRM),
             ("SHARED", &SHARED),
             ("WITHDRAW", &WITHDRAW),
+            ("INSPECT", &INSPECT),
         ];
         let mut bits = 0u8;
         let mut wrong = Vec::new();
@@ -319,6 +337,10 @@ mod tests {
             };
             if script.sha != got {
                 wrong.push(format!("{name}: {got}"));
+            }
+            if script.bit == 0 {
+                // Sent as EVAL every time, never loaded.
+                continue;
             }
             assert_eq!(bits & script.bit, 0, "{name}: bit {} is taken", script.bit);
             assert_eq!(script.bit.count_ones(), 1, "{name}: one bit per script");
