@@ -131,6 +131,10 @@ impl RedlockBuilder {
 pub(crate) enum Ask<'a> {
     /// Every node, until a quorum granted, or can no longer grant.
     UntilDecided,
+    /// Every node, until a quorum granted; a round that is not granted
+    /// reads every reply, so that its clean-up goes only where it was
+    /// admitted, or no reply came.
+    UntilGranted,
     /// Every node, every reply, until the deadline.
     EveryReply,
     /// Only the nodes whose entry is true (the others show as not awaited,
@@ -779,11 +783,14 @@ impl Redlock {
         let mut counts: Vec<_> = calls.iter().map(|(k, _)| (k.quorum(n), 0, 0, 0)).collect();
         let quorum = counts[0].0;
         let every_reply = matches!(ask, Ask::EveryReply);
+        let until_granted = matches!(ask, Ask::UntilGranted);
         let start = Instant::now();
         // The fewest replies that can decide: a quorum of grants, or
         // enough refusals that no quorum is left.
         let to_decide = if every_reply {
             n
+        } else if until_granted {
+            quorum
         } else {
             quorum.min(n - quorum + 1)
         };
@@ -795,7 +802,9 @@ impl Redlock {
                     _ => *no += 1,
                 }
             }
-            let done = |&(q, yes, no, _): &(usize, usize, usize, u64)| yes >= q || no > n - q;
+            let done = |&(q, yes, no, _): &(usize, usize, usize, u64)| {
+                yes >= q || (!until_granted && no > n - q)
+            };
             !every_reply && counts.iter().all(done)
         };
         let (nodes, bounds) = (&inner.nodes, self.bounds(start));

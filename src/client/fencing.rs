@@ -27,9 +27,15 @@ impl Redlock {
         // A fenced round one reads every reply (no early decision): every
         // node that may count must have its counter in the token, so a node
         // whose round-one reply went unread must not confirm in round two.
-        let ask = match kind.confirms() {
-            true => Ask::EveryReply,
-            false => Ask::UntilDecided,
+        // A shared or counted attempt is refused while the resource is full,
+        // again and again: it reads every reply, and cleans up only where it
+        // was admitted. One round, one command a node, full or not.
+        let ask = if kind.confirms() {
+            Ask::EveryReply
+        } else if kind.is_counted() {
+            Ask::UntilGranted
+        } else {
+            Ask::UntilDecided
         };
         let first = self.round(kind, &claim, ttl, acquire_vote, ask);
         if !kind.confirms() || !first.granted() {
