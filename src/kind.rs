@@ -5,7 +5,7 @@ use redis::Value;
 
 use crate::error::ArgumentError;
 use crate::store::script::{self, Command};
-use crate::store::{self, fence_key, intents_key, older_intent_key, released_channel};
+use crate::store::{self, fence_key, intents_key, older_intent_key, owners_key, released_channel};
 use crate::time::Ttl;
 use crate::token::Token;
 
@@ -358,13 +358,14 @@ pub(crate) enum Release {
 }
 
 /// The keys of [`script::SHARED`]: the resource, its writers' intents, an
-/// older client's intent, and the release channel.
-pub(crate) fn side_keys(resource: &str) -> [String; 4] {
+/// older client's intent, the release channel, and the holders' owners.
+pub(crate) fn side_keys(resource: &str) -> [String; 5] {
     [
         resource.to_string(),
         intents_key(resource),
         older_intent_key(resource),
         released_channel(resource),
+        owners_key(resource),
     ]
 }
 

@@ -7,7 +7,8 @@
 //! | key | type | value | written by | deleted by |
 //! |---|---|---|---|---|
 //! | `R`, a writer's | string | `TOKEN[~MARK][ OWNER]`, with a TTL | `SET NX`, the acquire and extend scripts | the release script; expiry |
-//! | `R`, holders' | sorted set | each holder `TOKEN[ OWNER]`, scored by its expiry (node ms); one marker `redlock-sync:kind=K`, scored `-inf` | the shared script | the shared script, with its last holder; expiry, with its last holder |
+//! | `R`, holders' | sorted set | each holder's token, scored by its expiry (node ms); one marker `redlock-sync:kind=K`, scored `-inf` | the shared script | the shared script, with its last holder; expiry, with its last holder |
+//! | [owners](owners_key) | hash | each holder's token, to its owner label | the shared script, at admission | the shared script, with its holder; expiry, with the set |
 //! | [`fence_key`] | string | the fencing counter, an integer below 2^53, no TTL | the fenced scripts, the extend script's re-take | never (see [`Kind::Fenced`](crate::Kind::Fenced)) |
 //! | intents | sorted set | each waiting writer's acquisition id, scored by its expiry (node ms) | a writer's acquire scripts | its own acquisition (the winning script, [`script::WITHDRAW`]); expiry, with its last intent |
 //! | an older client's intent, `redlock-sync:intent:R` | string | `1`, with a TTL | older clients only | older clients; expiry |
@@ -56,6 +57,11 @@ pub fn fence_key(resource: &str) -> String {
 /// The key of `resource`'s waiting writers' intents.
 pub fn intents_key(resource: &str) -> String {
     side("intents", resource)
+}
+
+/// The key of the owner labels of `resource`'s shared or counted holders.
+pub(crate) fn owners_key(resource: &str) -> String {
+    side("owners", resource)
 }
 
 /// The key of an older client's intent on `resource`: read, never written.

@@ -305,7 +305,7 @@ fn owner_labels_are_stored_with_every_kind_and_shown_by_inspect() {
         .expect("a labelled reader");
     for node in locks.inspect("r").expect("inspect").nodes {
         match node.holding {
-            Holding::Shared { kind, holders } => {
+            Holding::Shared { kind, holders, .. } => {
                 assert_eq!(kind, Kind::Shared);
                 assert_eq!(holders[0].owner.as_deref(), Some("host-b:7"));
             }

@@ -275,7 +275,7 @@ fn node_line(node: &NodeView) -> String {
     let mut line = match &node.holding {
         Holding::Free => "free".to_string(),
         Holding::Held(h) => format!("held by {}", one(h)),
-        Holding::Shared { kind, holders } => {
+        Holding::Shared { kind, holders, .. } => {
             let all: Vec<String> = holders.iter().map(one).collect();
             match kind {
                 Kind::Semaphore(k) => format!("semaphore of {k}: {}", all.join(", ")),

@@ -76,7 +76,7 @@ pub struct Holder {
 /// for view in locks.inspect("invoice:42")?.nodes {
 ///     match view.holding {
 ///         Holding::Held(h) => println!("{}: {}… ({:?}) for {:?}", view.node, h.token, h.owner, h.ttl),
-///         Holding::Shared { kind, holders } => println!("{}: {kind:?}, {} holders", view.node, holders.len()),
+///         Holding::Shared { kind, count, .. } => println!("{}: {kind:?}, {count} holders", view.node),
 ///         Holding::NotALock { redis_type } => println!("{}: an application's {redis_type}", view.node),
 ///         Holding::Free => println!("{}: free", view.node),
 ///         Holding::Unknown(why) => println!("{}: {why}", view.node),
@@ -97,8 +97,10 @@ pub enum Holding {
     Shared {
         /// Their kind.
         kind: Kind,
-        /// Each live holder.
+        /// The first 100 live holders, by expiry.
         holders: Vec<Holder>,
+        /// How many live holders there are.
+        count: usize,
     },
     /// A key that is not a lock, an application's: no lock is granted
     /// there while it lives. A string is a lock only if token-shaped (40
@@ -239,7 +241,19 @@ impl Inspection {
         holders.sort_by(|a, b| {
             (a.ttl.is_none(), a.ttl, &a.token).cmp(&(b.ttl.is_none(), b.ttl, &b.token))
         });
-        let count = holders.len();
+        // Past the first 100 a node lists, at most as many hold on a
+        // quorum as its quorum-th fullest node counts.
+        let mut counts: Vec<usize> = (self.nodes.iter())
+            .filter_map(|v| match &v.holding {
+                Holding::Shared { kind: k, count, .. } if *k == kind => Some(*count),
+                _ => None,
+            })
+            .collect();
+        counts.sort_unstable_by(|a, b| b.cmp(a));
+        let mut count = holders.len();
+        if counts.first().is_some_and(|&most| most > LISTED) {
+            count = count.max(counts.get(quorum - 1).copied().unwrap_or(0));
+        }
         holders.truncate(LISTED);
         Verdict::Shared {
             kind,
@@ -268,7 +282,7 @@ impl Inspection {
         for view in &self.nodes {
             let (kind, holders) = match &view.holding {
                 Holding::Held(holder) => (Kind::Plain, std::slice::from_ref(holder)),
-                Holding::Shared { kind, holders } => (*kind, &holders[..]),
+                Holding::Shared { kind, holders, .. } => (*kind, &holders[..]),
                 _ => continue,
             };
             for holder in holders {
@@ -321,12 +335,18 @@ fn most_common(types: &[&str]) -> String {
     (types.iter().rev().max_by_key(count)).map_or_else(String::new, |t| t.to_string())
 }
 
-/// A holder from its stored value (`TOKEN[~MARK][ OWNER]`) and time left.
-fn holder(value: &str, ms: i64) -> Holder {
+/// A holder from its stored value (a writer's `TOKEN[~MARK][ OWNER]`, or a
+/// shared or counted holder's token), its time left, and the owner label
+/// stored beside a shared or counted holder (empty for none).
+fn holder(value: &str, ms: i64, owner: String) -> Holder {
+    let owner = match owner.is_empty() {
+        true => value.split_once(' ').map(|(_, owner)| owner.to_string()),
+        false => Some(owner),
+    };
     Holder {
         token: value.chars().take(SHOWN).collect(),
         ttl: u64::try_from(ms).ok().map(Duration::from_millis),
-        owner: value.split_once(' ').map(|(_, owner)| owner.to_string()),
+        owner,
         nodes: 1,
     }
 }
@@ -344,8 +364,15 @@ fn view(node: Arc<str>, value: Value) -> Option<NodeView> {
         -1 => Some(Duration::MAX),
         ms => Some(Duration::from_millis(u64::try_from(ms).ok()?)),
     };
-    let holders = (items.get(4..)?.chunks(2))
-        .map(|pair| Some(holder(&text(&pair[0])?, number(pair.get(1)?)?)))
+    let count = usize::try_from(number(items.get(4)?)?).ok()?;
+    let shown = items.get(5..)?.chunks(3);
+    let holders = shown
+        .map(|three| {
+            let value = text(&three[0])?;
+            let ms = number(three.get(1)?)?;
+            let owner = text(three.get(2)?)?;
+            Some(holder(&value, ms, owner))
+        })
         .collect::<Option<Vec<_>>>()?;
     let holding = match kind.as_str() {
         "" if redis_type == "none" => Holding::Free,
@@ -358,6 +385,7 @@ fn view(node: Arc<str>, value: Value) -> Option<NodeView> {
                 k => Kind::Semaphore(k),
             },
             holders,
+            count,
         },
     };
     Some(NodeView {
@@ -384,7 +412,9 @@ impl Redlock {
             return Err(ArgumentError::EmptyResource.into());
         }
         let mut keys = fence_keys(resource).to_vec();
-        keys.push(side_keys(resource)[2].clone());
+        let [_, _, older, _, owners] = side_keys(resource);
+        keys.push(older);
+        keys.push(owners);
         let cmd = Command::script(&INSPECT, &keys, &[]);
         let nodes = (self.replies(&cmd).into_iter())
             .map(|(node, reply)| {

@@ -47,7 +47,7 @@ pub(crate) const RELEASE: Script = Script {
         include_str!("lua/prelude.lua"),
         include_str!("lua/release.lua")
     ),
-    sha: "4afd4cf3c23c33330541f16f227d00b79038ee68",
+    sha: "a56fd0eaf0dad3d745bf9991fb3c2c37a9957383",
 };
 
 /// Extends many locks in one call. `ARGV[1]` is the round's re-take mark.
@@ -73,7 +73,7 @@ pub(crate) const EXTEND: Script = Script {
         include_str!("lua/prelude.lua"),
         include_str!("lua/extend.lua")
     ),
-    sha: "b5090ca88f98cdc8e59cb791ee91842c1a3c976d",
+    sha: "6c68a40b543396847f1c78e56add1f170a2bd6ca",
 };
 
 /// Confirms one round's re-takes: a key marked with `ARGV[1]` (see
@@ -86,7 +86,7 @@ pub(crate) const CONFIRM: Script = Script {
         include_str!("lua/prelude.lua"),
         include_str!("lua/confirm.lua")
     ),
-    sha: "6c388542ac94d194cd8f8841a36acba64ba81877",
+    sha: "eaf5633268cf95581388d23d81b9898910bbbec2",
 };
 
 /// A writer's acquisition: `KEYS` are the locks, then their writers'
@@ -101,7 +101,7 @@ pub(crate) const ACQUIRE_MANY: Script = Script {
         include_str!("lua/prelude.lua"),
         include_str!("lua/acquire_many.lua")
     ),
-    sha: "068094dc742f6e67be601f0afbb29ca2822ec174",
+    sha: "5b0a32ecc948292e5e4ccdf95f61cfd9c3b13911",
 };
 
 /// Withdraws one acquisition's intents (`ARGV[1]`, its id) from each of
@@ -120,7 +120,7 @@ pub(crate) const WITHDRAW: Script = Script {
         include_str!("lua/prelude.lua"),
         include_str!("lua/withdraw.lua")
     ),
-    sha: "9938a8140f2319112c4123f69ff1b68b3d0d7784",
+    sha: "4c5f9d84ad506b4e1174c209c34db4637a4b02f0",
 };
 
 /// Fenced acquisition, round one: `KEYS` are the lock, its fencing counter
@@ -137,7 +137,7 @@ pub(crate) const FENCE_ACQUIRE: Script = Script {
         include_str!("lua/prelude.lua"),
         include_str!("lua/fence_acquire.lua")
     ),
-    sha: "4b632e65fde09b59135a0b3f778e678fb657e389",
+    sha: "36108074d9967928bdba6fab9b49d2cefe952288",
 };
 
 /// Fenced acquisition, round two. If `KEYS[1]` still holds our token
@@ -149,7 +149,7 @@ pub(crate) const FENCE_CONFIRM: Script = Script {
         include_str!("lua/prelude.lua"),
         include_str!("lua/fence_confirm.lua")
     ),
-    sha: "fa8d52c2ff3c3659447adbce4ce752367f6dbf7f",
+    sha: "be41e6d1797a78eba9064758da50881607599b53",
 };
 
 /// The shared and counted kinds' acquire, extend, release and clean-up
@@ -179,7 +179,7 @@ pub(crate) const SHARED: Script = Script {
         include_str!("lua/prelude.lua"),
         include_str!("lua/shared.lua")
     ),
-    sha: "865d6df1267bbfc208a6e122eb6bf0cdbfcf3627",
+    sha: "4c1a125c6dbd6974ab8d32995dbd0b8d4589cad0",
 };
 
 /// Reads, without writing, the fencing counter, the holders' kind (`K`
@@ -196,7 +196,7 @@ pub(crate) const SHARED: Script = Script {
 pub(crate) const INSPECT: Script = Script {
     bit: 0,
     body: include_str!("lua/inspect.lua"),
-    sha: "615902c5e0ceffc871d8c2bd66eb88edf1abb2dd",
+    sha: "391d3626b939e687e6604ddf68e57b0d9cd296c5",
 };
 
 /// One command, packed once, sent to every node of a round.

@@ -17,7 +17,7 @@ for g = 2, #ARGV, 4 do
     if type(v) == 'table' then
       vote = 0
       local kind = set_kind(KEYS[i])
-      if kind and member_of(KEYS[i], token) then
+      if kind and has_member(KEYS[i], token) then
         vote = wrong_kind(kind)
       end
     elseif v and not holds(v, token) then

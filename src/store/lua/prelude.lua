@@ -1,6 +1,7 @@
 -- The prelude of every script of redlock-sync: what they share. The keys
 -- and values it reads are in the table at the head of src/store.rs. A
--- stored value is TOKEN[~MARK][ OWNER]: the token is its first 40 bytes.
+-- writer's value is TOKEN[~MARK][ OWNER]: the token is its first 40 bytes.
+-- A holders' set's members are tokens; their owners are in a hash.
 
 -- A holders' set's marker member: this prefix, then its kind.
 local MARKER = 'redlock-sync:kind='
@@ -39,14 +40,9 @@ local function set_kind(key)
   return nil
 end
 
--- The member of a holders' set that holds the token, if there is one.
-local function member_of(key, token)
-  for _, member in ipairs(redis.call('zrange', key, 1, -1)) do
-    if holds(member, token) then
-      return member
-    end
-  end
-  return nil
+-- Whether a holders' set has the token as a member.
+local function has_member(key, token)
+  return redis.call('zscore', key, token) ~= false
 end
 
 -- A sorted set expires with its member of the largest score.

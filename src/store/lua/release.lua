@@ -8,7 +8,7 @@ for i = 1, locks do
   local value = redis.pcall('get', key)
   if type(value) == 'table' then
     local kind = set_kind(key)
-    if kind and member_of(key, token) then
+    if kind and has_member(key, token) then
       return wrong_kind(kind)
     end
     value = '-'
