@@ -17,12 +17,13 @@ use crate::error::{
     NodeOutcome, NodeReport, Report,
 };
 use crate::event::What;
-use crate::kind::{extend_vote, release_vote, script_vote, Kind, Release};
+use crate::kind::{Kind, Release};
 use crate::lock::{IntoResources, Lock};
 use crate::node::{Bounds, Endpoint, Node};
 use crate::request::{LockOptions, Patience};
 use crate::retry::{Pause, Retries};
 use crate::round;
+use crate::store::reply::{Reading, Vote, CONFIRMED, DELETED, RENEWED};
 use crate::store::script::{self, Command};
 use crate::time::{later, Ttl};
 use crate::token::Token;
@@ -609,9 +610,8 @@ impl Redlock {
             }
             let args: Vec<&[u8]> = args.iter().map(String::as_bytes).collect();
             let cmd = Command::script(script, &keys, &args);
-            let tallies = self.rounds(&cmd, &calls, extend_vote, Ask::EveryReply);
-            for (i, mut tally) in batch.into_iter().zip(tallies) {
-                tally.report.verb = "renewed";
+            let tallies = self.rounds(&cmd, &calls, RENEWED, Ask::EveryReply);
+            for (i, tally) in batch.into_iter().zip(tallies) {
                 let (lock, ttl) = &mut locks[i];
                 results[i] = self.judge(lock, *ttl, tally, attempt, (&mut confirm, &mut retook));
             }
@@ -685,10 +685,7 @@ impl Redlock {
     ) -> Result<Report, LockError> {
         self.inner.waiters.close_if_idle();
         let cmd = kind.release(resources, token, Release::Holder);
-        let vote = release_vote(resources.len());
-        let mut tally = self.round(kind, &cmd, Duration::ZERO, vote, Ask::UntilDecided);
-        // `rounds` goes by the script, which for shared and counted locks is one for all.
-        tally.report.verb = "deleted";
+        let tally = self.round(kind, &cmd, Duration::ZERO, DELETED, Ask::UntilDecided);
         if tally.report.granted() > 0 {
             // This client's own waiters need not hear it from a node.
             (self.inner.waiters).released(resources);
@@ -753,17 +750,18 @@ impl Redlock {
     }
 
     /// Runs one round of `cmd` on the nodes `ask` names and counts the
-    /// votes by `kind`'s quorum. `vote` reads one node's reply.
+    /// votes by `kind`'s quorum, each node's reply read by `reading`.
     pub(crate) fn round(
         &self,
         kind: Kind,
         cmd: &Command,
         ttl: Duration,
-        vote: impl Fn(&Value) -> Result<(bool, u64), &Value>,
+        reading: Reading,
         ask: Ask<'_>,
     ) -> Tally {
         // One TTL, one tally.
-        self.rounds(cmd, &[(kind, ttl)], vote, ask).swap_remove(0)
+        self.rounds(cmd, &[(kind, ttl)], reading, ask)
+            .swap_remove(0)
     }
 
     /// A [`round`](Self::round) of a command that does one call's work for
@@ -774,7 +772,7 @@ impl Redlock {
         &self,
         cmd: &Command,
         calls: &[(Kind, Duration)],
-        vote: impl Fn(&Value) -> Result<(bool, u64), &Value>,
+        reading: Reading,
         ask: Ask<'_>,
     ) -> Vec<Tally> {
         let inner = &*self.inner;
@@ -797,8 +795,11 @@ impl Redlock {
         let asked = |i: usize| !matches!(ask, Ask::Only(asked) if !asked[i]);
         let decided = |result: &Result<Value, Failure>| {
             for (g, (_, yes, no, fence)) in counts.iter_mut().enumerate() {
-                match part(result, g).as_ref().map(&vote) {
-                    Ok(Ok((true, counter))) => (*yes, *fence) = (*yes + 1, counter.max(*fence)),
+                match part(result, g).as_ref().map(reading.vote) {
+                    Ok(Some(Vote::Yes(counter))) => {
+                        *yes += 1;
+                        *fence = counter.max(*fence);
+                    }
                     _ => *no += 1,
                 }
             }
@@ -810,27 +811,18 @@ impl Redlock {
         let (nodes, bounds) = (&inner.nodes, self.bounds(start));
         let replies = round::run(nodes, cmd, start, bounds, asked, (to_decide, decided));
         let elapsed = start.elapsed();
-        let retakes = cmd.script.is_some_and(|s| s.bit == script::EXTEND.bit);
-        let verb = match cmd.script.map(|s| s.bit) {
-            Some(bit) if bit == script::EXTEND.bit => "renewed",
-            Some(bit) if bit == script::RELEASE.bit => "deleted",
-            _ => "granted",
-        };
         let calls = calls.iter().zip(counts).enumerate();
         let tallies = calls.map(|(g, (&(_, ttl), (quorum, yes, _, fence)))| {
             let mut taken = 0;
             let nodes = (inner.nodes.iter().zip(&replies))
                 .map(|(node, reply)| {
                     let part = part(&reply.result, g);
-                    taken += usize::from(
-                        cmd.script.is_some_and(|s| {
-                            s.bit & (script::EXTEND.bit | script::SHARED.bit) != 0
-                        }) && matches!(part, Ok(Value::Int(0))),
-                    );
+                    let vote = part.as_ref().ok().and_then(reading.vote);
+                    taken += usize::from(vote == Some(Vote::Taken));
                     NodeReport {
                         node: Arc::clone(node.name()),
-                        retook: retakes && matches!(part, Ok(Value::Int(2))),
-                        outcome: outcome(part, &vote),
+                        retook: vote == Some(Vote::Retook),
+                        outcome: outcome(part, reading),
                         elapsed: reply.elapsed,
                     }
                 })
@@ -841,7 +833,7 @@ impl Redlock {
                     nodes,
                     quorum,
                     elapsed,
-                    verb,
+                    verb: reading.verb,
                 },
                 validity,
                 start,
@@ -862,7 +854,7 @@ impl Redlock {
         (nodes.iter().zip(replies))
             .map(|(node, reply)| match reply.result {
                 Ok(v) if !matches!(v, Value::ServerError(_)) => (node.name().clone(), Ok(v)),
-                result => (node.name().clone(), Err(outcome(result, &script_vote))),
+                result => (node.name().clone(), Err(outcome(result, CONFIRMED))),
             })
             .collect()
     }
@@ -931,10 +923,7 @@ fn cancelled(resources: &[String]) -> LockError {
     LockError::Cancelled { resource }
 }
 
-fn outcome(
-    result: Result<Value, Failure>,
-    vote: &impl Fn(&Value) -> Result<(bool, u64), &Value>,
-) -> NodeOutcome {
+fn outcome(result: Result<Value, Failure>, reading: Reading) -> NodeOutcome {
     match result {
         Err(Failure::TimedOut | Failure::ConnectTimedOut) => NodeOutcome::TimedOut,
         Err(Failure::NotAwaited) => NodeOutcome::NotAwaited,
@@ -943,10 +932,10 @@ fn outcome(
             "WRONGKIND" => NodeError::OtherKind(e.details().unwrap_or_default().to_string()),
             _ => NodeError::Server(server_error_text(&e)),
         }),
-        Ok(value) => match vote(&value) {
-            Ok((true, _)) => NodeOutcome::Granted,
-            Ok((false, _)) => NodeOutcome::Refused,
-            Err(other) => NodeOutcome::Failed(NodeError::Protocol(format!("{other:?}"))),
+        Ok(value) => match (reading.vote)(&value) {
+            Some(Vote::Yes(_)) => NodeOutcome::Granted,
+            Some(_) => NodeOutcome::Refused,
+            None => NodeOutcome::Failed(NodeError::Protocol(format!("{value:?}"))),
         },
     }
 }

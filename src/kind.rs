@@ -1,8 +1,6 @@
 //! Kinds of lock: their checks, scripts, votes, quorum and rounds.
 //! Every operation asks the lock's kind, so a new kind is a variant here.
 
-use redis::Value;
-
 use crate::error::ArgumentError;
 use crate::store::script::{self, Command};
 use crate::store::{self, fence_key, intents_key, older_intent_key, owners_key, released_channel};
@@ -377,45 +375,6 @@ pub(crate) fn fence_keys(resource: &str) -> [String; 3] {
         fence_key(resource),
         intents_key(resource),
     ]
-}
-
-/// An acquisition's reply as `Ok((granted, counter))`, or `Err` if
-/// unexpected. `OK`, 1 or a fenced counter grant; nil or 0 refuse.
-pub(crate) fn acquire_vote(value: &Value) -> Result<(bool, u64), &Value> {
-    match value {
-        Value::Okay => Ok((true, 0)),
-        Value::Int(n) if *n > 0 => Ok((true, n.unsigned_abs())),
-        Value::Nil | Value::Int(0) => Ok((false, 0)),
-        other => Err(other),
-    }
-}
-
-/// A fenced round two's 1-or-0 reply as a vote.
-pub(crate) fn script_vote(value: &Value) -> Result<(bool, u64), &Value> {
-    match value {
-        Value::Int(1) => Ok((true, 0)),
-        Value::Int(0) => Ok((false, 0)),
-        other => Err(other),
-    }
-}
-
-/// An extension's reply as a vote (see [`script::EXTEND`]). Only a renewal
-/// grants: a re-take (2) proves nothing of the time the key was missing.
-pub(crate) fn extend_vote(value: &Value) -> Result<(bool, u64), &Value> {
-    match value {
-        Value::Int(2 | 3) => Ok((false, 0)),
-        other => script_vote(other),
-    }
-}
-
-/// A release's reply as a vote: granted if it deleted all `resources` keys.
-pub(crate) fn release_vote(resources: usize) -> impl Fn(&Value) -> Result<(bool, u64), &Value> {
-    let wanted = resources as i64;
-    move |value| match value {
-        Value::Int(n) if *n == wanted => Ok((true, 0)),
-        Value::Int(_) => Ok((false, 0)),
-        other => Err(other),
-    }
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@
 //! `R`'s ([`slot`]). Names under the prefix `redlock-sync:` are refused as
 //! resources, so no resource is ever one of these keys.
 
+pub(crate) mod reply;
 pub(crate) mod script;
 
 use std::sync::OnceLock;

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use super::{Ask, Redlock, Tally};
 use crate::error::NodeOutcome;
-use crate::kind::{acquire_vote, script_vote, Kind};
+use crate::kind::Kind;
+use crate::store::reply::{ACQUIRED, CONFIRMED};
 use crate::time::Ttl;
 
 impl Redlock {
@@ -37,7 +38,7 @@ impl Redlock {
         } else {
             Ask::UntilDecided
         };
-        let first = self.round(kind, &claim, ttl, acquire_vote, ask);
+        let first = self.round(kind, &claim, ttl, ACQUIRED, ask);
         if !kind.confirms() || !first.granted() {
             return first;
         }
@@ -47,7 +48,7 @@ impl Redlock {
         let granted: Vec<bool> = (first.report.nodes.iter())
             .map(|n| n.outcome == NodeOutcome::Granted)
             .collect();
-        let second = self.round(kind, &confirm, ttl, script_vote, Ask::Only(&granted));
+        let second = self.round(kind, &confirm, ttl, CONFIRMED, Ask::Only(&granted));
         self.both_rounds(first, second, ttl)
     }
 

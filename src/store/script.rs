@@ -47,7 +47,7 @@ pub(crate) const RELEASE: Script = Script {
         include_str!("lua/prelude.lua"),
         include_str!("lua/release.lua")
     ),
-    sha: "a56fd0eaf0dad3d745bf9991fb3c2c37a9957383",
+    sha: "5e4f4d1f4c827d76dd6deba69300dbfb343d733c",
 };
 
 /// Extends many locks in one call. `ARGV[1]` is the round's re-take mark.

@@ -1,4 +1,5 @@
 -- RELEASE: KEYS are the locks, then (unless quiet) their release channels.
+-- 1: every key held our token, unmarked.
 local token = ARGV[1]
 local quiet = ARGV[2] ~= nil
 local locks = quiet and #KEYS or #KEYS / 2
@@ -24,4 +25,7 @@ for i = 1, locks do
     redis.pcall('publish', KEYS[locks + i], token)
   end
 end
-return deleted
+if deleted == locks then
+  return 1
+end
+return 0
