@@ -930,6 +930,7 @@ fn outcome(result: Result<Value, Failure>, reading: Reading) -> NodeOutcome {
         Err(Failure::Error(e)) => NodeOutcome::Failed(e),
         Ok(Value::ServerError(e)) => NodeOutcome::Failed(match e.code() {
             "WRONGKIND" => NodeError::OtherKind(e.details().unwrap_or_default().to_string()),
+            "LAYOUT" => NodeError::OtherVersion(e.details().unwrap_or_default().to_string()),
             _ => NodeError::Server(server_error_text(&e)),
         }),
         Ok(value) => match (reading.vote)(&value) {

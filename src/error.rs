@@ -471,6 +471,11 @@ pub enum NodeError {
     /// take or release it with the kind it was taken with. Permanent.
     #[error("held here as {0}; use the kind it was taken with")]
     OtherKind(String),
+    /// Another version of this crate holds the resource here, in a layout
+    /// of its own (named here): upgrade every client of the resource.
+    /// Permanent.
+    #[error("held here by another version of redlock-sync ({0}); upgrade every client of it")]
+    OtherVersion(String),
     /// The restarted-node guard kept the node out. It has been up for less
     /// than the grace period
     /// ([`RedlockBuilder::restart_grace`](crate::RedlockBuilder::restart_grace)),
@@ -567,7 +572,7 @@ impl NodeError {
         // as I/O errors; not a handshake cut short, as a restart can do.
         let tls = |text: &str| text.contains("certificate") || text.contains("crypto provider");
         match self {
-            NodeError::Auth { .. } | NodeError::OtherKind(_) => true,
+            NodeError::Auth { .. } | NodeError::OtherKind(_) | NodeError::OtherVersion(_) => true,
             NodeError::Server(text) => text.starts_with("NOPERM"),
             NodeError::Io(text) => tls(text),
             NodeError::Connect(text) => {

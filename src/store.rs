@@ -7,7 +7,7 @@
 //! | key | type | value | written by | deleted by |
 //! |---|---|---|---|---|
 //! | `R`, a writer's | string | `TOKEN[~MARK][ OWNER]`, with a TTL | `SET NX`, the acquire and extend scripts | the release script; expiry |
-//! | `R`, holders' | sorted set | each holder's token, scored by its expiry (node ms); one marker `redlock-sync:kind=K`, scored `-inf` | the shared script | the shared script, with its last holder; expiry, with its last holder |
+//! | `R`, holders' | sorted set | each holder's token, scored by its expiry (node ms); one marker `redlock-sync:2:kind=K` (the layout's version, 2, and the kind), scored `-inf` | the shared script | the shared script, with its last holder; expiry, with its last holder |
 //! | [owners](owners_key) | hash | each holder's token, to its owner label | the shared script, at admission | the shared script, with its holder; expiry, with the set |
 //! | [`fence_key`] | string | the fencing counter, an integer below 2^53, no TTL | the fenced scripts, the extend script's re-take | never (see [`Kind::Fenced`](crate::Kind::Fenced)) |
 //! | intents | sorted set | each waiting writer's acquisition id, scored by its expiry (node ms) | a writer's acquire scripts | its own acquisition (the winning script, [`script::WITHDRAW`]); expiry, with its last intent |
@@ -16,6 +16,12 @@
 //! A holder's release publishes its token on the release channel. The
 //! `~MARK` is an extension's unconfirmed re-take ([`script::EXTEND`],
 //! [`script::CONFIRM`]). Each script's replies are told on its constant.
+//!
+//! A client that meets a holders' set of another layout of this crate (a
+//! marker of another version, or an older client's set: token-shaped
+//! members and no marker) refuses it with
+//! [`NodeError::OtherVersion`](crate::NodeError::OtherVersion), and never
+//! writes it.
 //!
 //! Every key and the channel of a resource lie in `R`'s own hash slot, for
 //! a node that is a Redis Cluster: the lock key is `R` itself, byte for

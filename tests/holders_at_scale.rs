@@ -30,7 +30,7 @@ fn fill(node: &Node, resource: &str, from: usize, total: usize) {
         format!("{spread:016x}{i:024x}")
     };
     let tokens: Vec<String> = (from..total).map(token).collect();
-    let mut args = vec!["ZADD", resource, "-inf", "redlock-sync:kind=0"];
+    let mut args = vec!["ZADD", resource, "-inf", "redlock-sync:2:kind=0"];
     for token in &tokens {
         args.push(&until);
         args.push(token);

@@ -479,7 +479,7 @@ fn a_writers_release_leaves_another_writers_intent_which_keeps_readers_out_until
         "ZADD",
         "hall",
         "-inf",
-        "redlock-sync:kind=0",
+        "redlock-sync:2:kind=0",
         &reader_until,
         stray,
     ];

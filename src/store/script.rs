@@ -47,7 +47,7 @@ pub(crate) const RELEASE: Script = Script {
         include_str!("lua/prelude.lua"),
         include_str!("lua/release.lua")
     ),
-    sha: "5e4f4d1f4c827d76dd6deba69300dbfb343d733c",
+    sha: "2d169cf7d9439e98c453053fd8a3d3047544f477",
 };
 
 /// Extends many locks in one call. `ARGV[1]` is the round's re-take mark.
@@ -73,7 +73,7 @@ pub(crate) const EXTEND: Script = Script {
         include_str!("lua/prelude.lua"),
         include_str!("lua/extend.lua")
     ),
-    sha: "6c68a40b543396847f1c78e56add1f170a2bd6ca",
+    sha: "f7149dbe5ca3fabecbcaabf6b2eadf0f1bba0e59",
 };
 
 /// Confirms one round's re-takes: a key marked with `ARGV[1]` (see
@@ -86,7 +86,7 @@ pub(crate) const CONFIRM: Script = Script {
         include_str!("lua/prelude.lua"),
         include_str!("lua/confirm.lua")
     ),
-    sha: "eaf5633268cf95581388d23d81b9898910bbbec2",
+    sha: "0c199d70af2f27907cfb57abb2a917b455305f9d",
 };
 
 /// A writer's acquisition: `KEYS` are the locks, then their writers'
@@ -101,7 +101,7 @@ pub(crate) const ACQUIRE_MANY: Script = Script {
         include_str!("lua/prelude.lua"),
         include_str!("lua/acquire_many.lua")
     ),
-    sha: "5b0a32ecc948292e5e4ccdf95f61cfd9c3b13911",
+    sha: "8d0cb44f73f410265967e2e5bd2d9623b15439c2",
 };
 
 /// Withdraws one acquisition's intents (`ARGV[1]`, its id) from each of
@@ -120,7 +120,7 @@ pub(crate) const WITHDRAW: Script = Script {
         include_str!("lua/prelude.lua"),
         include_str!("lua/withdraw.lua")
     ),
-    sha: "4c5f9d84ad506b4e1174c209c34db4637a4b02f0",
+    sha: "24a6faa72386b30f89ef957ee062a6ccfaac889d",
 };
 
 /// Fenced acquisition, round one: `KEYS` are the lock, its fencing counter
@@ -137,7 +137,7 @@ pub(crate) const FENCE_ACQUIRE: Script = Script {
         include_str!("lua/prelude.lua"),
         include_str!("lua/fence_acquire.lua")
     ),
-    sha: "36108074d9967928bdba6fab9b49d2cefe952288",
+    sha: "775025f0f86002bf5c2fbdcda887f2086935cd59",
 };
 
 /// Fenced acquisition, round two. If `KEYS[1]` still holds our token
@@ -149,7 +149,7 @@ pub(crate) const FENCE_CONFIRM: Script = Script {
         include_str!("lua/prelude.lua"),
         include_str!("lua/fence_confirm.lua")
     ),
-    sha: "be41e6d1797a78eba9064758da50881607599b53",
+    sha: "88476fd753dd71e0fdbbc8b3d289e4e5cbec06fd",
 };
 
 /// The shared and counted kinds' acquire, extend, release and clean-up
@@ -160,7 +160,7 @@ pub(crate) const FENCE_CONFIRM: Script = Script {
 ///
 /// Holders are the members of a sorted set at the resource's key, scored
 /// by their expiry on the node's clock. The set also holds one marker,
-/// `redlock-sync:kind=K`, scored `-inf`: it is never counted nor purged, and
+/// `redlock-sync:2:kind=K`, scored `-inf`: it is never counted nor purged, and
 /// a set without it is an application's, held by another and never
 /// written. Every call purges the expired holders. The key expires with its
 /// last live holder, and is deleted when the last one leaves, marker and
@@ -179,7 +179,7 @@ pub(crate) const SHARED: Script = Script {
         include_str!("lua/prelude.lua"),
         include_str!("lua/shared.lua")
     ),
-    sha: "4c1a125c6dbd6974ab8d32995dbd0b8d4589cad0",
+    sha: "ee13d4154690a238d69731698cebb59b3ae7b637",
 };
 
 /// Reads, without writing, the fencing counter, the holders' kind (`K`
@@ -196,7 +196,7 @@ pub(crate) const SHARED: Script = Script {
 pub(crate) const INSPECT: Script = Script {
     bit: 0,
     body: include_str!("lua/inspect.lua"),
-    sha: "391d3626b939e687e6604ddf68e57b0d9cd296c5",
+    sha: "ba8b07a71b8c70f3f6d861ace0b5c6557a9732a4",
 };
 
 /// One command, packed once, sent to every node of a round.

@@ -2,7 +2,7 @@
 -- older client's intent and its holders' owners. It writes nothing. Reply:
 -- the counter, the kind, the type, the intent's time left, the holders'
 -- count, then each holder shown: its value, its time left, its owner.
-local MARKER = 'redlock-sync:kind='
+local MARKER = 'redlock-sync:2:kind='
 local time = redis.call('time')
 local now = time[1] * 1000 + math.floor(time[2] / 1000)
 local t = redis.call('type', KEYS[1]).ok

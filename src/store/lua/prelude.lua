@@ -3,8 +3,9 @@
 -- writer's value is TOKEN[~MARK][ OWNER]: the token is its first 40 bytes.
 -- A holders' set's members are tokens; their owners are in a hash.
 
--- A holders' set's marker member: this prefix, then its kind.
-local MARKER = 'redlock-sync:kind='
+-- A holders' set's marker member: this prefix, with the layout's version
+-- (2), then its kind.
+local MARKER = 'redlock-sync:2:kind='
 
 -- The node's clock, in ms.
 local function now_ms()
@@ -28,7 +29,17 @@ local function wrong_kind(kind)
   return redis.error_reply('WRONGKIND a semaphore of ' .. kind .. ' permits')
 end
 
--- The kind of a holders' set, from its marker; nil for any other key.
+-- Whether a value is token-shaped: 40 lowercase hex digits, then nothing
+-- or a space and an owner label.
+local function token_shaped(value)
+  return #value >= 40 and string.find(string.sub(value, 1, 40), '^[0-9a-f]+$') ~= nil
+    and (#value == 40 or string.sub(value, 41, 41) == ' ')
+end
+
+-- The kind of a holders' set, from its marker; nil for any other key. A
+-- set of another layout of this crate gives nil and that layout's name:
+-- one with another marker, or an older client's, whose members are
+-- token-shaped values and which has no marker.
 local function set_kind(key)
   if redis.call('type', key).ok ~= 'zset' then
     return nil
@@ -36,6 +47,10 @@ local function set_kind(key)
   local first = redis.call('zrange', key, 0, 0)[1]
   if string.sub(first, 1, #MARKER) == MARKER then
     return string.sub(first, #MARKER + 1)
+  elseif string.sub(first, 1, 13) == 'redlock-sync:' then
+    return nil, 'the layout of ' .. first
+  elseif token_shaped(first) then
+    return nil, 'layout 1'
   end
   return nil
 end

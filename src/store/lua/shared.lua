@@ -49,7 +49,7 @@ for g = 2, #ARGV, 3 do
   local owner = string.sub(value, 42)
   local t = redis.call('type', key).ok
   -- Our set's kind, and whether our member lives in it.
-  local held = set_kind(key)
+  local held, layout = set_kind(key)
   local mine = false
   if held then
     purge(key, owners)
@@ -77,6 +77,8 @@ for g = 2, #ARGV, 3 do
     end
   elseif held and held ~= k then
     vote = wrong_kind(held)
+  elseif layout then
+    vote = redis.error_reply('LAYOUT ' .. layout)
   elseif (held or t == 'none') and not writer_waits(intents, older) then
     if t == 'none' then
       redis.call('zadd', key, '-inf', MARKER .. k)
