@@ -579,17 +579,19 @@ pub struct LockRef {
         "Show what each node holds for RESOURCE right now: free, held by one exclusive holder, or by \
 --shared or --semaphore holders; for each holder its token by its first 8 characters (the whole token \
 would let anyone release the lock), its owner label (--owner; HOST:PID by default) and the time left; \
-and the fencing counter. Then what a quorum says: held by one token, or by which shared or counted \
-holders (and for a semaphore of K permits, how many are left), or free. Read-only: one read-only \
-script on each node.\n\n",
-        "When fewer than a quorum of nodes answer, whether the lock is held cannot be told: it says \
-\"unknown\" (with --json, \"held\": null) and exits with 69.\n\n",
+and the fencing counter. Then what a quorum says, each holder on its own kind's quorum: held by one \
+token, or by which shared or counted holders (the first 100, and their count; for a semaphore of K \
+permits, how many are left), or by an application's key that is not a lock (its type named), or free. \
+A waiting writer's intent shows too: new readers held back, and for how long. Read-only: one \
+read-only script on each node.\n\n",
+        "When the nodes that did not answer could complete a quorum, whether the lock is held cannot be \
+told: it says \"unknown\" (with --json, \"held\": null) and exits with 69.\n\n",
         nodes_note!()
     ),
     after_help = "Run `redlock status --help` for the exit codes and an example.",
     after_long_help = concat!(
         "Exit codes:\n",
-        code_line!("0    ", "a quorum of nodes answered (whether or not the lock is held)"),
+        code_line!("0    ", "enough nodes answered to tell whether the lock is held"),
         usage_code!(),
         nodes_code!(),
         system_code!(),
