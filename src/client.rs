@@ -169,6 +169,25 @@ impl Tally {
         self.report.granted() >= self.report.quorum && self.validity.is_some()
     }
 
+    /// The lock a granted acquisition holds, valid from the round's start.
+    fn into_lock(
+        self,
+        kind: Kind,
+        resources: Vec<String>,
+        token: Token,
+        owner: Option<&str>,
+    ) -> Lock {
+        Lock {
+            valid_until: Some(self.start + self.validity.unwrap_or_default()),
+            kind,
+            resources,
+            token,
+            fencing_token: kind.confirms().then_some(self.fence),
+            report: self.report,
+            owner: owner.map(str::to_string),
+        }
+    }
+
     /// So many nodes refused that no quorum can have granted.
     fn refused_by_quorum_complement(&self) -> bool {
         self.report.refused() > self.report.nodes.len() - self.report.quorum
@@ -361,11 +380,7 @@ impl Redlock {
         let (mut attempts, mut pause, mut failures) = (0u32, Pause::default(), Failures::default());
         // The acquisition's id: its events carry it, and a writer names its
         // intents by it from its second attempt on. Drawn only when needed.
-        let mut id = match inner.config.observer {
-            Some(_) => Some(AcquisitionId::random()?),
-            None => None,
-        };
-        let mut waited = false;
+        let mut id = Acquisition::new(inner.config.observer.is_some())?;
         let mut failed_in_a_row = 0u32;
         if call.cancelled() {
             return Err(cancelled(&resources));
@@ -375,35 +390,20 @@ impl Redlock {
             // earlier one, and fencing needs a token set by one acquisition.
             attempts = attempts.saturating_add(pause.counts_next_attempt().into());
             let token = Token::random()?;
-            if waited && id.is_none() {
-                id = Some(AcquisitionId::random()?);
-            }
-            let acquisition = id.as_ref().map(AcquisitionId::as_str);
-            let intent = acquisition.filter(|_| waited);
+            id.next_attempt()?;
+            let acquisition = id.id();
+            let intent = id.intent();
             let listening = inner.waiters.listen(&resources);
             let value = crate::lock::value(&token, owner);
             let tally = self.attempt(kind, &resources, &value, ttl, intent);
-            waited = true;
             if tally.granted() {
                 self.withdraw(kind, &resources, intent, ttl);
                 let (report, counts) = (Ok(&tally.report), (attempts, failures.end()));
                 let told = Some(What::Acquired);
                 let ids = (&resources[..], &token);
                 self.observe_acquiring(told, ids, acquisition, counts, report);
-                let lock = Lock {
-                    valid_until: Some(tally.start + tally.validity.unwrap_or_default()),
-                    kind,
-                    resources,
-                    token,
-                    fencing_token: kind.confirms().then_some(tally.fence),
-                    report: tally.report,
-                    owner: owner.map(str::to_string),
-                };
-                if call.cancelled() {
-                    self.clean_up(kind, &lock.resources, &lock.token, ttl, &lock.report);
-                    return Err(cancelled(&lock.resources));
-                }
-                return Ok(lock);
+                let lock = tally.into_lock(kind, resources, token, owner);
+                return self.unless_cancelled(lock, ttl, call);
             }
             // Clean up: the key may have landed where no reply was read.
             self.clean_up(kind, &resources, &token, ttl, &tally.report);
@@ -413,19 +413,7 @@ impl Redlock {
             let observe = |what: Option<What>, outcome: Result<&Report, &LockError>| {
                 self.observe_acquiring(what, ids, acquisition, counts, outcome);
             };
-            let budget = match &error {
-                // Behind a holder, waiting `WhileHeld` uses up no retry.
-                LockError::Contended { .. } if call.while_held => {
-                    failed_in_a_row = 0;
-                    let retries = call.retries.max(1);
-                    (attempts.min(retries), retries)
-                }
-                _ if call.while_held => {
-                    failed_in_a_row += 1;
-                    (failed_in_a_row, call.retries)
-                }
-                _ => (attempts, call.retries),
-            };
+            let budget = call.budget(&error, attempts, &mut failed_in_a_row);
             let config = &inner.config;
             let planned = match error {
                 LockError::Unusable { .. } => None,
@@ -714,6 +702,15 @@ impl Redlock {
         result
     }
 
+    /// A lock won by a call that was cancelled meanwhile is released.
+    fn unless_cancelled(&self, lock: Lock, ttl: Ttl, call: &Call) -> Result<Lock, LockError> {
+        if !call.cancelled() {
+            return Ok(lock);
+        }
+        self.clean_up(lock.kind, &lock.resources, &lock.token, ttl, &lock.report);
+        Err(cancelled(&lock.resources))
+    }
+
     /// Once an acquisition ends: withdraws the `intent` a writer that
     /// waited may have marked, where its winning script did not
     /// (see [`script::WITHDRAW`]). Sent, not awaited: a lost one lives out
@@ -895,6 +892,49 @@ impl Redlock {
 
     pub(crate) fn watchdog(&self) -> &Arc<Watchdog> {
         &self.inner.watchdog
+    }
+}
+
+/// One acquisition's id, drawn when first needed: at once where an
+/// observer hears its events, else at its second attempt, where a writer
+/// names its intent by it.
+struct Acquisition {
+    id: Option<AcquisitionId>,
+    /// An attempt was made: from the next one on, a writer marks its intent.
+    waited: bool,
+    attempted: bool,
+}
+
+impl Acquisition {
+    fn new(observed: bool) -> Result<Acquisition, LockError> {
+        let id = match observed {
+            true => Some(AcquisitionId::random()?),
+            false => None,
+        };
+        Ok(Acquisition {
+            id,
+            waited: false,
+            attempted: false,
+        })
+    }
+
+    /// Before each attempt.
+    fn next_attempt(&mut self) -> Result<(), LockError> {
+        self.waited = self.attempted;
+        self.attempted = true;
+        if self.waited && self.id.is_none() {
+            self.id = Some(AcquisitionId::random()?);
+        }
+        Ok(())
+    }
+
+    fn id(&self) -> Option<&str> {
+        self.id.as_ref().map(AcquisitionId::as_str)
+    }
+
+    /// The id a writer marks its intent with: from its second attempt on.
+    fn intent(&self) -> Option<&str> {
+        self.id().filter(|_| self.waited)
     }
 }
 

@@ -280,6 +280,28 @@ pub(crate) struct Call {
 }
 
 impl Call {
+    /// The failed attempt number `attempts`, ended by `error`, as the
+    /// retry policy counts it: `(attempt, retries)`. Waiting `WhileHeld`,
+    /// an attempt that found the lock held uses up no retry, and the
+    /// others count in a row (`failed_in_a_row`).
+    pub(crate) fn budget(
+        &self,
+        error: &LockError,
+        attempts: u32,
+        failed_in_a_row: &mut u32,
+    ) -> (u32, u32) {
+        if !self.while_held {
+            return (attempts, self.retries);
+        }
+        if let LockError::Contended { .. } = error {
+            *failed_in_a_row = 0;
+            let retries = self.retries.max(1);
+            return (attempts.min(retries), retries);
+        }
+        *failed_in_a_row += 1;
+        (*failed_in_a_row, self.retries)
+    }
+
     pub(crate) fn cancelled(&self) -> bool {
         self.cancel.as_ref().is_some_and(Cancel::is_cancelled)
     }
