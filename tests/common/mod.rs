@@ -216,3 +216,22 @@ pub fn calls(cluster: &Cluster, i: usize, commands: &[&str]) -> u64 {
     };
     commands.iter().map(calls).sum()
 }
+
+/// Adds the ACL user `deaf`, without channel rights (Redis 7's default for
+/// new users, said explicitly), to `node`; its URL. A client that logs in
+/// as it hears no release, as over a proxy that drops them.
+pub fn deaf_url(node: &redlock_sync_testing::Node) -> String {
+    let setuser = [
+        "ACL",
+        "SETUSER",
+        "deaf",
+        "on",
+        ">secret",
+        "~*",
+        "+@all",
+        "resetchannels",
+    ];
+    node.query(&setuser).expect("ACL SETUSER");
+    let port = node.port().expect("a TCP node");
+    format!("redis://deaf:secret@127.0.0.1:{port}")
+}
