@@ -389,8 +389,7 @@ impl Redlock {
             // Attempt, with a fresh token: no attempt can be mistaken for an
             // earlier one, and fencing needs a token set by one acquisition.
             attempts = attempts.saturating_add(pause.counts_next_attempt().into());
-            let token = Token::random()?;
-            id.next_attempt()?;
+            let token = self.next_token(kind, &resources, &mut id, ttl)?;
             let acquisition = id.id();
             let intent = id.intent();
             let listening = inner.waiters.listen(&resources);
@@ -700,6 +699,28 @@ impl Redlock {
         let ids = (resources, token);
         self.observe_counted(Some(What::Released), ids, (0, 0), result.as_ref());
         result
+    }
+
+    /// The next attempt's token, with the acquisition's id drawn where it
+    /// is needed. Where no token can be drawn, the call ends, and an intent
+    /// the last attempt marked goes with it.
+    fn next_token(
+        &self,
+        kind: Kind,
+        resources: &[String],
+        id: &mut Acquisition,
+        ttl: Ttl,
+    ) -> Result<Token, LockError> {
+        let token = match Token::random() {
+            Ok(token) => token,
+            Err(e) => {
+                self.withdraw(kind, resources, id.intent(), ttl);
+                return Err(e);
+            }
+        };
+        // Fails only drawing the id, before any intent was marked.
+        id.next_attempt()?;
+        Ok(token)
     }
 
     /// A lock won by a call that was cancelled meanwhile is released.

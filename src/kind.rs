@@ -3,7 +3,7 @@
 
 use crate::error::ArgumentError;
 use crate::store::script::{self, Command};
-use crate::store::{self, fence_key, intents_key, older_intent_key, owners_key, released_channel};
+use crate::store::{self, fence_key, intents_key, owners_key, released_channel};
 use crate::time::Ttl;
 use crate::token::Token;
 
@@ -322,7 +322,7 @@ impl Kind {
     }
 
     /// One lock's keys and arguments for [`script::EXTEND`], or for
-    /// [`script::SHARED`]'s `extend` (three of each). `retake`, the fencing
+    /// [`script::SHARED`]'s `extend` (four keys, three arguments). `retake`, the fencing
     /// token or zero, lets it set absent keys: a fenced lock only with its
     /// token.
     pub(crate) fn extend(
@@ -355,13 +355,12 @@ pub(crate) enum Release {
     CleanUp,
 }
 
-/// The keys of [`script::SHARED`]: the resource, its writers' intents, an
-/// older client's intent, the release channel, and the holders' owners.
-pub(crate) fn side_keys(resource: &str) -> [String; 5] {
+/// The keys of [`script::SHARED`]: the resource, its writers' intents, the
+/// release channel, and the holders' owners.
+pub(crate) fn side_keys(resource: &str) -> [String; 4] {
     [
         resource.to_string(),
         intents_key(resource),
-        older_intent_key(resource),
         released_channel(resource),
         owners_key(resource),
     ]

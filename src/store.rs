@@ -10,8 +10,7 @@
 //! | `R`, holders' | sorted set | each holder's token, scored by its expiry (node ms); one marker `redlock-sync:2:kind=K` (the layout's version, 2, and the kind), scored `-inf` | the shared script | the shared script, with its last holder; expiry, with its last holder |
 //! | [owners](owners_key) | hash | each holder's token, to its owner label | the shared script, at admission | the shared script, with its holder; expiry, with the set |
 //! | [`fence_key`] | string | the fencing counter, an integer below 2^53, no TTL | the fenced scripts, the extend script's re-take | never (see [`Kind::Fenced`](crate::Kind::Fenced)) |
-//! | intents | sorted set | each waiting writer's acquisition id, scored by its expiry (node ms) | a writer's acquire scripts | its own acquisition (the winning script, [`script::WITHDRAW`]); expiry, with its last intent |
-//! | an older client's intent, `redlock-sync:intent:R` | string | `1`, with a TTL | older clients only | older clients; expiry |
+//! | intents | sorted set | each waiting writer's acquisition id, scored by its expiry (node ms) | a writer's acquire scripts | its own acquisition (the winning script, [`script::WITHDRAW`]); the shared script purges expired ones; expiry, with its last intent |
 //!
 //! A holder's release publishes its token on the release channel. The
 //! `~MARK` is an extension's unconfirmed re-take ([`script::EXTEND`],
@@ -69,11 +68,6 @@ pub fn intents_key(resource: &str) -> String {
 /// The key of the owner labels of `resource`'s shared or counted holders.
 pub(crate) fn owners_key(resource: &str) -> String {
     side("owners", resource)
-}
-
-/// The key of an older client's intent on `resource`: read, never written.
-pub(crate) fn older_intent_key(resource: &str) -> String {
-    format!("{PREFIX}intent:{resource}")
 }
 
 /// The channel on which a release of `resource` is announced.

@@ -11,13 +11,16 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{client, cluster};
-use redlock_sync::{fence_key, intents_key, released_channel, Kind, LockOptions};
+use redlock_sync::{
+    fence_key, intents_key, released_channel, Kind, LockOptions, Patience, Redlock,
+};
 
 const TTL: Duration = Duration::from_secs(10);
 
 /// A server started with `--cluster-enabled yes`, stopped and its folder
 /// removed on drop, also when the test fails.
 struct ClusterEnabled {
+    port: u16,
     child: Child,
     dir: PathBuf,
     client: redis::Client,
@@ -49,7 +52,12 @@ impl ClusterEnabled {
             .spawn()
             .unwrap_or_else(|e| panic!("could not start {binary} (install redis-server): {e}"));
         let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
-        let server = ClusterEnabled { child, dir, client };
+        let server = ClusterEnabled {
+            port,
+            child,
+            dir,
+            client,
+        };
         let start = Instant::now();
         while server.client.get_connection().is_err() {
             assert!(
@@ -59,6 +67,30 @@ impl ClusterEnabled {
             std::thread::sleep(Duration::from_millis(20));
         }
         server
+    }
+
+    /// Gives the node every slot, and waits until it serves them.
+    fn serve_every_slot(&self) {
+        let mut con = self.client.get_connection().unwrap();
+        let mut add = redis::cmd("CLUSTER");
+        add.arg("ADDSLOTS");
+        for slot in 0..16_384 {
+            add.arg(slot);
+        }
+        let () = add.query(&mut con).expect("CLUSTER ADDSLOTS");
+        let start = Instant::now();
+        loop {
+            let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut con).unwrap();
+            if info.contains("cluster_state:ok") {
+                return;
+            }
+            assert!(start.elapsed() < Duration::from_secs(10), "{info}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
     }
 
     fn slot(&self, key: &str) -> i64 {
@@ -113,5 +145,39 @@ fn every_key_and_channel_each_kind_leaves_lies_in_the_resources_own_slot() {
         for key in keys {
             assert_eq!(server.slot(&key), slot, "{name}: {key}");
         }
+    }
+}
+
+#[test]
+fn every_script_runs_on_a_cluster_node_that_serves_the_resources_slot() {
+    let server = ClusterEnabled::start();
+    server.serve_every_slot();
+    let locks = Redlock::builder([server.url()])
+        .io_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    for name in ["job", "a{x}b", "}{"] {
+        // A CROSSSLOT reply would fail each of these on the one node.
+        let fenced = LockOptions::new(TTL).kind(Kind::Fenced);
+        let mut lock = locks.acquire(name, fenced).expect("a fenced lock");
+        locks.extend(&mut lock, TTL).expect("an extension");
+        locks.release(lock).expect("a release");
+        let shared = LockOptions::new(TTL).kind(Kind::Shared).owner("host:1");
+        let mut reader = locks.acquire(name, shared).expect("a reader");
+        locks
+            .extend(&mut reader, TTL)
+            .expect("a reader's extension");
+        // A writer that waits marks its intent, then withdraws it.
+        let brief = LockOptions::new(TTL).patience(Patience::Retries(1));
+        assert!(locks.acquire(name, brief).is_err(), "the reader holds");
+        let seen = locks.inspect(name).expect("inspect");
+        assert!(seen
+            .nodes
+            .iter()
+            .all(|n| n.holding != redlock_sync::Holding::Free));
+        locks.release(reader).expect("a reader's release");
+        let permit = LockOptions::new(TTL).kind(Kind::Semaphore(2));
+        let permit = locks.acquire(name, permit).expect("a permit");
+        locks.release(permit).expect("a permit's release");
     }
 }

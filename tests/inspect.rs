@@ -293,14 +293,6 @@ fn a_waiting_writers_intent_shows_on_each_node_and_in_the_inspection_with_its_ti
         locks.release(writer).unwrap();
     });
     assert_eq!(locks.inspect("report").unwrap().intent(), None);
-
-    // An older client's intent: one string, with its own expiry.
-    for node in nodes.nodes() {
-        node.query(&["SET", "redlock-sync:intent:old", "1", "PX", "5000"])
-            .unwrap();
-    }
-    let left = locks.inspect("old").unwrap().intent().expect("held back");
-    assert!(left <= Duration::from_secs(5) && left > Duration::from_secs(2));
 }
 
 #[test]

@@ -20,6 +20,7 @@ const LIBRARY: &[&str] = &[
 /// The tool's rooms, from the top down.
 const TOOL: &[&str] = &[
     "main",
+    "man",
     "run",
     "supervisor",
     "status",

@@ -412,8 +412,7 @@ impl Redlock {
             return Err(ArgumentError::EmptyResource.into());
         }
         let mut keys = fence_keys(resource).to_vec();
-        let [_, _, older, _, owners] = side_keys(resource);
-        keys.push(older);
+        let [_, _, _, owners] = side_keys(resource);
         keys.push(owners);
         let cmd = Command::script(&INSPECT, &keys, &[]);
         let nodes = (self.replies(&cmd).into_iter())

@@ -154,20 +154,24 @@ pub(crate) const FENCE_CONFIRM: Script = Script {
 
 /// The shared and counted kinds' acquire, extend, release and clean-up
 /// (`ARGV[1]`: `acquire`, `extend`, `release` or `quiet`). Then each lock
-/// has three keys (the resource, its writers' intents, an older client's
-/// intent) and three arguments (the member or token, the TTL in ms, the
-/// kind: `0` for readers, else `K`).
+/// has four keys (the resource, its writers' intents, its release channel,
+/// its holders' owners) and three arguments (the value `TOKEN[ OWNER]` or
+/// the token, the TTL in ms, the kind: `0` for readers, else `K`).
 ///
-/// Holders are the members of a sorted set at the resource's key, scored
-/// by their expiry on the node's clock. The set also holds one marker,
-/// `redlock-sync:2:kind=K`, scored `-inf`: it is never counted nor purged, and
-/// a set without it is an application's, held by another and never
-/// written. Every call purges the expired holders. The key expires with its
-/// last live holder, and is deleted when the last one leaves, marker and
-/// all. So a writer's `SET NX` fails exactly while a holder lives.
+/// Holders are the tokens in a sorted set at the resource's key, scored by
+/// their expiry on the node's clock; their owner labels are in a hash
+/// beside it. The set also holds one marker, `redlock-sync:2:kind=K`,
+/// scored `-inf`: it is never counted nor purged, and a set without it is
+/// an application's, held by another and never written (or another
+/// layout's: `LAYOUT`). Every call purges the expired holders. The key
+/// expires with its last live holder, and is deleted when the last one
+/// leaves, marker and all. So a writer's `SET NX` fails exactly while a
+/// holder lives.
 ///
-/// A member is admitted if it is new, the set's kind is ours, no writer nor
-/// live intent ([`WITHDRAW`]) is there, and fewer than `K` hold. An
+/// A member is admitted if the set's kind is ours, no writer nor live
+/// intent ([`WITHDRAW`]) is there, and fewer than `K` hold. The same
+/// command sent again after a closed connection finds its member, and
+/// answers 1 again. An
 /// extension renews our live member (1); one that is gone answers 3
 /// (gone), whatever holds the key now. A release deletes our member (1)
 /// and publishes as [`RELEASE`]. `WRONGKIND` comes only where our own
@@ -179,7 +183,7 @@ pub(crate) const SHARED: Script = Script {
         include_str!("lua/prelude.lua"),
         include_str!("lua/shared.lua")
     ),
-    sha: "ee13d4154690a238d69731698cebb59b3ae7b637",
+    sha: "78180af3e775a6bc0d3a628ae7f665c05722ba7c",
 };
 
 /// Reads, without writing, the fencing counter, the holders' kind (`K`
@@ -196,7 +200,7 @@ pub(crate) const SHARED: Script = Script {
 pub(crate) const INSPECT: Script = Script {
     bit: 0,
     body: include_str!("lua/inspect.lua"),
-    sha: "ba8b07a71b8c70f3f6d861ace0b5c6557a9732a4",
+    sha: "d105796292738e89a9dd64ebbf563fb6ca599adf",
 };
 
 /// One command, packed once, sent to every node of a round.

@@ -1,5 +1,5 @@
--- INSPECT: KEYS are the resource, its fencing counter, its intents, an
--- older client's intent and its holders' owners. It writes nothing. Reply:
+-- INSPECT: KEYS are the resource, its fencing counter, its intents and
+-- its holders' owners. It writes nothing. Reply:
 -- the counter, the kind, the type, the intent's time left, the holders'
 -- count, then each holder shown: its value, its time left, its owner.
 local MARKER = 'redlock-sync:2:kind='
@@ -13,10 +13,6 @@ if redis.call('type', KEYS[3]).ok == 'zset' then
     intent = top - now
   end
 end
-local older = redis.call('pttl', KEYS[4])
-if older == -1 or (intent ~= -1 and older > intent) then
-  intent = older
-end
 local out = {redis.call('get', KEYS[2]) or '', '', t, intent, 0}
 if t == 'zset' then
   local first = redis.call('zrange', KEYS[1], 0, 0)[1]
@@ -27,7 +23,7 @@ if t == 'zset' then
     for i = 1, #z, 2 do
       out[#out + 1] = z[i]
       out[#out + 1] = z[i + 1] - now
-      out[#out + 1] = redis.call('hget', KEYS[5], z[i]) or ''
+      out[#out + 1] = redis.call('hget', KEYS[4], z[i]) or ''
     end
   end
 elseif t == 'string' and redis.call('strlen', KEYS[1]) <= 258 then

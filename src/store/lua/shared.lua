@@ -1,6 +1,6 @@
 -- SHARED: ARGV[1] is the operation, then three arguments a lock (the value
--- TOKEN[ OWNER], the TTL, the kind); KEYS are five a lock: the resource,
--- its intents, an older client's intent, its release channel, its owners.
+-- TOKEN[ OWNER], the TTL, the kind); KEYS are four a lock: the resource,
+-- its intents, its release channel, its owners.
 local op = ARGV[1]
 local now = now_ms()
 local out = {}
@@ -30,20 +30,16 @@ local function purge(key, owners)
   end
 end
 
--- Whether a writer waits: a live intent, or an older client's.
-local function writer_waits(intents, older)
-  if redis.call('exists', older) == 1 then
-    return true
-  end
+-- Whether a writer waits: a live intent (the expired ones purged).
+local function writer_waits(intents)
   redis.call('zremrangebyscore', intents, '-inf', now)
   return redis.call('exists', intents) == 1
 end
 
 local i = 0
 for g = 2, #ARGV, 3 do
-  local key, intents, older = KEYS[i + 1], KEYS[i + 2], KEYS[i + 3]
-  local channel, owners = KEYS[i + 4], KEYS[i + 5]
-  i = i + 5
+  local key, intents, channel, owners = KEYS[i + 1], KEYS[i + 2], KEYS[i + 3], KEYS[i + 4]
+  i = i + 4
   local value, ttl, k = ARGV[g], ARGV[g + 1], ARGV[g + 2]
   local token = string.sub(value, 1, 40)
   local owner = string.sub(value, 42)
@@ -53,7 +49,14 @@ for g = 2, #ARGV, 3 do
   local mine = false
   if held then
     purge(key, owners)
-    mine = has_member(key, token)
+    if redis.call('zcard', key) == 1 then
+      -- Only the marker is left: the set's last holder expired.
+      redis.call('del', key, owners)
+      held = nil
+      t = 'none'
+    else
+      mine = has_member(key, token)
+    end
   end
   local vote = 0
   if mine and held ~= k then
@@ -77,9 +80,12 @@ for g = 2, #ARGV, 3 do
     end
   elseif held and held ~= k then
     vote = wrong_kind(held)
+  elseif mine then
+    -- The same command again (sent anew after a closed connection).
+    vote = 1
   elseif layout then
     vote = redis.error_reply('LAYOUT ' .. layout)
-  elseif (held or t == 'none') and not writer_waits(intents, older) then
+  elseif (held or t == 'none') and not writer_waits(intents) then
     if t == 'none' then
       redis.call('zadd', key, '-inf', MARKER .. k)
     end
