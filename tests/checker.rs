@@ -697,7 +697,11 @@ fn stage(stage: &Stage, case: Case, seed: u64) {
                 thread::sleep(Duration::from_millis(10));
                 continue;
             }
-            Case::WriterGaveUp => writer_gave_up(stage),
+            // Back to back while calm: calm is short.
+            Case::WriterGaveUp => {
+                writer_gave_up(stage);
+                continue;
+            }
         }
         thread::sleep(rng.millis(20, 200));
     }
@@ -879,8 +883,8 @@ fn writer_gave_up(stage: &Stage) {
     };
     let mut breaches = Vec::new();
     thread::scope(|s| {
-        let long = s.spawn(|| writer(200));
-        let short = s.spawn(|| writer(80));
+        let long = s.spawn(|| writer(150));
+        let short = s.spawn(|| writer(60));
         let short = short.join().unwrap();
         let beside = Held::take(stage, Role::Reader(0), &resource, shared(TTLS[0]), false);
         if beside.is_ok() && !long.is_finished() {
@@ -888,7 +892,7 @@ fn writer_gave_up(stage: &Stage) {
         }
         let long = long.join().unwrap();
         let gave_up = Instant::now();
-        let options = shared(TTLS[0]).patience(Patience::For(Duration::from_secs(1)));
+        let options = shared(TTLS[0]).patience(Patience::For(GAVE_UP_BOUND * 2));
         let next = Held::take(stage, Role::Reader(0), &resource, options, true);
         let took = gave_up.elapsed();
         if next.is_err() || took > GAVE_UP_BOUND {
@@ -989,12 +993,12 @@ impl Faults<'_> {
         } else {
             rng.millis(10, 250)
         };
-        // Commands held up land up to 1.5 s after; a restarted node is
-        // kept out by the guard for a while.
+        // Commands held up land up to 1.5 s after; a node back from a
+        // restart or a pause, or a proxy healed, has the client reconnect.
         let felt = match fault {
             Hurt::DelayPastValidity => QUIET,
-            Hurt::Restart | Hurt::RestartPersisted => RESTART_GRACE,
-            _ => Duration::ZERO,
+            Hurt::Restart | Hurt::RestartPersisted => Duration::from_millis(300),
+            _ => Duration::from_millis(100),
         };
         self.stir(1, Instant::now());
         self.hurt(fault, &nodes, lasts, rng);
