@@ -354,6 +354,12 @@ impl Redlock {
         // Attempts as the retry policy counts them, the pause as news cuts
         // it short, and the failed rounds as the observer hears of them.
         let (mut attempts, mut pause, mut failures) = (0u32, Pause::default(), Failures::default());
+        // The acquisition's id: its events carry it, and a writer names its
+        // intents by it from its second attempt on. Drawn only when needed.
+        let mut id = match inner.config.observer {
+            Some(_) => Some(AcquisitionId::random()?),
+            None => None,
+        };
         let mut waited = false;
         if call.cancelled() {
             return Err(cancelled(&resources));
@@ -363,14 +369,21 @@ impl Redlock {
             // earlier one, and fencing needs a token set by one acquisition.
             attempts = attempts.saturating_add(pause.counts_next_attempt().into());
             let token = Token::random()?;
+            if waited && id.is_none() {
+                id = Some(AcquisitionId::random()?);
+            }
+            let acquisition = id.as_ref().map(AcquisitionId::as_str);
+            let intent = acquisition.filter(|_| waited);
             let listening = inner.waiters.listen(&resources);
             let value = crate::lock::value(&token, owner);
-            let tally = self.attempt(kind, &resources, &value, ttl, waited);
+            let tally = self.attempt(kind, &resources, &value, ttl, intent);
             waited = true;
             if tally.granted() {
+                self.withdraw(kind, &resources, intent, ttl);
                 let (report, counts) = (Ok(&tally.report), (attempts, failures.end()));
                 let told = Some(What::Acquired);
-                self.observe_counted(told, (&resources, &token), counts, report);
+                let ids = (&resources[..], &token);
+                self.observe_acquiring(told, ids, acquisition, counts, report);
                 let lock = Lock {
                     valid_until: Some(tally.start + tally.validity.unwrap_or_default()),
                     kind,
@@ -391,6 +404,9 @@ impl Redlock {
             let error = tally.error(&resources[0], attempts, ttl, Op::Acquire);
             let new = failures.failed(&error);
             let (ids, counts) = ((&resources[..], &token), (attempts, failures.count));
+            let observe = |what: Option<What>, outcome: Result<&Report, &LockError>| {
+                self.observe_acquiring(what, ids, acquisition, counts, outcome);
+            };
             let (config, budget) = (&inner.config, (attempts, call.retries));
             let planned = match error {
                 LockError::Unusable { .. } => None,
@@ -402,7 +418,7 @@ impl Redlock {
                     LockError::Contended { .. } => What::Contended,
                     _ => What::AttemptFailed,
                 };
-                self.observe_counted(new.then_some(told), ids, counts, Err(&error));
+                observe(new.then_some(told), Err(&error));
                 let cancelled = || call.cancelled();
                 let wake =
                     (inner.waiters).wait(listening, &inner.nodes, &resources, wake_at, &cancelled);
@@ -415,7 +431,8 @@ impl Redlock {
                 true => cancelled(&resources),
                 false => error,
             };
-            self.observe_counted(Some(What::GaveUp), ids, counts, Err(&error));
+            self.withdraw(kind, &resources, intent, ttl);
+            observe(Some(What::GaveUp), Err(&error));
             return Err(error);
         }
     }
@@ -655,6 +672,17 @@ impl Redlock {
         result
     }
 
+    /// Once an acquisition ends: withdraws the `intent` a writer that
+    /// waited may have marked, where its winning script did not
+    /// (see [`script::WITHDRAW`]). Sent, not awaited: a lost one lives out
+    /// its TTL.
+    fn withdraw(&self, kind: Kind, resources: &[String], intent: Option<&str>, ttl: Ttl) {
+        let cmd = intent.and_then(|id| kind.withdraw(resources, id));
+        if let Some(cmd) = cmd {
+            self.send_only(&cmd, ttl.duration(), |_| true);
+        }
+    }
+
     /// After a failed attempt: [`send_only`](Self::send_only)s the kind's
     /// clean-up release to every node that may hold our key.
     fn clean_up(&self, kind: Kind, resources: &[String], token: &Token, ttl: Ttl, report: &Report) {
@@ -825,6 +853,26 @@ impl Redlock {
 
     pub(crate) fn watchdog(&self) -> &Arc<Watchdog> {
         &self.inner.watchdog
+    }
+}
+
+/// One acquisition's id: 64 random bits as 16 hex digits, the same for all
+/// its attempts (see [`Event::acquisition`](crate::Event::acquisition)).
+struct AcquisitionId([u8; 16]);
+
+impl AcquisitionId {
+    fn random() -> Result<AcquisitionId, LockError> {
+        let bits = getrandom::u64().map_err(|e| LockError::Random(e.into()))?;
+        let mut hex = [0; 16];
+        for (i, digit) in hex.iter_mut().enumerate() {
+            let nibble = (bits >> (60 - 4 * i)) & 0xf;
+            *digit = b"0123456789abcdef"[nibble as usize];
+        }
+        Ok(AcquisitionId(hex))
+    }
+
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).unwrap_or_default()
     }
 }
 

@@ -75,8 +75,12 @@ pub struct Event<'a> {
     pub what: What,
     /// The (first) resource.
     pub resource: &'a str,
-    /// The token's first 8 characters.
+    /// The token's first 8 characters. Each attempt has a token of its own.
     pub token: &'a str,
+    /// The acquisition's id, for an acquisition's events: the same for all
+    /// its attempts, so they can be grouped. A writer that waits names its
+    /// intents by it ([`Kind::Shared`](crate::Kind::Shared)).
+    pub acquisition: Option<&'a str>,
     /// The attempt's number, for the acquisition's events; else 0.
     pub attempt: u32,
     /// The rounds that failed in a row, this one included: the node's, for
@@ -101,6 +105,9 @@ impl std::fmt::Debug for Event<'_> {
         let event = (event.field("what", &self.what))
             .field("resource", &self.resource)
             .field("token", &self.token);
+        if let Some(acquisition) = self.acquisition {
+            event.field("acquisition", &acquisition);
+        }
         for (name, n) in [("attempt", self.attempt), ("failures", self.failures)] {
             if n > 0 {
                 event.field(name, &n);

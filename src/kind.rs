@@ -234,7 +234,7 @@ impl Kind {
         }
     }
 
-    /// The value a kind stores on its side key: `0` for readers, `K`.
+    /// The kind its holders' marker names: `0` for readers, `K`.
     fn counts(self) -> Option<u32> {
         match self {
             Kind::Shared => Some(0),
@@ -254,31 +254,47 @@ impl Kind {
     }
 
     /// The command of a one-round acquisition, or a fenced one's first,
-    /// storing `value`. A writer that `waited` marks its intent where
-    /// readers hold (see [`script::ACQUIRE_MANY`]).
+    /// storing `value`. A writer that waited passes its acquisition's
+    /// `intent` id, to mark it where shared or counted holders hold (see
+    /// [`script::WITHDRAW`]).
     pub(crate) fn acquire(
         self,
         resources: &[String],
         value: &str,
         ttl: Ttl,
-        waited: bool,
+        intent: Option<&str>,
     ) -> Command {
         let number = ttl.ms().to_string();
-        let args: &[&[u8]] = &[value.as_bytes(), number.as_bytes(), b"waited"];
-        let args = &args[..2 + usize::from(waited)];
-        let with_intents = || {
-            let intents = resources.iter().map(|r| side_keys(r)[1].clone());
-            resources.iter().cloned().chain(intents).collect::<Vec<_>>()
-        };
+        let mut args: Vec<&[u8]> = vec![value.as_bytes(), number.as_bytes()];
+        args.extend(intent.map(str::as_bytes));
         match (self, resources) {
             (Kind::Fenced, [one]) => {
-                Command::script(&script::FENCE_ACQUIRE, &fence_keys(one), args)
+                Command::script(&script::FENCE_ACQUIRE, &fence_keys(one), &args)
             }
-            (Kind::Plain, [one]) if !waited => Command::acquire(one, value, ttl.ms()),
-            (Kind::Plain, _) => Command::script(&script::ACQUIRE_MANY, &with_intents(), args),
+            (Kind::Plain, [one]) if intent.is_none() => Command::acquire(one, value, ttl.ms()),
+            (Kind::Plain, _) => {
+                let mut keys = resources.to_vec();
+                keys.extend(resources.iter().map(|r| intents_key(r)));
+                Command::script(&script::ACQUIRE_MANY, &keys, &args)
+            }
             // Checked: one resource.
             (_, one) => self.shared("acquire", &one[0], &[value, &number]),
         }
+    }
+
+    /// The command that withdraws a writer's `intent` from `resources`, once
+    /// its acquisition ends (see [`script::WITHDRAW`]). None for the other
+    /// kinds: they mark no intent.
+    pub(crate) fn withdraw(self, resources: &[String], intent: &str) -> Option<Command> {
+        if self.is_counted() {
+            return None;
+        }
+        let keys: Vec<String> = resources.iter().map(|r| intents_key(r)).collect();
+        Some(Command::script(
+            &script::WITHDRAW,
+            &keys,
+            &[intent.as_bytes()],
+        ))
     }
 
     /// A [`script::SHARED`] call of `op` on `resource`: `parts` are the
@@ -359,18 +375,24 @@ pub(crate) enum Release {
 /// The prefix of every key the crate keeps beside a lock's own.
 const RESERVED: &str = "redlock-sync:";
 
-/// The keys of [`script::SHARED`]: the resource, a writer's intent, and
-/// the kind its holders took (`0` for readers, else `K`).
-pub(crate) fn side_keys(resource: &str) -> [String; 3] {
-    let side = |what: &str| format!("{RESERVED}{what}:{resource}");
-    [resource.to_string(), side("intent"), side("kind")]
+/// The key of a resource's writers' intents (see [`script::WITHDRAW`]).
+fn intents_key(resource: &str) -> String {
+    format!("{RESERVED}intents:{resource}")
 }
 
-/// The keys of a fenced lock's scripts: the lock, its counter, and the
-/// writer's intent.
+/// The keys of [`script::SHARED`]: the resource, its writers' intents, and
+/// the intent an older client of this crate marks (a string, kept apart:
+/// its type is never changed in place).
+pub(crate) fn side_keys(resource: &str) -> [String; 3] {
+    let older = format!("{RESERVED}intent:{resource}");
+    [resource.to_string(), intents_key(resource), older]
+}
+
+/// The keys of a fenced lock's scripts: the lock, its counter, and its
+/// writers' intents.
 pub(crate) fn fence_keys(resource: &str) -> [String; 3] {
-    let [own, intent, _] = side_keys(resource);
-    [own, format!("{FENCE_KEY_PREFIX}{resource}"), intent]
+    let counter = format!("{FENCE_KEY_PREFIX}{resource}");
+    [resource.to_string(), counter, intents_key(resource)]
 }
 
 /// An acquisition's reply as `Ok((granted, counter))`, or `Err` if

@@ -43,10 +43,6 @@ pub(crate) const QUIET: &[u8] = b"quiet";
 /// `PUBLISH` goes by `pcall`. A user without channel permissions (the ACL
 /// default since Redis 7) still releases; waiters sleep out their pause.
 ///
-/// A holder's release also deletes the writers' intents ([`ACQUIRE_MANY`])
-/// on every node: one left where it lost would keep readers out for a TTL.
-/// A writer still waiting sets its intent again at its next attempt.
-///
 /// A key of another type is held by another, unless our token is among its
 /// members: then it is the wrong kind's release (`WRONGKIND`, an error).
 pub(crate) const RELEASE: Script = Script {
@@ -65,13 +61,12 @@ pub(crate) const RELEASE: Script = Script {
            redis.call('del', key)\n    \
            if string.byte(v, 41) ~= 126 then n = n + 1 end\n  \
            end\n  \
-           if ARGV[2] == nil then redis.call('del', 'redlock-sync:intent:' .. key) end\n  \
            if ARGV[2] == nil and (ours or v == false) then\n    \
            redis.pcall('publish', 'redlock-sync:released:' .. key, ARGV[1])\n  \
            end\n\
            end\n\
            return n",
-    sha: "2c4b8aae63060934e5126944f1f1d4c970cdee76",
+    sha: "a57fc277043d4ecf0f98312c70a6894a0349922b",
 };
 
 /// Extends many locks in one call. `ARGV[1]` is the round's re-take mark.
@@ -142,56 +137,100 @@ pub(crate) const CONFIRM: Script = Script {
     sha: "a76b832a4e034fb7a114a100091b41d72b4fab4f",
 };
 
-/// A writer's acquisition: `KEYS` are the locks, then their intent keys.
-/// Sets every lock to our value with a TTL, if none of them exists, and
-/// deletes the intents: returns 1. Else returns 0, and a writer that waited
-/// (`ARGV[3]`) sets the intent of each lock that readers hold, for one
-/// TTL: new readers wait ([`SHARED`]).
+/// A writer's acquisition: `KEYS` are the locks, then their writers'
+/// intents. `ARGV`: our value, the TTL in ms, and for a writer that waited,
+/// the acquisition's id. Sets every lock to our value with the TTL, if none
+/// of them exists, and withdraws our intents: returns 1. Else returns 0,
+/// and a writer that waited marks its intent on each lock that shared or
+/// counted holders hold ([`WITHDRAW`] says how intents live).
 pub(crate) const ACQUIRE_MANY: Script = Script {
     bit: 4,
-    body: "local n = #KEYS / 2\n\
-           for i = 1, n do\n  \
-             if redis.call('exists', KEYS[i]) == 1 then\n    \
-               for j = 1, n do\n      \
-                 if ARGV[3] and redis.call('type', KEYS[j]).ok == 'zset' then redis.call('set', KEYS[n + j], 1, 'PX', ARGV[2]) end\n    \
-               end\n    \
-               return 0\n  \
-             end\n\
-           end\n\
-           for i = 1, n do\n  \
-             redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2])\n  \
-             redis.call('del', KEYS[n + i])\n\
-           end\n\
-           return 1",
-    sha: "b8f62e61a18900736f5fef3344f70e7e5fa660e4",
+    body: r#"local n = #KEYS / 2
+for i = 1, n do
+  if redis.call('exists', KEYS[i]) == 1 then
+    if ARGV[3] then
+      local time = redis.call('time')
+      local now = time[1] * 1000 + math.floor(time[2] / 1000)
+      for j = 1, n do
+        if redis.call('type', KEYS[j]).ok == 'zset' then
+          redis.call('zadd', KEYS[n + j], now + ARGV[2], ARGV[3])
+          local top = redis.call('zrange', KEYS[n + j], -1, -1, 'withscores')[2]
+          redis.call('pexpireat', KEYS[n + j], top)
+        end
+      end
+    end
+    return 0
+  end
+end
+for i = 1, n do
+  redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2])
+  if ARGV[3] and redis.call('zrem', KEYS[n + i], ARGV[3]) == 1 and redis.call('exists', KEYS[n + i]) == 1 then
+    local top = redis.call('zrange', KEYS[n + i], -1, -1, 'withscores')[2]
+    redis.call('pexpireat', KEYS[n + i], top)
+  end
+end
+return 1"#,
+    sha: "e9f5c4152a0e4e552b01baa712feb549e07d15d3",
 };
 
-/// Fenced acquisition, round one. If the lock key (`KEYS[1]`) is taken, it
-/// returns 0 and writes nothing. Otherwise it raises the fencing counter
-/// (`KEYS[2]`) to `max(counter + 1, node clock in µs)`. It sets the lock to
-/// our token (`ARGV[1]`) for `ARGV[2]` ms, and returns the counter. A counter
-/// that is not a number fails before the lock is set. The counter never
-/// expires. One at 2^53 or above, where Lua loses precision, is refused.
+/// Withdraws one acquisition's intents (`ARGV[1]`, its id) from each of
+/// `KEYS`, the writers' intents of its resources.
+///
+/// A writer refused where shared or counted holders hold marks its intent
+/// ([`ACQUIRE_MANY`], [`FENCE_ACQUIRE`]): a member named by its
+/// acquisition's id, scored by its expiry on the node's clock. New readers
+/// and permit holders wait while any live intent stands ([`SHARED`]). The
+/// key expires with its last live intent. Only that acquisition removes its
+/// member: where it wins, in the winning script; elsewhere with this one,
+/// once it succeeds, gives up or is cancelled.
+pub(crate) const WITHDRAW: Script = Script {
+    bit: 32,
+    body: r#"for _, key in ipairs(KEYS) do
+  if redis.call('zrem', key, ARGV[1]) == 1 and redis.call('exists', key) == 1 then
+    local top = redis.call('zrange', key, -1, -1, 'withscores')[2]
+    redis.call('pexpireat', key, top)
+  end
+end
+return 0"#,
+    sha: "db6bfe455e1799346c9a122fdf55e196eb2d35a4",
+};
+
+/// Fenced acquisition, round one: `KEYS` are the lock, its fencing counter
+/// and its writers' intents; `ARGV` as for [`ACQUIRE_MANY`]. If the lock is
+/// taken, it returns 0, and a writer that waited marks its intent where
+/// shared or counted holders hold. Otherwise it raises the counter to
+/// `max(counter + 1, node clock in µs)`, sets the lock to our value for the
+/// TTL, withdraws our intent, and returns the counter. A counter that is not
+/// a number fails before the lock is set. The counter never expires. One at
+/// 2^53 or above, where Lua loses precision, is refused.
 pub(crate) const FENCE_ACQUIRE: Script = Script {
     bit: 64,
-    body: "if redis.call('exists', KEYS[1]) == 1 then\n  \
-             if ARGV[3] and redis.call('type', KEYS[1]).ok == 'zset' then redis.call('set', KEYS[3], 1, 'PX', ARGV[2]) end\n  \
-             return 0\n\
-           end\n\
-           redis.call('del', KEYS[3])\n\
-           local fence = redis.call('incr', KEYS[2])\n\
-           local time = redis.call('time')\n\
-           local now = time[1] .. string.format('%06d', time[2])\n\
-           if tonumber(now) > fence then\n  \
-             redis.call('set', KEYS[2], now)\n  \
-             fence = tonumber(now)\n\
-           end\n\
-           if fence >= 9007199254740992 then\n  \
-             return redis.error_reply('fencing counter reached 2^53')\n\
-           end\n\
-           redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])\n\
-           return fence",
-    sha: "019626b11d8dc566d4dbb210d80e70612b7c2a19",
+    body: r#"local time = redis.call('time')
+if redis.call('exists', KEYS[1]) == 1 then
+  if ARGV[3] and redis.call('type', KEYS[1]).ok == 'zset' then
+    local now = time[1] * 1000 + math.floor(time[2] / 1000)
+    redis.call('zadd', KEYS[3], now + ARGV[2], ARGV[3])
+    local top = redis.call('zrange', KEYS[3], -1, -1, 'withscores')[2]
+    redis.call('pexpireat', KEYS[3], top)
+  end
+  return 0
+end
+local fence = redis.call('incr', KEYS[2])
+local now = time[1] .. string.format('%06d', time[2])
+if tonumber(now) > fence then
+  redis.call('set', KEYS[2], now)
+  fence = tonumber(now)
+end
+if fence >= 9007199254740992 then
+  return redis.error_reply('fencing counter reached 2^53')
+end
+redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if ARGV[3] and redis.call('zrem', KEYS[3], ARGV[3]) == 1 and redis.call('exists', KEYS[3]) == 1 then
+  local top = redis.call('zrange', KEYS[3], -1, -1, 'withscores')[2]
+  redis.call('pexpireat', KEYS[3], top)
+end
+return fence"#,
+    sha: "cc63ee0313ecbf248daef016cd3269bcbd30b0e8",
 };
 
 /// Fenced acquisition, round two. If `KEYS[1]` still holds our token
@@ -211,58 +250,120 @@ pub(crate) const FENCE_CONFIRM: Script = Script {
 
 /// The shared and counted kinds' acquire, extend, release and clean-up
 /// (`ARGV[1]`: `acquire`, `extend`, `release` or `quiet`). Then each lock
-/// has three keys (the resource, its writer's intent, its kind) and three
-/// arguments (the member or token, the TTL in ms, the kind: `0` for
-/// readers, else `K`).
+/// has three keys (the resource, its writers' intents, an older client's
+/// intent) and three arguments (the member or token, the TTL in ms, the
+/// kind: `0` for readers, else `K`).
 ///
 /// Holders are the members of a sorted set at the resource's key, scored
-/// by their expiry on the node's clock. Every call purges the expired
-/// ones, and the key expires with its last live member. So a writer's
-/// `SET NX` fails exactly while a holder lives. The kind key keeps `0` or
-/// `K` as long. A call of another kind is a `WRONGKIND` error.
+/// by their expiry on the node's clock. The set also holds one marker,
+/// `redlock-sync:kind=K`, scored `-inf`: it is never counted nor purged, and
+/// a set without it is an application's, held by another and never
+/// written. Every call purges the expired holders. The key expires with its
+/// last live holder, and is deleted when the last one leaves, marker and
+/// all. So a writer's `SET NX` fails exactly while a holder lives.
 ///
-/// A member is admitted if it is new, no writer or intent is there, and
-/// fewer than `K` live. An extension renews a live member (1) and never
-/// re-takes one that is gone (3). A writer's key answers 0. Release
-/// deletes our member and publishes as [`RELEASE`]. Extension returns one
-/// reply per lock, the others one.
+/// A member is admitted if it is new, the set's kind is ours, no writer nor
+/// live intent ([`WITHDRAW`]) is there, and fewer than `K` hold. An
+/// extension renews our live member (1); one that is gone answers 3
+/// (gone), whatever holds the key now. A release deletes our member (1)
+/// and publishes as [`RELEASE`]. `WRONGKIND` comes only where our own
+/// entry lives under another kind, or where an acquisition meets one.
+/// Extension returns one reply per lock, the others one.
 pub(crate) const SHARED: Script = Script {
     bit: 16,
-    body: "local time = redis.call('time')\n\
-           local now, op, out = time[1] * 1000 + math.floor(time[2] / 1000), ARGV[1], {}\n\
-           for g = 2, #ARGV, 3 do\n  \
-             local key, intent, kind, member, ttl, k = KEYS[g - 1], KEYS[g], KEYS[g + 1], ARGV[g], ARGV[g + 1], ARGV[g + 2]\n  \
-             local token, t, held, vote, mine = string.sub(member, 1, 40), redis.call('type', key).ok, redis.call('get', kind), 0\n  \
-             if t == 'zset' and held then\n    \
-               redis.call('zremrangebyscore', key, '-inf', now)\n    \
-               for _, m in ipairs(redis.call('zrange', key, 0, -1)) do\n      \
-                 if string.sub(m, 1, 40) == token then mine = m end\n    \
-               end\n  \
-             end\n  \
-             if t ~= 'none' and not (t == 'zset' and held) then\n    \
-               if t == 'string' and string.sub(redis.call('get', key), 1, 40) == token then vote = redis.error_reply('WRONGKIND a plain or fenced lock') end\n  \
-             elseif held and held ~= k and redis.call('exists', key) == 1 then\n    \
-               vote = redis.error_reply('WRONGKIND ' .. (held == '0' and 'a shared lock' or 'a semaphore of ' .. held .. ' permits'))\n  \
-             elseif op == 'extend' then\n    \
-               vote = mine and 1 or 3\n    \
-               if mine then redis.call('zadd', key, now + ttl, mine) end\n  \
-             elseif op ~= 'acquire' then\n    \
-               if mine then redis.call('zrem', key, mine) vote = 1 end\n    \
-               if op == 'release' and (mine or t == 'none') then redis.pcall('publish', 'redlock-sync:released:' .. key, token) end\n  \
-             elseif not mine and redis.call('exists', intent) == 0 and (k == '0' or redis.call('zcard', key) < tonumber(k)) then\n    \
-               redis.call('zadd', key, now + ttl, member)\n    \
-               vote = 1\n  \
-             end\n  \
-             if vote == 1 and redis.call('exists', key) == 1 then\n    \
-               local top = redis.call('zrange', key, -1, -1, 'withscores')[2]\n    \
-               redis.call('pexpireat', key, top)\n    \
-               redis.call('set', kind, k, 'pxat', top)\n  \
-             end\n  \
-             out[#out + 1] = vote\n\
-           end\n\
-           if op == 'extend' then return out end\n\
-           return out[1]",
-    sha: "e93bd1da9d93f44e35a9b7a98de9353e370baa1f",
+    body: r#"local MARKER = 'redlock-sync:kind='
+local time = redis.call('time')
+local now = time[1] * 1000 + math.floor(time[2] / 1000)
+local op = ARGV[1]
+local out = {}
+
+local function wrong_kind(kind)
+  if kind == nil then
+    return redis.error_reply('WRONGKIND a plain or fenced lock')
+  elseif kind == '0' then
+    return redis.error_reply('WRONGKIND a shared lock')
+  end
+  return redis.error_reply('WRONGKIND a semaphore of ' .. kind .. ' permits')
+end
+
+-- The key expires with its last live holder; with none, the set goes.
+local function keep_expiry(key)
+  if redis.call('zcard', key) <= 1 then
+    redis.call('del', key)
+  else
+    local top = redis.call('zrange', key, -1, -1, 'withscores')[2]
+    redis.call('pexpireat', key, top)
+  end
+end
+
+-- Whether a writer waits: a live intent, or an older client's.
+local function writer_waits(intents, older)
+  if redis.call('exists', older) == 1 then
+    return true
+  end
+  redis.call('zremrangebyscore', intents, '-inf', now)
+  return redis.call('exists', intents) == 1
+end
+
+for g = 2, #ARGV, 3 do
+  local key, intents, older = KEYS[g - 1], KEYS[g], KEYS[g + 1]
+  local member, ttl, k = ARGV[g], ARGV[g + 1], ARGV[g + 2]
+  local token = string.sub(member, 1, 40)
+  local t = redis.call('type', key).ok
+  -- Our set's kind, from its marker, and our live member in it.
+  local held, mine
+  if t == 'zset' then
+    local first = redis.call('zrange', key, 0, 0)[1]
+    if string.sub(first, 1, #MARKER) == MARKER then
+      held = string.sub(first, #MARKER + 1)
+      redis.call('zremrangebyscore', key, '(-inf', now)
+      for _, m in ipairs(redis.call('zrange', key, 1, -1)) do
+        if string.sub(m, 1, 40) == token then
+          mine = m
+        end
+      end
+    end
+  end
+  local vote = 0
+  if mine and held ~= k then
+    vote = wrong_kind(held)
+  elseif op ~= 'acquire' and t == 'string' and string.sub(redis.call('get', key), 1, 40) == token then
+    vote = wrong_kind(nil)
+  elseif op == 'extend' then
+    vote = 3
+    if mine then
+      redis.call('zadd', key, now + ttl, mine)
+      vote = 1
+    end
+  elseif op ~= 'acquire' then
+    if mine then
+      redis.call('zrem', key, mine)
+      vote = 1
+    end
+    if op == 'release' and (mine or t == 'none') then
+      redis.pcall('publish', 'redlock-sync:released:' .. key, token)
+    end
+  elseif held and held ~= k then
+    vote = wrong_kind(held)
+  elseif (held or t == 'none') and not mine and not writer_waits(intents, older) then
+    if t == 'none' then
+      redis.call('zadd', key, '-inf', MARKER .. k)
+    end
+    if k == '0' or redis.call('zcard', key) - 1 < tonumber(k) then
+      redis.call('zadd', key, now + ttl, member)
+      vote = 1
+    end
+  end
+  if held or vote == 1 then
+    keep_expiry(key)
+  end
+  out[#out + 1] = vote
+end
+if op == 'extend' then
+  return out
+end
+return out[1]"#,
+    sha: "b385e2c1bf0f65ac805f949298779133962e98b1",
 };
 
 /// One command, packed once, sent to every node of a round.
@@ -313,7 +414,7 @@ impl Command {
 }
 
 /// Every script, loaded by every new connection's handshake.
-pub(crate) const SCRIPTS: [&Script; 7] = [
+pub(crate) const SCRIPTS: [&Script; 8] = [
     &RELEASE,
     &EXTEND,
     &CONFIRM,
@@ -321,6 +422,7 @@ pub(crate) const SCRIPTS: [&Script; 7] = [
     &FENCE_ACQUIRE,
     &FENCE_CONFIRM,
     &SHARED,
+    &WITHDRAW,
 ];
 
 /// Turns a packed `EVALSHA sha numkeys ...` into `EVAL body numkeys ...`.
@@ -385,7 +487,7 @@ mod tests {
     #[test]
     fn every_scripts_hard_coded_sha_is_the_one_script_load_returns() {
         let cluster = redlock_sync_testing::Cluster::start(1).expect("a redis-server node");
-        let scripts: [(&str, &Script); 7] = [
+        let scripts: [(&str, &Script); 8] = [
             ("RELEASE", &RELEASE),
             ("EXTEND", &EXTEND),
             ("CONFIRM", &CONFIRM),
@@ -393,8 +495,10 @@ mod tests {
             ("FENCE_ACQUIRE", &FENCE_ACQUIRE),
             ("FENCE_CONFIRM", &FENCE_CONFIRM),
             ("SHARED", &SHARED),
+            ("WITHDRAW", &WITHDRAW),
         ];
         let mut bits = 0u8;
+        let mut wrong = Vec::new();
         for (name, script) in scripts {
             let loaded = cluster
                 .node(0)
@@ -404,14 +508,14 @@ mod tests {
                 redis::Value::BulkString(bytes) => String::from_utf8(bytes).unwrap(),
                 other => panic!("{name}: SCRIPT LOAD answered {other:?}"),
             };
-            assert_eq!(
-                script.sha, got,
-                "{name}: hard-coded sha (left) vs SCRIPT LOAD (right)"
-            );
+            if script.sha != got {
+                wrong.push(format!("{name}: {got}"));
+            }
             assert_eq!(bits & script.bit, 0, "{name}: bit {} is taken", script.bit);
             assert_eq!(script.bit.count_ones(), 1, "{name}: one bit per script");
             bits |= script.bit;
         }
+        assert!(wrong.is_empty(), "SCRIPT LOAD gives other SHAs: {wrong:?}");
     }
 
     #[test]

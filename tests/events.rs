@@ -300,3 +300,75 @@ fn an_extension_by_hand_tells_the_observer_its_re_takes_and_its_outcome() {
         .collect();
     assert_eq!(failed, [1, 3], "{told:?}");
 }
+
+#[test]
+fn one_acquisitions_events_carry_one_id_across_attempts_each_with_its_own_token() {
+    let nodes = cluster(3);
+    // Each event of the waiter: what, its acquisition's id, its token.
+    type Told = Vec<(What, Option<String>, String)>;
+    let seen: Arc<Mutex<Told>> = Arc::default();
+    let record = Arc::clone(&seen);
+    let waiter = common::builder(&nodes)
+        .retry_policy(common::quick_retries(3))
+        .observer(move |event: &Event<'_>| {
+            let id = event.acquisition.map(str::to_string);
+            let told = (event.what, id, event.token.to_string());
+            record.lock().unwrap().push(told);
+        })
+        .build()
+        .unwrap();
+    let holder = common::client(&nodes);
+    let held = holder.acquire("grouped", Duration::from_secs(10)).unwrap();
+    assert!(waiter.acquire("grouped", Duration::from_secs(10)).is_err());
+    holder.release(held).unwrap();
+    let first = waiter.acquire("grouped", Duration::from_secs(10)).unwrap();
+    waiter.release(first).unwrap();
+    let told = seen.lock().unwrap().clone();
+    let gave_up = told.iter().position(|t| t.0 == What::GaveUp).unwrap();
+    let (waiting, rest) = told.split_at(gave_up + 1);
+    let ids: Vec<_> = waiting.iter().map(|t| t.1.clone()).collect();
+    assert!(
+        ids.iter().all(|id| id.is_some() && *id == ids[0]),
+        "{told:?}"
+    );
+    assert_eq!(ids[0].as_ref().map(String::len), Some(16), "{told:?}");
+    let contended = waiting.iter().filter(|t| t.0 == What::Contended);
+    let gave_up_token = &waiting.last().unwrap().2;
+    assert!(contended.count() >= 1, "{told:?}");
+    assert_ne!(
+        &waiting[0].2, gave_up_token,
+        "a token per attempt: {told:?}"
+    );
+    // The next acquisition has an id of its own; a release has none.
+    let acquired = rest.iter().find(|t| t.0 == What::Acquired).unwrap();
+    assert!(acquired.1.is_some() && acquired.1 != ids[0], "{told:?}");
+    let released = rest.iter().find(|t| t.0 == What::Released).unwrap();
+    assert_eq!(released.1, None, "{told:?}");
+}
+
+#[test]
+fn an_extension_that_finds_the_lock_lost_tells_no_re_take() {
+    let nodes = cluster(3);
+    let seen: Arc<Mutex<Vec<What>>> = Arc::default();
+    let record = Arc::clone(&seen);
+    let locks = common::builder(&nodes)
+        .observer(move |event: &Event<'_>| record.lock().unwrap().push(event.what))
+        .build()
+        .unwrap();
+    let ttl = Duration::from_secs(10);
+    let mut lock = locks.acquire("lost-by-hand", ttl).unwrap();
+    common::wait_until_held_by(&nodes, &lock, 3);
+    // Two of three nodes lost the key: the round re-takes them, and the
+    // lock is lost all the same.
+    nodes.node(0).flushall().unwrap();
+    nodes.node(1).flushall().unwrap();
+    seen.lock().unwrap().clear();
+    let result = locks.extend(&mut lock, ttl);
+    assert!(
+        matches!(result, Err(redlock_sync::LockError::Lost { .. })),
+        "{result:?}"
+    );
+    let told = seen.lock().unwrap().clone();
+    assert!(!told.contains(&What::Retook), "{told:?}");
+    assert!(told.contains(&What::ExtendFailed), "{told:?}");
+}

@@ -147,7 +147,8 @@ fn writer_not_starved(options: LockOptions) {
         let mut intents = 0;
         while !writer.is_finished() && start.elapsed() < Duration::from_secs(5) {
             let intent = |n: &redlock_sync_testing::Node| {
-                n.get("redlock-sync:intent:stream").unwrap().is_some()
+                let exists = n.query(&["EXISTS", "redlock-sync:intents:stream"]);
+                exists.unwrap() == redis::Value::Int(1)
             };
             intents = intents.max(nodes.nodes().iter().filter(|n| intent(n)).count());
             std::thread::sleep(Duration::from_millis(2));
@@ -457,31 +458,47 @@ fn an_applications_sorted_set_at_the_resource_is_another_holder_and_left_untouch
 }
 
 #[test]
-fn a_writers_release_clears_the_intents_it_left_where_readers_held() {
+fn a_writers_release_leaves_another_writers_intent_which_keeps_readers_out_until_it_expires() {
     let nodes = cluster(3);
     let locks = client(&nodes);
     // Node 0 holds a reader's entry (of a reader that reached no quorum),
-    // and the intent of a writer that waited there.
-    let until = (std::time::SystemTime::now() + TTL)
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-        .to_string();
+    // and the intent of another writer that waits there for 1 s.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let now = now.unwrap().as_millis();
+    let reader_until = (now + TTL.as_millis()).to_string();
+    let intent_until = (now + 1_000).to_string();
     let stray = "0123456789abcdef0123456789abcdef01234567";
     let node = nodes.node(0);
-    node.query(&["ZADD", "hall", &until, stray]).unwrap();
-    node.query(&["SET", "redlock-sync:kind:hall", "0", "PX", "10000"])
+    let set = [
+        "ZADD",
+        "hall",
+        "-inf",
+        "redlock-sync:kind=0",
+        &reader_until,
+        stray,
+    ];
+    node.query(&set).unwrap();
+    let intents = "redlock-sync:intents:hall";
+    node.query(&["ZADD", intents, &intent_until, "00000000000000aa"])
         .unwrap();
-    node.query(&["SET", "redlock-sync:intent:hall", "1", "PX", "10000"])
-        .unwrap();
+    node.query(&["PEXPIREAT", intents, &intent_until]).unwrap();
     let writer = locks.try_acquire("hall", TTL).expect("nodes 1 and 2 grant");
     locks.release(writer).expect("release");
-    assert_eq!(node.get("redlock-sync:intent:hall").unwrap(), None);
-    // With node 2 down, readers need node 0: no intent may keep them out.
+    let exists = node.query(&["EXISTS", intents]).unwrap();
+    assert_eq!(exists, redis::Value::Int(1), "only its writer withdraws it");
+    // With node 2 down, readers need node 0: the intent keeps them out
+    // until it expires.
     nodes.node(2).pause().expect("pause");
-    let reader = locks.try_acquire("hall", shared(TTL));
+    let refused = locks.try_acquire("hall", shared(TTL));
+    assert!(
+        matches!(refused, Err(LockError::Contended { .. })),
+        "{refused:?}"
+    );
+    wait_until(Duration::from_secs(3), "a reader gets in", || {
+        let reader = locks.try_acquire("hall", shared(TTL));
+        reader.map(|r| locks.release(r)).is_ok()
+    });
     nodes.node(2).resume().expect("resume");
-    locks.release(reader.expect("nodes 0 and 1 admit")).ok();
 }
 
 #[test]

@@ -12,16 +12,18 @@ impl Redlock {
     /// One attempt on the resources `names`: one round, or a fenced
     /// acquisition's two. A fenced attempt counts a node as granted only if
     /// it granted both rounds. The tally carries round one's fencing token.
-    /// A writer that `waited` marks its intent where readers hold.
+    /// A writer that waited passes its acquisition's `intent` id, to mark
+    /// it where shared or counted holders hold.
     pub(super) fn attempt(
         &self,
         kind: Kind,
         names: &[String],
         value: &str,
         ttl: Ttl,
-        waited: bool,
+        intent: Option<&str>,
     ) -> Tally {
-        let (claim, ttl) = (kind.acquire(names, value, ttl, waited), ttl.duration());
+        let claim = kind.acquire(names, value, ttl, intent);
+        let ttl = ttl.duration();
         // A fenced round one reads every reply (no early decision): every
         // node that may count must have its counter in the token, so a node
         // whose round-one reply went unread must not confirm in round two.

@@ -8,29 +8,39 @@ use redis::Value;
 
 use super::Redlock;
 use crate::error::{ArgumentError, LockError, NodeError, NodeOutcome};
-use crate::kind::{fence_keys, side_keys, Kind};
+use crate::kind::{fence_keys, Kind};
 use crate::script::{Command, Script};
 
-/// Reads the fencing counter, the kind of a sorted set's holders, then each
-/// live holder's value and time left: a writer's key, or the set's members.
-/// A key of another type, or a sorted set not of this crate, is an error:
-/// the node's view is unknown.
+/// Reads the fencing counter, the kind of a sorted set's holders (its
+/// marker's), then each live holder's value and time left: a writer's key,
+/// or the set's members. A key of another type, or a sorted set not of this
+/// crate, is an error: the node's view is unknown.
 /// It has no bit: it always goes as `EVAL`, and is never loaded with the
 /// lock scripts.
 const INSPECT: Script = Script {
     bit: 0,
-    body: "local time = redis.call('time')\n\
-           local now = time[1] * 1000 + math.floor(time[2] / 1000)\n\
-           local t, out = redis.call('type', KEYS[1]).ok, {redis.call('get', KEYS[2]) or '', ''}\n\
-           if t == 'zset' then\n  \
-             out[2] = redis.call('get', KEYS[3]) or redis.call('get', KEYS[1])\n  \
-             local z = redis.call('zrangebyscore', KEYS[1], '(' .. now, '+inf', 'withscores')\n  \
-             for i = 1, #z, 2 do out[#out + 1] = z[i] out[#out + 1] = z[i + 1] - now end\n\
-           elseif t ~= 'none' then\n  \
-             out[3], out[4] = redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1])\n\
-           end\n\
-           return out",
-    sha: "12aadd330db96e5b6372da3583f9514e17ce44a3",
+    body: r#"local MARKER = 'redlock-sync:kind='
+local time = redis.call('time')
+local now = time[1] * 1000 + math.floor(time[2] / 1000)
+local t = redis.call('type', KEYS[1]).ok
+local out = {redis.call('get', KEYS[2]) or '', ''}
+if t == 'zset' then
+  local first = redis.call('zrange', KEYS[1], 0, 0)[1]
+  if string.sub(first, 1, #MARKER) ~= MARKER then
+    return redis.error_reply('WRONGTYPE a sorted set not of this crate')
+  end
+  out[2] = string.sub(first, #MARKER + 1)
+  local z = redis.call('zrangebyscore', KEYS[1], '(' .. now, '+inf', 'withscores')
+  for i = 1, #z, 2 do
+    out[#out + 1] = z[i]
+    out[#out + 1] = z[i + 1] - now
+  end
+elseif t ~= 'none' then
+  out[3] = redis.call('get', KEYS[1])
+  out[4] = redis.call('pttl', KEYS[1])
+end
+return out"#,
+    sha: "302195d6e5a7e0b6a5beb0fe50b766bc88e68586",
 };
 
 /// How many characters of a token [`inspect`](Redlock::inspect) shows:
@@ -220,9 +230,8 @@ impl Redlock {
         if resource.is_empty() {
             return Err(ArgumentError::EmptyResource.into());
         }
-        let [own, fence, _] = fence_keys(resource);
-        let keys = [own, fence, side_keys(resource)[2].clone()];
-        let cmd = Command::script(&INSPECT, &keys, &[]);
+        let keys = &fence_keys(resource)[..2];
+        let cmd = Command::script(&INSPECT, keys, &[]);
         let nodes = (self.replies(&cmd).into_iter())
             .map(|(node, reply)| {
                 let read = reply.and_then(|value| {

@@ -57,7 +57,31 @@ impl Redlock {
     pub(crate) fn observe_counted(
         &self,
         what: Option<What>,
+        ids: (&[String], &Token),
+        counts: (u32, u32),
+        outcome: Result<&Report, &LockError>,
+    ) {
+        self.observe(what, ids, None, counts, outcome);
+    }
+
+    /// [`observe_counted`](Self::observe_counted) for an acquisition's
+    /// round: its events carry the acquisition's id.
+    pub(crate) fn observe_acquiring(
+        &self,
+        what: Option<What>,
+        ids: (&[String], &Token),
+        acquisition: Option<&str>,
+        counts: (u32, u32),
+        outcome: Result<&Report, &LockError>,
+    ) {
+        self.observe(what, ids, acquisition, counts, outcome);
+    }
+
+    fn observe(
+        &self,
+        what: Option<What>,
         (resources, token): (&[String], &Token),
+        acquisition: Option<&str>,
         (attempt, failures): (u32, u32),
         outcome: Result<&Report, &LockError>,
     ) {
@@ -70,6 +94,7 @@ impl Redlock {
             what: What::NodeFailed,
             resource: &resources[0],
             token: std::str::from_utf8(&hex[..8]).unwrap_or_default(),
+            acquisition,
             attempt,
             failures,
             elapsed: report.map_or(Duration::ZERO, |r| r.elapsed),
@@ -80,7 +105,10 @@ impl Redlock {
         let tell = |event: &Event<'_>| drop(catch_unwind(AssertUnwindSafe(|| observer(event))));
         // A loss repeats the report of a round seen already.
         let report = report.filter(|_| what != Some(What::Lost));
-        for (what, node, failures) in self.inner.seen.changes(report.map_or(&[], |r| &r.nodes)) {
+        // What a lost lock's round re-took is released at once: not told.
+        let retakes = !matches!(error, Some(LockError::Lost { .. }));
+        let nodes = report.map_or(&[][..], |r| &r.nodes);
+        for (what, node, failures) in self.inner.seen.changes(nodes, retakes) {
             tell(&Event {
                 what,
                 attempt: 0,
@@ -99,9 +127,14 @@ impl Redlock {
 }
 
 impl NodesSeen {
-    /// The nodes whose state changed for the observer, and those that re-took
-    /// the key. Each comes with what to tell and its failed rounds.
-    fn changes<'a>(&self, nodes: &'a [NodeReport]) -> Vec<(What, &'a NodeReport, u32)> {
+    /// The nodes whose state changed for the observer, and with `retakes`
+    /// those that re-took the key. Each comes with what to tell and its
+    /// failed rounds.
+    fn changes<'a>(
+        &self,
+        nodes: &'a [NodeReport],
+        retakes: bool,
+    ) -> Vec<(What, &'a NodeReport, u32)> {
         let mut down = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let len = down.len().max(nodes.len());
         down.resize(len, 0);
@@ -116,7 +149,7 @@ impl NodesSeen {
                 _ => (*down > 0).then(|| (What::NodeRecovered, mem::take(down))),
             };
             changes.extend(change.map(|(what, n)| (what, node, n)));
-            if node.retook {
+            if retakes && node.retook {
                 changes.push((What::Retook, node, 0));
             }
         }
