@@ -3,9 +3,11 @@
 //! ways a program holds them (an explicit `Lock`, some of which extend
 //! after their validity ran out; a guard from `lock`; a `with_lock`
 //! closure), while the fault classes of the contract's table hit five
-//! nodes, one class at a time. Each hold is of one of five roles: a fenced
-//! writer or a reader ([`Kind::Shared`]) of one resource, or a holder of a
-//! semaphore of 1, 2 or 3 permits, each on a resource of its own:
+//! nodes, one class at a time. Each hold is of one of these roles: a
+//! fenced or a plain writer of one resource, a plain writer of two
+//! resources as one lock, a reader ([`Kind::Shared`]) of either resource,
+//! or a holder of a semaphore of 1, 2 or 3 permits, each on a resource of
+//! its own:
 //!
 //! | class | the table says |
 //! |---|---|
@@ -39,6 +41,13 @@
 //! the run fails if they never did. Writers' fencing tokens increase in the
 //! order the acquisitions returned, in the classes where the fenced
 //! guarantee holds (no data lost, or the guard on).
+//!
+//! Five cases also run on purpose, each in a thread of its own ([`Case`]):
+//! a permit holder renewed on a majority short of `q`, readers of mixed
+//! TTLs before a writer, a reader renewing behind a waiting writer, a
+//! writer behind permit holders, and two writers that give up. Each checks
+//! its own rule, and its holds join the log. Each must occur at least
+//! [`CASE_MINIMUM`] times in a run of the default length.
 //!
 //! It runs for about 45 s (each class for 5 s, in turn).
 //! `REDLOCK_CHECKER_SECS=600` runs longer, cycling through the classes
@@ -726,8 +735,13 @@ fn short_of_quorum(stage: &Stage) {
     }
     if deleted == NODES - 4 + 1 {
         stage.occurred(Case::ShortOfQuorum);
-        if held.extend(stage, TTLS[1]).is_ok() {
+        let since = Instant::now();
+        let result = held.extend(stage, TTLS[1]);
+        if result.is_ok() {
             let what = format!("a 2-permit holder renewed with its member gone on {deleted} of {NODES} nodes (q = 4)");
+            stage.breach(Case::ShortOfQuorum, what);
+        } else if stage.faults.calm_since(since) && !matches!(result, Err(LockError::Lost { .. })) {
+            let what = format!("a 2-permit holder with its member gone on {deleted} of {NODES} nodes was told {result:?}, not Lost");
             stage.breach(Case::ShortOfQuorum, what);
         }
     }
@@ -752,7 +766,10 @@ fn mixed_ttls(stage: &Stage) {
         if long.lock.valid_until() > Instant::now() + Duration::from_millis(200) {
             stage.occurred(Case::MixedTtls);
             let options = LockOptions::new(TTLS[0]);
-            if let Ok(writer) = Held::take(stage, Role::Plain, &resource, options, false) {
+            let writer = Held::take(stage, Role::Plain, &resource, options, false);
+            // Both claims last a while: an overlap is no matter of timing.
+            thread::sleep(Duration::from_millis(100));
+            if let Ok(writer) = writer {
                 writer.release(stage);
             }
         }
@@ -840,11 +857,18 @@ fn writer_behind_permits(stage: &Stage) {
         });
         thread::sleep(Duration::from_millis(100));
         first.release(stage);
+        let since = Instant::now();
+        let class = stage.run.class.load(Ordering::Relaxed);
         let before = stage.intents(&resource);
         let third = Held::take(stage, Role::Permit(2), &resource, options(), false);
         let after = stage.intents(&resource);
         let stood = (0..NODES).filter(|&i| before[i] && after[i]).count();
-        if stood > NODES - 4 && waiting.load(Ordering::Relaxed) {
+        // A flush between the two reads could drop an intent that the
+        // writer set again: judged only where no data was lost.
+        let kept = CLASSES[class].cell == Cell::Exclusive
+            && stage.run.class.load(Ordering::Relaxed) == class;
+        let judged = kept || stage.faults.calm_since(since);
+        if judged && stood > NODES - 4 && waiting.load(Ordering::Relaxed) {
             stage.occurred(Case::WriterBehindPermits);
             if third.is_ok() {
                 let what = format!(
@@ -1235,17 +1259,21 @@ fn no_fault_class_breaks_the_contract_for_locks_guards_or_with_lock() {
         shared > 0,
         "readers and permit holders never overlapped: the kinds do not share"
     );
+    // The first two of each case.
+    let mut shown: BTreeMap<Case, usize> = BTreeMap::new();
+    let first: Vec<&str> = (breaches.iter())
+        .filter(|(case, _)| {
+            let n = shown.entry(*case).or_default();
+            *n += 1;
+            *n <= 2
+        })
+        .map(|(_, seen)| seen.as_str())
+        .collect();
     assert!(
         breaches.is_empty(),
         "{} breaches in the cases (seed {seed}):\n{}",
         breaches.len(),
-        (breaches.iter().take(5))
-            .map(|(_, seen)| seen.as_str())
-            .collect::<Vec<_>>()
-            .join(
-                "
-"
-            )
+        first.join("\n")
     );
     for case in CASES {
         let n = cases.get(&case).copied().unwrap_or(0);
