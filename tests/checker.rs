@@ -612,7 +612,10 @@ impl Held {
     /// Which nodes granted the acquisition: their command ran, so our
     /// member was there, and nothing but our own calls writes it again.
     fn granted(&self) -> Vec<bool> {
-        (self.lock.report().nodes.iter())
+        self.lock
+            .report()
+            .nodes
+            .iter()
             .map(|n| n.outcome == NodeOutcome::Granted)
             .collect()
     }
@@ -809,7 +812,10 @@ fn renewed_behind_writer(stage: &Stage) {
                 Ok(()) => occurred |= behind,
                 Err(LockError::Lost { reason, report, .. }) if reason != Loss::Expired => {
                     occurred |= behind;
-                    let refused = (report.nodes.iter().enumerate())
+                    let refused = report
+                        .nodes
+                        .iter()
+                        .enumerate()
                         .filter(|(i, n)| granted[*i] && n.outcome == NodeOutcome::Refused)
                         .map(|(i, _)| i);
                     for i in refused.filter(|&i| stage.holds_live(i, &resource, &member)) {
@@ -1108,7 +1114,9 @@ fn judge(log: &[Hold]) -> Vec<Found> {
         found.holds += 1;
         open.retain(|a| a.claim_end > b.start);
         // The claims of b's resource that began first (the sweep goes by start).
-        let same = (open.iter()).filter(|a| a.resources.iter().any(|r| b.resources.contains(r)));
+        let same = open
+            .iter()
+            .filter(|a| a.resources.iter().any(|r| b.resources.contains(r)));
         let untold = |a: &&&Hold| !a.told_since(b.start);
         if let Role::Permit(k) = b.role {
             let (k, count) = (k as usize, same.clone().count());
@@ -1263,7 +1271,8 @@ fn no_fault_class_breaks_the_contract_for_locks_guards_or_with_lock() {
     );
     // The first two of each case.
     let mut shown: BTreeMap<Case, usize> = BTreeMap::new();
-    let first: Vec<&str> = (breaches.iter())
+    let first: Vec<&str> = breaches
+        .iter()
         .filter(|(case, _)| {
             let n = shown.entry(*case).or_default();
             *n += 1;
