@@ -360,7 +360,7 @@ fn floor_pair(floor: &mut Floor, i: usize) {
     let key = format!("floor:{}", i % 64);
     let token = format!("{:040x}", i);
     let set = pack(&["SET", &key, &token, "NX", "PX", "10000"]);
-    let release = pack(&["EVALSHA", &floor.sha, "1", &key, &token]);
+    let release = pack(&["EVALSHA", &floor.sha, "2", &key, &key, &token]);
     for cmd in [&set, &release] {
         for conn in &mut floor.conns {
             conn.write_all(cmd).or_panic("write");
@@ -376,7 +376,7 @@ fn sequential_pair(floor: &mut Floor, i: usize) {
     let key = format!("seq:{}", i % 64);
     let token = format!("{:040x}", i);
     let set = pack(&["SET", &key, &token, "NX", "PX", "10000"]);
-    let release = pack(&["EVALSHA", &floor.sha, "1", &key, &token]);
+    let release = pack(&["EVALSHA", &floor.sha, "2", &key, &key, &token]);
     for cmd in [&set, &release] {
         for n in 0..floor.conns.len() {
             floor.conns[n].write_all(cmd).or_panic("write");
@@ -569,7 +569,7 @@ fn batched_pair(floor: &mut Floor, threads: usize, i: usize, round_done: &impl F
         let key = format!("batched:{t}:{}", i % 64);
         let token = format!("{:040x}", i);
         set.extend(pack(&["SET", &key, &token, "NX", "PX", "10000"]));
-        release.extend(pack(&["EVALSHA", &floor.sha, "1", &key, &token]));
+        release.extend(pack(&["EVALSHA", &floor.sha, "2", &key, &key, &token]));
     }
     for cmd in [&set, &release] {
         for conn in &mut floor.conns {

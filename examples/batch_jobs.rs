@@ -87,7 +87,7 @@ fn run() -> Result<(), Box<dyn Error>> {
                             }
                             guard.check()?;
                             lock(done).insert(job);
-                            Ok::<_, LockError>(Outcome::Ran {
+                            Ok(Outcome::Ran {
                                 took: begun.elapsed(),
                             })
                         });

@@ -1,6 +1,11 @@
 //! A leader: waits for ever for the leader lock, leads while it holds it,
 //! and on Ctrl-C (or SIGTERM) stops waiting, or steps down, at once.
 //!
+//! It extends the lock on its own schedule: once a term, one round each
+//! (`Patience::Retries(0)`). While most nodes are down, a term then waits
+//! one `io_timeout` at most, not the retry policy's pauses. A guard
+//! (`Redlock::lock`) would extend it on the watchdog instead.
+//!
 //! Run it with `cargo run --example leader`, in several terminals against
 //! the same nodes to see one lead and the others wait:
 //!
@@ -18,6 +23,12 @@ mod common;
 use std::error::Error;
 use std::process::ExitCode;
 use std::time::Duration;
+
+/// The lock's TTL: how long another leader waits after this one vanished.
+const TTL: Duration = Duration::from_secs(10);
+
+/// One term of the leader's work.
+const TERM: Duration = Duration::from_secs(1);
 
 use redlock_sync::{Cancel, LockError, LockOptions, Patience, Redlock};
 
@@ -38,30 +49,43 @@ fn run() -> Result<(), Box<dyn Error>> {
 
     // Wait for ever: only the lock, or the shutdown, ends the wait. A
     // release by the rival wakes this waiter at once.
-    let options = LockOptions::new(Duration::from_secs(10))
+    let options = LockOptions::new(TTL)
         .patience(Patience::Forever)
         .cancel(&shutdown);
     println!("waiting to lead (Ctrl-C stops waiting)");
-    let guard = match locks.lock("leader", options) {
-        Ok(guard) => guard,
+    let mut lock = match locks.acquire("leader", options) {
+        Ok(lock) => lock,
         Err(LockError::Cancelled { .. }) => {
             println!("stopped waiting: never led");
             return Ok(());
         }
         Err(e) => return Err(e.into()),
     };
-    println!("leading with lock {} (Ctrl-C steps down)", guard.token());
-    // The guard's watchdog keeps the lock while we lead; the lead ends on
-    // shutdown, or if the lock is lost.
+    println!("leading with lock {} (Ctrl-C steps down)", lock.token());
+    // Each term ends with one extension round. The lead ends on shutdown,
+    // or when too little validity is left for another term.
+    let once = LockOptions::new(TTL).patience(Patience::Retries(0));
     let mut term = 0;
-    while !shutdown.is_cancelled() {
-        guard.check()?;
+    while !shutdown.is_cancelled() && lock.validity() > 2 * TERM {
         term += 1;
         println!("term {term}: doing the leader's work");
-        std::thread::sleep(Duration::from_secs(1));
+        std::thread::sleep(TERM);
+        match locks.extend(&mut lock, &once) {
+            Ok(()) => {}
+            // Too few nodes answered: lead on while the validity lasts.
+            Err(e @ LockError::NoQuorum { .. }) => println!("term {term}: {e}"),
+            Err(e) => {
+                let _ = locks.release(lock);
+                return Err(e.into());
+            }
+        }
     }
-    guard.unlock()?;
-    println!("stepped down");
+    let why = match shutdown.is_cancelled() {
+        true => "on shutdown",
+        false => "too little validity left for a term",
+    };
+    locks.release(lock)?;
+    println!("stepped down: {why}");
     Ok(())
 }
 

@@ -17,13 +17,14 @@ use crate::error::{
     NodeOutcome, NodeReport, Report,
 };
 use crate::event::What;
-use crate::kind::{extend_vote, release_vote, script_vote, Kind, Release};
+use crate::kind::{Kind, Release};
 use crate::lock::{IntoResources, Lock};
 use crate::node::{Bounds, Endpoint, Node};
 use crate::request::{LockOptions, Patience};
 use crate::retry::{Pause, Retries};
 use crate::round;
-use crate::script::{self, Command};
+use crate::store::reply::{Reading, Vote, CONFIRMED, DELETED, RENEWED};
+use crate::store::script::{self, Command};
 use crate::time::{later, Ttl};
 use crate::token::Token;
 use crate::wait::Waiters;
@@ -131,6 +132,10 @@ impl RedlockBuilder {
 pub(crate) enum Ask<'a> {
     /// Every node, until a quorum granted, or can no longer grant.
     UntilDecided,
+    /// Every node, until a quorum granted; a round that is not granted
+    /// reads every reply, so that its clean-up goes only where it was
+    /// admitted, or no reply came.
+    UntilGranted,
     /// Every node, every reply, until the deadline.
     EveryReply,
     /// Only the nodes whose entry is true (the others show as not awaited,
@@ -162,6 +167,25 @@ pub(crate) struct Tally {
 impl Tally {
     pub(crate) fn granted(&self) -> bool {
         self.report.granted() >= self.report.quorum && self.validity.is_some()
+    }
+
+    /// The lock a granted acquisition holds, valid from the round's start.
+    fn into_lock(
+        self,
+        kind: Kind,
+        resources: Vec<String>,
+        token: Token,
+        owner: Option<&str>,
+    ) -> Lock {
+        Lock {
+            valid_until: Some(self.start + self.validity.unwrap_or_default()),
+            kind,
+            resources,
+            token,
+            fencing_token: kind.confirms().then_some(self.fence),
+            report: self.report,
+            owner: owner.map(str::to_string),
+        }
     }
 
     /// So many nodes refused that no quorum can have granted.
@@ -356,11 +380,8 @@ impl Redlock {
         let (mut attempts, mut pause, mut failures) = (0u32, Pause::default(), Failures::default());
         // The acquisition's id: its events carry it, and a writer names its
         // intents by it from its second attempt on. Drawn only when needed.
-        let mut id = match inner.config.observer {
-            Some(_) => Some(AcquisitionId::random()?),
-            None => None,
-        };
-        let mut waited = false;
+        let mut id = Acquisition::new(inner.config.observer.is_some())?;
+        let mut failed_in_a_row = 0u32;
         if call.cancelled() {
             return Err(cancelled(&resources));
         }
@@ -369,35 +390,20 @@ impl Redlock {
             // earlier one, and fencing needs a token set by one acquisition.
             attempts = attempts.saturating_add(pause.counts_next_attempt().into());
             let token = Token::random()?;
-            if waited && id.is_none() {
-                id = Some(AcquisitionId::random()?);
-            }
-            let acquisition = id.as_ref().map(AcquisitionId::as_str);
-            let intent = acquisition.filter(|_| waited);
+            id.next_attempt()?;
+            let acquisition = id.id();
+            let intent = id.intent();
             let listening = inner.waiters.listen(&resources);
             let value = crate::lock::value(&token, owner);
             let tally = self.attempt(kind, &resources, &value, ttl, intent);
-            waited = true;
             if tally.granted() {
                 self.withdraw(kind, &resources, intent, ttl);
                 let (report, counts) = (Ok(&tally.report), (attempts, failures.end()));
                 let told = Some(What::Acquired);
                 let ids = (&resources[..], &token);
                 self.observe_acquiring(told, ids, acquisition, counts, report);
-                let lock = Lock {
-                    valid_until: Some(tally.start + tally.validity.unwrap_or_default()),
-                    kind,
-                    resources,
-                    token,
-                    fencing_token: kind.confirms().then_some(tally.fence),
-                    report: tally.report,
-                    owner: owner.map(str::to_string),
-                };
-                if call.cancelled() {
-                    self.clean_up(kind, &lock.resources, &lock.token, ttl, &lock.report);
-                    return Err(cancelled(&lock.resources));
-                }
-                return Ok(lock);
+                let lock = tally.into_lock(kind, resources, token, owner);
+                return self.unless_cancelled(lock, ttl, call);
             }
             // Clean up: the key may have landed where no reply was read.
             self.clean_up(kind, &resources, &token, ttl, &tally.report);
@@ -407,7 +413,8 @@ impl Redlock {
             let observe = |what: Option<What>, outcome: Result<&Report, &LockError>| {
                 self.observe_acquiring(what, ids, acquisition, counts, outcome);
             };
-            let (config, budget) = (&inner.config, (attempts, call.retries));
+            let budget = call.budget(&error, attempts, &mut failed_in_a_row);
+            let config = &inner.config;
             let planned = match error {
                 LockError::Unusable { .. } => None,
                 _ if call.cancelled() => None,
@@ -443,23 +450,46 @@ impl Redlock {
     /// On success, the lock's validity and report are measured anew. Too few
     /// nodes answering is retried as the options' patience allows, but never
     /// after the lock's validity ends. A refusal by too many nodes is final.
-    /// The lock's own kind is used, not the options'. The round waits for
-    /// every node's reply, up to `io_timeout`.
+    /// The round waits for every node's reply, up to `io_timeout`.
+    ///
+    /// An extension reads three of its [`LockOptions`]:
+    ///
+    /// - the TTL, which the keys get anew;
+    /// - the [`Patience`]: unset, the client's retry policy within its
+    ///   `max_wait`. `Patience::Retries(0)` makes one round;
+    /// - the [`Cancel`](crate::Cancel), which ends the retries.
+    ///
+    /// It ignores the others: the kind (the lock's own is used), the owner
+    /// label (the acquisition's stays), `max_hold` and `extend_when_left`
+    /// (a guard's).
     ///
     /// A node that lost the key gets it set again while the validity lasts:
     /// a *re-take* ([`NodeReport::retook`]). So a guard's lock outlives a
     /// rolling restart of every node. A re-take never counts as a vote (see
     /// [the contract](crate::contract)).
     ///
+    /// A loop that extends on its own schedule makes one round a call. Then
+    /// a node outage costs a call one `io_timeout`, not the retry policy's
+    /// pauses:
+    ///
     /// ```no_run
-    /// # use redlock_sync::Redlock;
+    /// # use redlock_sync::{LockError, LockOptions, Patience, Redlock};
     /// # use std::time::Duration;
     /// # let locks = Redlock::new(["redis://127.0.0.1:7001"])?;
-    /// let mut lock = locks.acquire("invoice:42", Duration::from_secs(10))?;
-    /// // ... most of the TTL later ...
-    /// locks.extend(&mut lock, Duration::from_secs(10))?;
-    /// assert!(lock.validity() > Duration::from_secs(9));
-    /// # Ok::<(), redlock_sync::LockError>(())
+    /// let ttl = Duration::from_secs(10);
+    /// let mut lock = locks.acquire("invoice:42", ttl)?;
+    /// let once = LockOptions::new(ttl).patience(Patience::Retries(0));
+    /// for _step in 0..100 {
+    ///     // ... a step of the work, well within the validity ...
+    ///     match locks.extend(&mut lock, &once) {
+    ///         Ok(()) => {}
+    ///         // Too few nodes answered: try again after the next step.
+    ///         Err(LockError::NoQuorum { .. }) if lock.validity() > ttl / 2 => {}
+    ///         Err(e) => return Err(e),
+    ///     }
+    /// }
+    /// locks.release(lock)?;
+    /// # Ok::<(), LockError>(())
     /// ```
     ///
     /// # Errors
@@ -474,7 +504,8 @@ impl Redlock {
     /// - [`LockError::TooSlow`] when the round used up the whole TTL.
     /// - [`LockError::Unusable`] and [`LockError::Cancelled`] as for
     ///   [`acquire`](Self::acquire).
-    /// - [`LockError::Argument`] for a bad TTL.
+    /// - [`LockError::Argument`] for a bad TTL, or an `extend_when_left`
+    ///   outside `(0, 1)`.
     ///
     /// [`NodeReport::retook`]: crate::NodeReport::retook
     pub fn extend(
@@ -567,7 +598,7 @@ impl Redlock {
             }
             let args: Vec<&[u8]> = args.iter().map(String::as_bytes).collect();
             let cmd = Command::script(script, &keys, &args);
-            let tallies = self.rounds(&cmd, &calls, extend_vote, Ask::EveryReply);
+            let tallies = self.rounds(&cmd, &calls, RENEWED, Ask::EveryReply);
             for (i, tally) in batch.into_iter().zip(tallies) {
                 let (lock, ttl) = &mut locks[i];
                 results[i] = self.judge(lock, *ttl, tally, attempt, (&mut confirm, &mut retook));
@@ -642,8 +673,7 @@ impl Redlock {
     ) -> Result<Report, LockError> {
         self.inner.waiters.close_if_idle();
         let cmd = kind.release(resources, token, Release::Holder);
-        let vote = release_vote(resources.len());
-        let tally = self.round(kind, &cmd, Duration::ZERO, vote, Ask::UntilDecided);
+        let tally = self.round(kind, &cmd, Duration::ZERO, DELETED, Ask::UntilDecided);
         if tally.report.granted() > 0 {
             // This client's own waiters need not hear it from a node.
             (self.inner.waiters).released(resources);
@@ -670,6 +700,15 @@ impl Redlock {
         let ids = (resources, token);
         self.observe_counted(Some(What::Released), ids, (0, 0), result.as_ref());
         result
+    }
+
+    /// A lock won by a call that was cancelled meanwhile is released.
+    fn unless_cancelled(&self, lock: Lock, ttl: Ttl, call: &Call) -> Result<Lock, LockError> {
+        if !call.cancelled() {
+            return Ok(lock);
+        }
+        self.clean_up(lock.kind, &lock.resources, &lock.token, ttl, &lock.report);
+        Err(cancelled(&lock.resources))
     }
 
     /// Once an acquisition ends: withdraws the `intent` a writer that
@@ -708,17 +747,18 @@ impl Redlock {
     }
 
     /// Runs one round of `cmd` on the nodes `ask` names and counts the
-    /// votes by `kind`'s quorum. `vote` reads one node's reply.
+    /// votes by `kind`'s quorum, each node's reply read by `reading`.
     pub(crate) fn round(
         &self,
         kind: Kind,
         cmd: &Command,
         ttl: Duration,
-        vote: impl Fn(&Value) -> Result<(bool, u64), &Value>,
+        reading: Reading,
         ask: Ask<'_>,
     ) -> Tally {
         // One TTL, one tally.
-        self.rounds(cmd, &[(kind, ttl)], vote, ask).swap_remove(0)
+        self.rounds(cmd, &[(kind, ttl)], reading, ask)
+            .swap_remove(0)
     }
 
     /// A [`round`](Self::round) of a command that does one call's work for
@@ -729,7 +769,7 @@ impl Redlock {
         &self,
         cmd: &Command,
         calls: &[(Kind, Duration)],
-        vote: impl Fn(&Value) -> Result<(bool, u64), &Value>,
+        reading: Reading,
         ask: Ask<'_>,
     ) -> Vec<Tally> {
         let inner = &*self.inner;
@@ -738,49 +778,48 @@ impl Redlock {
         let mut counts: Vec<_> = calls.iter().map(|(k, _)| (k.quorum(n), 0, 0, 0)).collect();
         let quorum = counts[0].0;
         let every_reply = matches!(ask, Ask::EveryReply);
+        let until_granted = matches!(ask, Ask::UntilGranted);
         let start = Instant::now();
         // The fewest replies that can decide: a quorum of grants, or
         // enough refusals that no quorum is left.
         let to_decide = if every_reply {
             n
+        } else if until_granted {
+            quorum
         } else {
             quorum.min(n - quorum + 1)
         };
         let asked = |i: usize| !matches!(ask, Ask::Only(asked) if !asked[i]);
         let decided = |result: &Result<Value, Failure>| {
             for (g, (_, yes, no, fence)) in counts.iter_mut().enumerate() {
-                match part(result, g).as_ref().map(&vote) {
-                    Ok(Ok((true, counter))) => (*yes, *fence) = (*yes + 1, counter.max(*fence)),
+                match part(result, g).as_ref().map(reading.vote) {
+                    Ok(Some(Vote::Yes(counter))) => {
+                        *yes += 1;
+                        *fence = counter.max(*fence);
+                    }
                     _ => *no += 1,
                 }
             }
-            let done = |&(q, yes, no, _): &(usize, usize, usize, u64)| yes >= q || no > n - q;
+            let done = |&(q, yes, no, _): &(usize, usize, usize, u64)| {
+                yes >= q || (!until_granted && no > n - q)
+            };
             !every_reply && counts.iter().all(done)
         };
         let (nodes, bounds) = (&inner.nodes, self.bounds(start));
         let replies = round::run(nodes, cmd, start, bounds, asked, (to_decide, decided));
         let elapsed = start.elapsed();
-        let retakes = cmd.script.is_some_and(|s| s.bit == script::EXTEND.bit);
-        let verb = match cmd.script.map(|s| s.bit) {
-            Some(bit) if bit == script::EXTEND.bit => "renewed",
-            Some(bit) if bit == script::RELEASE.bit => "deleted",
-            _ => "granted",
-        };
         let calls = calls.iter().zip(counts).enumerate();
         let tallies = calls.map(|(g, (&(_, ttl), (quorum, yes, _, fence)))| {
             let mut taken = 0;
             let nodes = (inner.nodes.iter().zip(&replies))
                 .map(|(node, reply)| {
                     let part = part(&reply.result, g);
-                    taken += usize::from(
-                        cmd.script.is_some_and(|s| {
-                            s.bit & (script::EXTEND.bit | script::SHARED.bit) != 0
-                        }) && matches!(part, Ok(Value::Int(0))),
-                    );
+                    let vote = part.as_ref().ok().and_then(reading.vote);
+                    taken += usize::from(vote == Some(Vote::Taken));
                     NodeReport {
                         node: Arc::clone(node.name()),
-                        retook: retakes && matches!(part, Ok(Value::Int(2))),
-                        outcome: outcome(part, &vote),
+                        retook: vote == Some(Vote::Retook),
+                        outcome: outcome(part, reading),
                         elapsed: reply.elapsed,
                     }
                 })
@@ -791,7 +830,7 @@ impl Redlock {
                     nodes,
                     quorum,
                     elapsed,
-                    verb,
+                    verb: reading.verb,
                 },
                 validity,
                 start,
@@ -812,7 +851,7 @@ impl Redlock {
         (nodes.iter().zip(replies))
             .map(|(node, reply)| match reply.result {
                 Ok(v) if !matches!(v, Value::ServerError(_)) => (node.name().clone(), Ok(v)),
-                result => (node.name().clone(), Err(outcome(result, &script_vote))),
+                result => (node.name().clone(), Err(outcome(result, CONFIRMED))),
             })
             .collect()
     }
@@ -856,6 +895,49 @@ impl Redlock {
     }
 }
 
+/// One acquisition's id, drawn when first needed: at once where an
+/// observer hears its events, else at its second attempt, where a writer
+/// names its intent by it.
+struct Acquisition {
+    id: Option<AcquisitionId>,
+    /// An attempt was made: from the next one on, a writer marks its intent.
+    waited: bool,
+    attempted: bool,
+}
+
+impl Acquisition {
+    fn new(observed: bool) -> Result<Acquisition, LockError> {
+        let id = match observed {
+            true => Some(AcquisitionId::random()?),
+            false => None,
+        };
+        Ok(Acquisition {
+            id,
+            waited: false,
+            attempted: false,
+        })
+    }
+
+    /// Before each attempt.
+    fn next_attempt(&mut self) -> Result<(), LockError> {
+        self.waited = self.attempted;
+        self.attempted = true;
+        if self.waited && self.id.is_none() {
+            self.id = Some(AcquisitionId::random()?);
+        }
+        Ok(())
+    }
+
+    fn id(&self) -> Option<&str> {
+        self.id.as_ref().map(AcquisitionId::as_str)
+    }
+
+    /// The id a writer marks its intent with: from its second attempt on.
+    fn intent(&self) -> Option<&str> {
+        self.id().filter(|_| self.waited)
+    }
+}
+
 /// One acquisition's id: 64 random bits as 16 hex digits, the same for all
 /// its attempts (see [`Event::acquisition`](crate::Event::acquisition)).
 struct AcquisitionId([u8; 16]);
@@ -881,22 +963,20 @@ fn cancelled(resources: &[String]) -> LockError {
     LockError::Cancelled { resource }
 }
 
-fn outcome(
-    result: Result<Value, Failure>,
-    vote: &impl Fn(&Value) -> Result<(bool, u64), &Value>,
-) -> NodeOutcome {
+fn outcome(result: Result<Value, Failure>, reading: Reading) -> NodeOutcome {
     match result {
         Err(Failure::TimedOut | Failure::ConnectTimedOut) => NodeOutcome::TimedOut,
         Err(Failure::NotAwaited) => NodeOutcome::NotAwaited,
         Err(Failure::Error(e)) => NodeOutcome::Failed(e),
         Ok(Value::ServerError(e)) => NodeOutcome::Failed(match e.code() {
             "WRONGKIND" => NodeError::OtherKind(e.details().unwrap_or_default().to_string()),
+            "LAYOUT" => NodeError::OtherVersion(e.details().unwrap_or_default().to_string()),
             _ => NodeError::Server(server_error_text(&e)),
         }),
-        Ok(value) => match vote(&value) {
-            Ok((true, _)) => NodeOutcome::Granted,
-            Ok((false, _)) => NodeOutcome::Refused,
-            Err(other) => NodeOutcome::Failed(NodeError::Protocol(format!("{other:?}"))),
+        Ok(value) => match (reading.vote)(&value) {
+            Some(Vote::Yes(_)) => NodeOutcome::Granted,
+            Some(_) => NodeOutcome::Refused,
+            None => NodeOutcome::Failed(NodeError::Protocol(format!("{value:?}"))),
         },
     }
 }

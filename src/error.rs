@@ -17,7 +17,7 @@ use std::time::Duration;
 /// | [`NoQuorum`](Self::NoQuorum) | too few nodes answered to decide | check the nodes in the report |
 /// | [`TooSlow`](Self::TooSlow) | a quorum agreed, with no validity left | use a longer TTL |
 /// | [`Lost`](Self::Lost) | the lock expired or was taken | assume your work may have overlapped another's |
-/// | [`Unusable`](Self::Unusable) | too few nodes can serve this client at all | fix the nodes named (URL, password, ACL, TLS, host) |
+/// | [`Unusable`](Self::Unusable) | too few nodes can serve this client at all, or the resource is held as another kind | fix the nodes named (URL, password, ACL, TLS, host), or use the kind named |
 /// | [`Cancelled`](Self::Cancelled) | the call's [`Cancel`](crate::Cancel) fired | stop |
 /// | [`Random`](Self::Random) | the OS random source failed | retry; check the system |
 /// | [`Thread`](Self::Thread) | no thread for the watchdog | retry; check the thread limits |
@@ -97,7 +97,10 @@ pub enum LockError {
     /// The lock was lost, for the `reason` given. Another client may have
     /// held it meanwhile (see [the contract](crate::contract)). No other
     /// client's key was touched.
-    #[error("the lock on `{resource}` was lost: {reason}; last round: {report}")]
+    #[error(
+        "the lock on `{resource}` was lost: {}; last round: {report}",
+        Why(reason)
+    )]
     #[non_exhaustive]
     Lost {
         /// The resource of the lock (the first one, for a multi-resource lock).
@@ -110,8 +113,9 @@ pub enum LockError {
 
     /// Too few nodes are left for a quorum without those that failed for
     /// good ([`NodeError::is_permanent`]). Every wait ends at once with it,
-    /// whatever its patience.
-    #[error("too few nodes can serve `{resource}`: {}", Failed(report.unusable().collect()))]
+    /// whatever its patience. Where each such node holds the resource as
+    /// one other kind ([`NodeError::OtherKind`]), the message names that kind.
+    #[error("{}", Unserved { resource, report })]
     #[non_exhaustive]
     Unusable {
         /// The resource asked for (the first one, for a multi-resource lock).
@@ -330,7 +334,7 @@ pub enum ArgumentError {
     ZeroTtl,
 
     /// The TTL is not longer than the drift term: no validity could be left.
-    #[error("the TTL of {ttl:?} is not longer than the drift term of {drift:?} (ttl * drift_factor + 2 ms), so no validity would be left; give a longer TTL, long enough for the work (seconds are usual)")]
+    #[error("the TTL of {ttl:?} is not longer than the drift term of {drift:?} (ttl * drift_factor + 2 ms): give a TTL long enough for the work (seconds are usual)")]
     TtlBelowDrift {
         /// The TTL given.
         ttl: Duration,
@@ -364,7 +368,7 @@ pub enum ArgumentError {
 
     /// An owner label ([`LockOptions::owner`](crate::LockOptions::owner))
     /// is empty, longer than 200 bytes, or has a control character.
-    #[error("owner label {0:?} must be 1 to 200 bytes with no control characters (say host:pid)")]
+    #[error("owner label {} must be 1 to 200 bytes with no control characters (say host:pid)", Label(.0))]
     Owner(String),
 
     /// A call's `extend_when_left` is not a fraction in `(0, 1)`.
@@ -376,7 +380,7 @@ pub enum ArgumentError {
 
     /// An acquisition named a resource under the prefix the crate keeps
     /// for its own keys, `redlock-sync:` (fencing counters, see
-    /// [`FENCE_KEY_PREFIX`](crate::FENCE_KEY_PREFIX), writers' intents and
+    /// [`fence_key`](crate::fence_key), writers' intents and
     /// the kinds of shared and counted locks).
     #[error("resource `{0}` starts with `redlock-sync:`, the prefix reserved for the crate's own keys; choose another name")]
     ReservedResource(String),
@@ -467,6 +471,11 @@ pub enum NodeError {
     /// take or release it with the kind it was taken with. Permanent.
     #[error("held here as {0}; use the kind it was taken with")]
     OtherKind(String),
+    /// Another version of this crate holds the resource here, in a layout
+    /// of its own (named here): upgrade every client of the resource.
+    /// Permanent.
+    #[error("held here by another version of redlock-sync ({0}); upgrade every client of it")]
+    OtherVersion(String),
     /// The restarted-node guard kept the node out. It has been up for less
     /// than the grace period
     /// ([`RedlockBuilder::restart_grace`](crate::RedlockBuilder::restart_grace)),
@@ -563,7 +572,7 @@ impl NodeError {
         // as I/O errors; not a handshake cut short, as a restart can do.
         let tls = |text: &str| text.contains("certificate") || text.contains("crypto provider");
         match self {
-            NodeError::Auth { .. } | NodeError::OtherKind(_) => true,
+            NodeError::Auth { .. } | NodeError::OtherKind(_) | NodeError::OtherVersion(_) => true,
             NodeError::Server(text) => text.starts_with("NOPERM"),
             NodeError::Io(text) => tls(text),
             NodeError::Connect(text) => {
@@ -648,27 +657,100 @@ impl fmt::Display for NodeOutcome {
 }
 
 /// The counts, then each failure with its nodes:
-/// `2/5 agreed (quorum 3), 1 refused, in 1.2ms; h:1, h:2: timed out`. The
-/// alternate form (`{:#}`) leaves out the failures.
+/// `1 granted, 1 refused, 1 not awaited (quorum 3 of 5) in 1.2ms; h:4, h:5:
+/// timed out`. A count of zero is left out, but for the nodes that agreed.
+/// The alternate form (`{:#}`) leaves out the failures.
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (agreed, all, quorum) = (self.granted(), self.nodes.len(), self.quorum);
         let verb = Some(self.verb)
             .filter(|v| !v.is_empty())
             .unwrap_or("agreed");
-        write!(f, "{agreed}/{all} {verb} (quorum {quorum}), ")?;
+        write!(f, "{} {verb}", self.granted())?;
         let retook = self.nodes.iter().filter(|n| n.retook).count();
         match (self.refused(), retook) {
             (0, _) => {}
-            (refused, 0) => write!(f, "{refused} refused, ")?,
-            (refused, retook) => write!(f, "{refused} refused ({retook} re-took), ")?,
+            (refused, 0) => write!(f, ", {refused} refused")?,
+            (refused, retook) => write!(f, ", {refused} refused ({retook} re-took)")?,
         }
-        write!(f, "in {:.1?}", self.elapsed)?;
+        let not_awaited = self.count(|o| matches!(o, NodeOutcome::NotAwaited));
+        if not_awaited > 0 {
+            write!(f, ", {not_awaited} not awaited")?;
+        }
+        let all = self.nodes.len();
+        write!(
+            f,
+            " (quorum {} of {all}) in {:.1?}",
+            self.quorum, self.elapsed
+        )?;
         let failed: Vec<_> = self.nodes.iter().filter(|n| reason(n).is_some()).collect();
         if f.alternate() || failed.is_empty() {
             return Ok(());
         }
         write!(f, "; {}", Failed(failed))
+    }
+}
+
+/// Why a lock is lost, where its report follows: the nodes it was gone
+/// from are the report's refusals, so their count is not said twice.
+struct Why<'a>(&'a Loss);
+
+impl fmt::Display for Why<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Loss::Gone(_) => f.write_str("its key was gone"),
+            other => other.fmt(f),
+        }
+    }
+}
+
+/// [`LockError::Unusable`]'s message. Where every node kept out holds the
+/// resource as one other kind, it says that kind; else each failure.
+struct Unserved<'a> {
+    resource: &'a str,
+    report: &'a Report,
+}
+
+impl fmt::Display for Unserved<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let resource = self.resource;
+        let unusable: Vec<&NodeReport> = self.report.unusable().collect();
+        let mut kinds = unusable.iter().map(|n| other_kind(n));
+        match kinds.next().flatten() {
+            Some(held) if kinds.all(|k| k == Some(held)) => write!(
+                f,
+                "`{resource}` is held as {held}: use the kind it was taken with"
+            ),
+            _ => write!(
+                f,
+                "too few nodes can serve `{resource}`: {}",
+                Failed(unusable)
+            ),
+        }
+    }
+}
+
+/// The kind a node holds the resource as, where it said so.
+fn other_kind(node: &NodeReport) -> Option<&str> {
+    match &node.outcome {
+        NodeOutcome::Failed(NodeError::OtherKind(kind)) => Some(kind),
+        _ => None,
+    }
+}
+
+/// An owner label as a message quotes it: whole up to 40 characters, else
+/// its first 24 and its length, so that a long one does not fill the line.
+struct Label<'a>(&'a str);
+
+impl fmt::Display for Label<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let label = self.0;
+        match label.char_indices().nth(24) {
+            Some((end, _)) if label.chars().count() > 40 => {
+                let cut = format!("{}…", &label[..end]);
+                write!(f, "{cut:?} ({} bytes)", label.len())
+            }
+            _ => write!(f, "{label:?}"),
+        }
     }
 }
 
@@ -731,4 +813,107 @@ pub(crate) enum Failure {
     ConnectTimedOut,
     /// Anything else.
     Error(NodeError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A report of one node a given outcome, as a round of `verb` makes it.
+    fn report(outcomes: Vec<NodeOutcome>, quorum: usize, verb: &'static str) -> Report {
+        let nodes = outcomes
+            .into_iter()
+            .enumerate()
+            .map(|(i, outcome)| NodeReport {
+                node: format!("h:{i}").into(),
+                outcome,
+                elapsed: Duration::from_millis(1),
+                retook: false,
+            });
+        Report {
+            nodes: nodes.collect(),
+            quorum,
+            elapsed: Duration::from_millis(2),
+            verb,
+        }
+    }
+
+    #[test]
+    fn nodes_not_awaited_are_counted_apart_from_those_that_granted() {
+        let mut outcomes = vec![NodeOutcome::Granted; 3];
+        outcomes.extend([NodeOutcome::NotAwaited, NodeOutcome::NotAwaited]);
+        let text = report(outcomes, 3, "granted").to_string();
+        assert_eq!(text, "3 granted, 2 not awaited (quorum 3 of 5) in 2.0ms");
+    }
+
+    #[test]
+    fn a_report_counts_refusals_and_names_each_failure_once_with_its_nodes() {
+        let outcomes = vec![
+            NodeOutcome::Refused,
+            NodeOutcome::TimedOut,
+            NodeOutcome::TimedOut,
+        ];
+        let report = report(outcomes, 2, "deleted");
+        assert_eq!(
+            report.to_string(),
+            "0 deleted, 1 refused (quorum 2 of 3) in 2.0ms; h:1, h:2: timed out"
+        );
+        assert_eq!(
+            format!("{report:#}"),
+            "0 deleted, 1 refused (quorum 2 of 3) in 2.0ms"
+        );
+    }
+
+    #[test]
+    fn a_lost_lock_whose_key_was_gone_leaves_the_count_to_the_report() {
+        let lost = LockError::Lost {
+            resource: "r".into(),
+            report: report(vec![NodeOutcome::Refused; 3], 2, "renewed"),
+            reason: Loss::Gone(3),
+        };
+        assert_eq!(
+            lost.to_string(),
+            "the lock on `r` was lost: its key was gone; last round: 0 renewed, 3 refused \
+             (quorum 2 of 3) in 2.0ms"
+        );
+    }
+
+    #[test]
+    fn a_resource_held_as_another_kind_is_said_so_and_other_failures_are_listed() {
+        let other = || NodeOutcome::Failed(NodeError::OtherKind("a shared lock".into()));
+        let unusable = LockError::Unusable {
+            resource: "r".into(),
+            report: report(vec![other(), other(), NodeOutcome::Granted], 2, ""),
+        };
+        assert_eq!(
+            unusable.to_string(),
+            "`r` is held as a shared lock: use the kind it was taken with"
+        );
+        let auth = NodeOutcome::Failed(NodeError::Auth {
+            node: "h:1".into(),
+            reply: "WRONGPASS".into(),
+            hint: "check the password",
+        });
+        let unusable = LockError::Unusable {
+            resource: "r".into(),
+            report: report(vec![other(), auth, NodeOutcome::Granted], 2, ""),
+        };
+        assert_eq!(
+            unusable.to_string(),
+            "too few nodes can serve `r`: h:0: held here as a shared lock; use the kind it was \
+             taken with; h:1: refused authentication: check the password"
+        );
+    }
+
+    #[test]
+    fn a_long_owner_label_is_cut_on_a_character_boundary_and_a_short_one_kept_whole() {
+        let long = ArgumentError::Owner("é".repeat(150)).to_string();
+        let cut = format!("owner label \"{}…\" (300 bytes) must", "é".repeat(24));
+        assert!(long.starts_with(&cut), "{long}");
+        let short = ArgumentError::Owner("x".repeat(40)).to_string();
+        assert!(
+            short.contains(&format!("\"{}\"", "x".repeat(40))),
+            "{short}"
+        );
+    }
 }

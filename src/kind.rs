@@ -1,28 +1,11 @@
 //! Kinds of lock: their checks, scripts, votes, quorum and rounds.
 //! Every operation asks the lock's kind, so a new kind is a variant here.
 
-use redis::Value;
-
 use crate::error::ArgumentError;
-use crate::script::{self, Command};
+use crate::store::script::{self, Command};
+use crate::store::{self, fence_key, intents_key, older_intent_key, owners_key, released_channel};
 use crate::time::Ttl;
 use crate::token::Token;
-
-/// The prefix of the fencing counters' keys: resource `R` counts in
-/// `redlock-sync:fence:R`, on every node.
-///
-/// A counter never expires: it must outlive every lock to keep tokens
-/// rising. It costs one small key per resource ever locked with
-/// [`Kind::Fenced`]. The crate reserves `redlock-sync:` for its keys:
-/// locking a name under it fails with [`ArgumentError::ReservedResource`].
-/// Deleting a counter is safe, given the clock caveats in [`Kind`].
-///
-/// ```
-/// use redlock_sync::FENCE_KEY_PREFIX;
-///
-/// assert_eq!(format!("{FENCE_KEY_PREFIX}invoice:42"), "redlock-sync:fence:invoice:42");
-/// ```
-pub const FENCE_KEY_PREFIX: &str = "redlock-sync:fence:";
 
 /// What kind of lock a call takes ([`LockOptions::kind`](crate::LockOptions::kind)),
 /// and which a [`Lock`](crate::Lock) or [`LockGuard`](crate::LockGuard) is.
@@ -55,7 +38,7 @@ pub const FENCE_KEY_PREFIX: &str = "redlock-sync:fence:";
 /// resource that returned before. Any two successful ones get different
 /// tokens, whatever the clocks do. Both claims assume no data loss.
 ///
-/// Each node keeps a counter per resource (see [`FENCE_KEY_PREFIX`]).
+/// Each node keeps a counter per resource (see [`fence_key`](crate::fence_key)).
 /// Round one runs one script on each node. If the lock is free, it raises
 /// the counter to `max(counter + 1, node clock in µs)`. It sets the lock to
 /// our token and returns the counter. Every attempt has its own token, so
@@ -211,7 +194,7 @@ impl Kind {
     /// `redlock-sync:`: a lock there would block the side keys of others.
     pub(crate) fn check_acquirable(self, resources: &[String]) -> Result<(), ArgumentError> {
         self.check(resources)?;
-        let reserved = resources.iter().find(|r| r.starts_with(RESERVED));
+        let reserved = resources.iter().find(|r| r.starts_with(store::PREFIX));
         reserved.map_or(Ok(()), |r| Err(ArgumentError::ReservedResource(r.clone())))
     }
 
@@ -330,12 +313,12 @@ impl Kind {
             };
             return self.shared(op, &resources[0], &[&token.to_string(), ""]);
         }
-        let args: &[&[u8]] = if by == Release::CleanUp {
-            &[&hex, script::QUIET]
-        } else {
-            &[&hex]
-        };
-        Command::script(&script::RELEASE, resources, args)
+        if by == Release::CleanUp {
+            return Command::script(&script::RELEASE, resources, &[&hex, script::QUIET]);
+        }
+        let mut keys = resources.to_vec();
+        keys.extend(resources.iter().map(|r| released_channel(r)));
+        Command::script(&script::RELEASE, &keys, &[&hex])
     }
 
     /// One lock's keys and arguments for [`script::EXTEND`], or for
@@ -372,66 +355,26 @@ pub(crate) enum Release {
     CleanUp,
 }
 
-/// The prefix of every key the crate keeps beside a lock's own.
-const RESERVED: &str = "redlock-sync:";
-
-/// The key of a resource's writers' intents (see [`script::WITHDRAW`]).
-fn intents_key(resource: &str) -> String {
-    format!("{RESERVED}intents:{resource}")
-}
-
-/// The keys of [`script::SHARED`]: the resource, its writers' intents, and
-/// the intent an older client of this crate marks (a string, kept apart:
-/// its type is never changed in place).
-pub(crate) fn side_keys(resource: &str) -> [String; 3] {
-    let older = format!("{RESERVED}intent:{resource}");
-    [resource.to_string(), intents_key(resource), older]
+/// The keys of [`script::SHARED`]: the resource, its writers' intents, an
+/// older client's intent, the release channel, and the holders' owners.
+pub(crate) fn side_keys(resource: &str) -> [String; 5] {
+    [
+        resource.to_string(),
+        intents_key(resource),
+        older_intent_key(resource),
+        released_channel(resource),
+        owners_key(resource),
+    ]
 }
 
 /// The keys of a fenced lock's scripts: the lock, its counter, and its
 /// writers' intents.
 pub(crate) fn fence_keys(resource: &str) -> [String; 3] {
-    let counter = format!("{FENCE_KEY_PREFIX}{resource}");
-    [resource.to_string(), counter, intents_key(resource)]
-}
-
-/// An acquisition's reply as `Ok((granted, counter))`, or `Err` if
-/// unexpected. `OK`, 1 or a fenced counter grant; nil or 0 refuse.
-pub(crate) fn acquire_vote(value: &Value) -> Result<(bool, u64), &Value> {
-    match value {
-        Value::Okay => Ok((true, 0)),
-        Value::Int(n) if *n > 0 => Ok((true, n.unsigned_abs())),
-        Value::Nil | Value::Int(0) => Ok((false, 0)),
-        other => Err(other),
-    }
-}
-
-/// A fenced round two's 1-or-0 reply as a vote.
-pub(crate) fn script_vote(value: &Value) -> Result<(bool, u64), &Value> {
-    match value {
-        Value::Int(1) => Ok((true, 0)),
-        Value::Int(0) => Ok((false, 0)),
-        other => Err(other),
-    }
-}
-
-/// An extension's reply as a vote (see [`script::EXTEND`]). Only a renewal
-/// grants: a re-take (2) proves nothing of the time the key was missing.
-pub(crate) fn extend_vote(value: &Value) -> Result<(bool, u64), &Value> {
-    match value {
-        Value::Int(2 | 3) => Ok((false, 0)),
-        other => script_vote(other),
-    }
-}
-
-/// A release's reply as a vote: granted if it deleted all `resources` keys.
-pub(crate) fn release_vote(resources: usize) -> impl Fn(&Value) -> Result<(bool, u64), &Value> {
-    let wanted = resources as i64;
-    move |value| match value {
-        Value::Int(n) if *n == wanted => Ok((true, 0)),
-        Value::Int(_) => Ok((false, 0)),
-        other => Err(other),
-    }
+    [
+        resource.to_string(),
+        fence_key(resource),
+        intents_key(resource),
+    ]
 }
 
 #[cfg(test)]

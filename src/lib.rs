@@ -7,14 +7,19 @@
 //! One client, [`Redlock`], serves every thread of a process. Six of its
 //! methods acquire a lock:
 //!
-//! | method | waits | returns |
+//! | method | waits, by default | returns |
 //! |---|---|---|
-//! | [`acquire`](Redlock::acquire) | yes | a [`Lock`], yours until its validity runs out |
+//! | [`acquire`](Redlock::acquire) | the retry policy: 3 retries, about 1 s | a [`Lock`], yours until its validity runs out |
 //! | [`try_acquire`](Redlock::try_acquire) | one attempt | a [`Lock`] |
-//! | [`lock`](Redlock::lock) | yes | a [`LockGuard`], extended by a watchdog |
+//! | [`lock`](Redlock::lock) | while another client holds it | a [`LockGuard`], extended by a watchdog |
 //! | [`try_lock`](Redlock::try_lock) | one attempt | a [`LockGuard`] |
-//! | [`with_lock`](Redlock::with_lock) | yes | what your closure returns, run under a guard |
+//! | [`with_lock`](Redlock::with_lock) | while another client holds it | what your closure returns, run under a guard |
 //! | [`try_with_lock`](Redlock::try_with_lock) | one attempt | what your closure returns |
+//!
+//! A wait while another client holds the lock ([`Patience::WhileHeld`]) has
+//! no bound of its own: a holder that keeps extending keeps it waiting. Set
+//! the builder's [`max_wait`](RedlockBuilder::max_wait), or a [`Patience`],
+//! to bound it.
 //!
 //! Three more act on a lock or a resource:
 //!
@@ -22,7 +27,7 @@
 //! |---|---|
 //! | [`extend`](Redlock::extend) | gives a [`Lock`] a new TTL |
 //! | [`release`](Redlock::release) | deletes a [`Lock`]'s keys, and returns a [`Report`] |
-//! | [`inspect`](Redlock::inspect) | reads who holds a resource on each node, without writing |
+//! | [`inspect`](Redlock::inspect) | reads who holds a resource (owners, time left, each kind on its own quorum), without writing |
 //!
 //! Each acquiring method takes what to lock and how. What: a resource name, or
 //! several as one lock ([`IntoResources`]). How: a [`LockOptions`], or a bare
@@ -68,7 +73,9 @@
 //! # Ok::<(), LockError>(())
 //! ```
 //!
-//! `with_lock` waits while another client holds the lock. Then it runs the
+//! `with_lock` waits while another client holds the lock, however long that
+//! takes (too few nodes answering ends it after the retry policy's 3
+//! retries). Then it runs the
 //! closure, and releases the lock when the closure ends, panics included. A
 //! watchdog thread extends the lock meanwhile, so the closure may outlast the
 //! TTL. [`check`](LockGuard::check) fails once the lock is lost. If the lock
@@ -251,8 +258,8 @@ mod node;
 mod request;
 mod retry;
 mod round;
-mod script;
 mod setters;
+mod store;
 mod time;
 mod token;
 mod wait;
@@ -269,10 +276,11 @@ pub use error::{
     ParseTokenError, Report,
 };
 pub use event::{Event, What};
-pub use kind::{Kind, FENCE_KEY_PREFIX};
+pub use kind::Kind;
 pub use lock::{IntoResources, Lock};
 pub use request::{Cancel, LockOptions, Patience};
 pub use retry::RetryPolicy;
+pub use store::fence_key;
 pub use token::Token;
 
 /// The crate's socket `write` and `read` calls so far, for its benchmark
@@ -280,10 +288,15 @@ pub use token::Token;
 #[doc(hidden)]
 pub use node::{io_counts, IoCounts};
 
+/// The keys and channel of a resource, for the tests that read them from
+/// the nodes: not part of the API.
+#[doc(hidden)]
+pub use store::{intents_key, released_channel};
+
 /// The crate's release script, for its benchmark's floor: not part of the
 /// API.
 #[doc(hidden)]
-pub const RELEASE_SCRIPT: &str = script::RELEASE.body;
+pub const RELEASE_SCRIPT: &str = store::script::RELEASE.body;
 
 /// The README's code blocks, compiled (and, where they need no servers, run)
 /// as doctests, so that `cargo test` fails when the README and the API part

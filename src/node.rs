@@ -30,7 +30,7 @@ pub(crate) use subscription::{Listener, Message, Sender};
 pub use transport::{io_counts, IoCounts};
 
 use crate::error::Failure;
-use crate::script::Command;
+use crate::store::script::Command;
 
 /// One Redis master.
 pub(crate) struct Node {

@@ -11,8 +11,14 @@ use crate::setters::setters;
 
 /// How long a waiting call goes on trying.
 ///
-/// Unset, the client's [`retry_policy`](crate::RedlockBuilder::retry_policy)
-/// retries within its [`max_wait`](crate::RedlockBuilder::max_wait).
+/// Unset, [`acquire`](crate::Redlock::acquire) and
+/// [`extend`](crate::Redlock::extend) follow the client's
+/// [`retry_policy`](crate::RedlockBuilder::retry_policy) within its
+/// [`max_wait`](crate::RedlockBuilder::max_wait), and
+/// [`lock`](crate::Redlock::lock) and [`with_lock`](crate::Redlock::with_lock)
+/// wait [`WhileHeld`](Self::WhileHeld). Such a call can wait indefinitely
+/// behind a holder that keeps extending: set `max_wait`, or pass
+/// [`For`](Self::For), to bound it.
 /// Whatever the patience, a [`Cancel`] ends the wait, and so does
 /// [`LockError::Unusable`](crate::LockError::Unusable).
 ///
@@ -48,11 +54,20 @@ pub enum Patience {
     Until(Instant),
     /// Retries until the lock is won (or the call is cancelled).
     Forever,
+    /// Retries for as long as another client holds the lock. The retry
+    /// policy counts only the attempts that fail otherwise (too few nodes
+    /// answered, too slow), in a row: after its retries of them, the call
+    /// ends with that error. The builder's
+    /// [`max_wait`](crate::RedlockBuilder::max_wait), when set, still bounds
+    /// the whole wait. The default of `lock` and `with_lock`.
+    WhileHeld,
 }
 
 /// How a call locks: the TTL, and what is not the client's default.
 ///
-/// A [`Duration`] converts into options with only the TTL set.
+/// A [`Duration`] converts into options with only the TTL set. A
+/// `&LockOptions` converts into a copy: a loop passes `&options` to each
+/// call, with no `clone()`.
 ///
 /// ```no_run
 /// # use std::time::Duration;
@@ -63,7 +78,10 @@ pub enum Patience {
 ///     .kind(Kind::Fenced)
 ///     .patience(Patience::Forever)
 ///     .max_hold(Duration::from_secs(3600));
-/// let guard = locks.lock("leader", leader)?;
+/// let guard = locks.lock("leader", &leader)?;
+/// # drop(guard);
+/// // The same options again, by reference.
+/// let again = locks.lock("follower", &leader)?;
 /// # Ok::<(), redlock_sync::LockError>(())
 /// ```
 #[derive(Debug, Clone, Default)]
@@ -84,6 +102,13 @@ impl From<Duration> for LockOptions {
     }
 }
 
+/// A copy, for the doors that take `impl Into<LockOptions>`.
+impl From<&LockOptions> for LockOptions {
+    fn from(options: &LockOptions) -> LockOptions {
+        options.clone()
+    }
+}
+
 impl LockOptions {
     /// Options with this TTL, and the client's defaults. The TTL is how long
     /// the keys live on the nodes, and what each extension sets anew.
@@ -99,12 +124,13 @@ impl LockOptions {
         /// own kind). Defaults to [`Kind::Plain`].
         kind(kind: Kind) => kind = kind;
 
-        /// Labels who holds the lock (say `host:pid`). It is stored with the
+        /// Labels who holds the lock (say `host:pid`): a `&str` or a
+        /// `String`, such as `format!("{host}:{pid}")`. It is stored with the
         /// lock on each node, and [`inspect`](crate::Redlock::inspect) shows
         /// it. 1 to 200 bytes, no control characters, else
         /// [`ArgumentError::Owner`](crate::ArgumentError::Owner). Defaults to
         /// no label.
-        owner(label: &str) => owner = Some(label.to_string());
+        owner(label: impl Into<String>) => owner = Some(label.into());
 
         /// Sets how long the waiting forms go on trying (`extend`'s retries
         /// included). The `try_` forms make one attempt whatever it says.

@@ -13,7 +13,7 @@ use redis::Value;
 
 use crate::error::{Failure, NodeError};
 use crate::node::{Bounds, Node, Turn, Write};
-use crate::script::Command;
+use crate::store::script::Command;
 
 /// Where the next round starts reading.
 static ROTATION: AtomicUsize = AtomicUsize::new(0);

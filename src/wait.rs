@@ -1,5 +1,5 @@
 //! Wake-up hints on release ([`Patience`](crate::Patience#waiting-for-a-release)
-//! has the rules; [`script::RELEASE`](crate::script::RELEASE), what is
+//! has the rules; [`script::RELEASE`](crate::store::script::RELEASE), what is
 //! published). A client listens on one node at a time, over one
 //! subscription connection shared by its waiting threads: its *line*.
 //!

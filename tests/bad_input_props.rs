@@ -15,10 +15,12 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 use common::cluster;
 use redlock_sync::{
-    ArgumentError, ConfigError, Kind, Lock, LockError, Redlock, RetryPolicy, Token,
-    FENCE_KEY_PREFIX, MAX_TTL,
+    ArgumentError, ConfigError, Kind, Lock, LockError, Redlock, RetryPolicy, Token, MAX_TTL,
 };
 use redlock_sync_testing::Cluster;
+
+/// The prefix the crate reserves for its own keys (the fencing counters).
+const RESERVED: &str = "redlock-sync:";
 
 /// Cases per property unless `PROPTEST_CASES` says otherwise.
 const CASES: u32 = 256;
@@ -60,7 +62,7 @@ fn resource() -> impl Strategy<Value = String> {
         "[\\x00-\\x1f\\x7f]{1,16}",
         // Huge.
         (1usize..=64 * 1024).prop_map(|n| "r".repeat(n)),
-        "[a-z]{0,8}".prop_map(|s| format!("{FENCE_KEY_PREFIX}{s}")),
+        "[a-z]{0,8}".prop_map(|s| format!("{RESERVED}fence:{s}")),
     ]
 }
 
@@ -91,7 +93,7 @@ fn below_drift(ttl: Duration) -> bool {
 fn expected_argument_error(resource: &str, ttl: Duration) -> Option<ArgumentError> {
     if resource.is_empty() {
         Some(ArgumentError::EmptyResource)
-    } else if resource.starts_with(FENCE_KEY_PREFIX) {
+    } else if resource.starts_with(RESERVED) {
         Some(ArgumentError::ReservedResource(resource.to_string()))
     } else if ttl > MAX_TTL {
         Some(ArgumentError::TtlTooLarge { ttl, max: MAX_TTL })
@@ -114,7 +116,7 @@ fn lock_keys(nodes: &Cluster) -> Vec<String> {
         .nodes()
         .iter()
         .flat_map(|node| node.keys().expect("KEYS on a live node"))
-        .filter(|key| !key.starts_with(FENCE_KEY_PREFIX))
+        .filter(|key| !key.starts_with(RESERVED))
         .collect()
 }
 
@@ -161,7 +163,7 @@ fn acquire_with_any_resource_and_ttl_is_ok_or_a_typed_error_and_a_failure_leaves
             }
             // A plain lock named like a fencing counter contends with
             // that counter, if an earlier case made it (documented).
-            (None, Err(LockError::Contended { .. })) if resource.starts_with(FENCE_KEY_PREFIX) => {}
+            (None, Err(LockError::Contended { .. })) if resource.starts_with(RESERVED) => {}
             // A TTL just above the drift term leaves too little validity.
             (None, Err(LockError::TooSlow { .. })) if ttl < Duration::from_millis(50) => {}
             (None, Err(e)) => prop_assert!(false, "expected a lock, got {}", e),

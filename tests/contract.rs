@@ -185,7 +185,10 @@ fn a_fenced_re_take_raises_the_counter_of_a_node_that_lost_it_to_the_locks_fenci
     lose_data(&nodes, &[4]);
     locks.extend(&mut lock, ttl).unwrap();
     assert!(lock.report().nodes[4].retook, "{:?}", lock.report());
-    let counter = nodes.node(4).get("redlock-sync:fence:ledger").unwrap();
+    let counter = nodes
+        .node(4)
+        .get(&redlock_sync::fence_key("ledger"))
+        .unwrap();
     let counter: u64 = counter.expect("a counter again").parse().unwrap();
     assert!(
         counter >= fence,

@@ -109,24 +109,10 @@ fn waiting_threads_do_not_spin_once_the_line_is_back_after_a_backoff() {
 #[test]
 fn a_user_without_channel_permissions_tries_to_listen_less_and_less_often() {
     let nodes = cluster(1);
-    // Redis 7's default for new users, said explicitly: no channels.
-    nodes
-        .node(0)
-        .query(&[
-            "ACL",
-            "SETUSER",
-            "deaf",
-            "on",
-            ">secret",
-            "~*",
-            "+@all",
-            "resetchannels",
-        ])
-        .unwrap();
-    let port = nodes.node(0).port().expect("a TCP node");
+    let deaf = common::deaf_url(nodes.node(0));
     let holder = Redlock::new(nodes.urls()).unwrap();
     let held = take(&holder, "acl");
-    let locks = Redlock::builder([format!("redis://deaf:secret@127.0.0.1:{port}")])
+    let locks = Redlock::builder([deaf])
         .retry_policy(
             RetryPolicy::default()
                 .retries(1_000)

@@ -11,13 +11,9 @@ use common::{
     client, cluster, contending_client, fenced, holders, values, wait_until, wait_until_gone,
     SETTLE,
 };
-use redlock_sync::{ArgumentError, LockError, NodeError, NodeOutcome, FENCE_KEY_PREFIX};
+use redlock_sync::{fence_key, ArgumentError, LockError, NodeError, NodeOutcome};
 
 const TTL: Duration = Duration::from_secs(10);
-
-fn fence_key(resource: &str) -> String {
-    format!("{FENCE_KEY_PREFIX}{resource}")
-}
 
 /// The counter each node holds for `resource` (None where missing or down).
 fn counters(nodes: &redlock_sync_testing::Cluster, resource: &str) -> Vec<Option<u64>> {

@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 
 /// The library's rooms, from the top down.
 const LIBRARY: &[&str] = &[
-    "lib", "client", "request", "retry", "wait", "round", "node", "lock", "kind", "script",
-    "event", "token", "time", "setters", "error",
+    "lib", "client", "request", "retry", "wait", "round", "node", "lock", "kind", "store", "event",
+    "token", "time", "setters", "error",
 ];
 
 /// The tool's rooms, from the top down.

@@ -426,3 +426,42 @@ fn an_extend_retrying_against_unreachable_nodes_stops_when_cancelled_and_keeps_t
     // keys expire with the cluster.
     let _ = locks.release(lock);
 }
+
+#[test]
+fn a_one_round_extend_with_three_of_five_nodes_down_returns_no_quorum_after_one_round() {
+    let nodes = cluster(5);
+    let io_timeout = Duration::from_millis(200);
+    // Ten-second pauses between retries: a second round would show.
+    let locks = common::builder(&nodes)
+        .retry_policy(RetryPolicy::default().delay(Duration::from_secs(10)))
+        .io_timeout(io_timeout)
+        .build()
+        .unwrap();
+    let mut lock = locks.acquire("one-round", TTL).unwrap();
+    let valid_until = lock.valid_until();
+    for i in 0..3 {
+        nodes.node(i).pause().unwrap();
+    }
+    let once = LockOptions::new(TTL).patience(Patience::Retries(0));
+    let start = Instant::now();
+    let extended = locks.extend(&mut lock, once);
+    let took = start.elapsed();
+    for i in 0..3 {
+        nodes.node(i).resume().unwrap();
+    }
+    let Err(LockError::NoQuorum {
+        attempts, report, ..
+    }) = extended
+    else {
+        panic!("expected the quorum error, got {extended:?}");
+    };
+    assert_eq!(attempts, 1, "{report}");
+    assert_eq!(report.failed(), 3, "{report}");
+    // One round: the paused nodes' io_timeout, and a roomy margin for a
+    // busy machine.
+    assert!(took < io_timeout + Duration::from_secs(2), "took {took:?}");
+    assert_eq!(lock.valid_until(), valid_until, "the lock is as it was");
+    // The paused nodes' connections may be in their reconnect backoff: the
+    // keys expire with the cluster.
+    let _ = locks.release(lock);
+}

@@ -319,14 +319,9 @@ fn a_waiter_whose_news_of_a_release_came_ahead_of_the_release_tries_again_soon()
     listening_after(&nodes, "early", before + 3);
     let tried = sets_on_1_and_2(&nodes);
     // The news of the release, from node 0, ahead of the release itself.
-    nodes
-        .node(0)
-        .query(&[
-            "PUBLISH",
-            "redlock-sync:released:early",
-            &held.token().to_string(),
-        ])
-        .unwrap();
+    let channel = redlock_sync::released_channel("early");
+    let token = held.token().to_string();
+    nodes.node(0).query(&["PUBLISH", &channel, &token]).unwrap();
     wait_until(
         Duration::from_secs(5),
         "the waiter tried at the news",

@@ -17,7 +17,6 @@ use redlock_sync_testing::{Cluster, Fault};
 
 const TTL: Duration = Duration::from_secs(1);
 const GRACE: Duration = Duration::from_secs(2);
-const FENCE_KEY: &str = "redlock-sync:fence:";
 
 /// Who keeps the lock alive while the nodes restart.
 #[derive(Debug, Clone, Copy)]
@@ -75,7 +74,7 @@ fn rolling_restart(
         // restarted from the clock would hand out smaller tokens.
         let far = SystemClock::micros() + 1_000_000_000_000;
         for node in nodes.nodes() {
-            let key = format!("{FENCE_KEY}{}", resources[0]);
+            let key = redlock_sync::fence_key(resources[0]);
             node.query(&["SET", &key, &far.to_string()]).unwrap();
         }
     }
@@ -202,7 +201,7 @@ fn a_lock_on_one_or_many_resources_plain_or_fenced_outlives_a_rolling_restart_of
                 let fence = fence.expect("a fenced lock has a fencing token");
                 // Every node lost its counter; the re-takes raised it again.
                 for node in nodes.nodes() {
-                    let counter = node.get(&format!("{FENCE_KEY}ledger")).unwrap();
+                    let counter = node.get(&redlock_sync::fence_key("ledger")).unwrap();
                     let counter: u64 = counter.expect("a counter").parse().unwrap();
                     assert!(
                         counter >= fence,

@@ -147,7 +147,8 @@ fn writer_not_starved(options: LockOptions) {
         let mut intents = 0;
         while !writer.is_finished() && start.elapsed() < Duration::from_secs(5) {
             let intent = |n: &redlock_sync_testing::Node| {
-                let exists = n.query(&["EXISTS", "redlock-sync:intents:stream"]);
+                let key = redlock_sync::intents_key("stream");
+                let exists = n.query(&["EXISTS", &key]);
                 exists.unwrap() == redis::Value::Int(1)
             };
             intents = intents.max(nodes.nodes().iter().filter(|n| intent(n)).count());
@@ -175,8 +176,8 @@ fn a_semaphore_admits_k_holders_and_the_next_one_when_a_permit_comes_back() {
     let c = locks.try_acquire("pool", permits(2, TTL));
     assert!(matches!(c, Err(LockError::Contended { .. })), "{c:?}");
     match locks.inspect("pool").expect("inspect").verdict() {
-        Verdict::Shared { kind, tokens } => {
-            assert_eq!((kind, tokens.len()), (Kind::Semaphore(2), 2));
+        Verdict::Shared { kind, count, .. } => {
+            assert_eq!((kind, count), (Kind::Semaphore(2), 2));
         }
         other => panic!("expected two holders, got {other:?}"),
     }
@@ -304,7 +305,7 @@ fn owner_labels_are_stored_with_every_kind_and_shown_by_inspect() {
         .expect("a labelled reader");
     for node in locks.inspect("r").expect("inspect").nodes {
         match node.holding {
-            Holding::Shared { kind, holders } => {
+            Holding::Shared { kind, holders, .. } => {
                 assert_eq!(kind, Kind::Shared);
                 assert_eq!(holders[0].owner.as_deref(), Some("host-b:7"));
             }
@@ -454,7 +455,12 @@ fn an_applications_sorted_set_at_the_resource_is_another_holder_and_left_untouch
         assert_eq!(node.pttl("board").unwrap(), -1, "no expiry was set");
     }
     let view = locks.inspect("board").expect("inspect");
-    assert_eq!(view.verdict(), Verdict::Unknown, "{view:?}");
+    let not_a_lock = Verdict::NotALock {
+        redis_type: "zset".to_string(),
+        nodes: 3,
+        quorum: 2,
+    };
+    assert_eq!(view.verdict(), not_a_lock, "{view:?}");
 }
 
 #[test]
@@ -473,12 +479,12 @@ fn a_writers_release_leaves_another_writers_intent_which_keeps_readers_out_until
         "ZADD",
         "hall",
         "-inf",
-        "redlock-sync:kind=0",
+        "redlock-sync:2:kind=0",
         &reader_until,
         stray,
     ];
     node.query(&set).unwrap();
-    let intents = "redlock-sync:intents:hall";
+    let intents = &redlock_sync::intents_key("hall");
     node.query(&["ZADD", intents, &intent_until, "00000000000000aa"])
         .unwrap();
     node.query(&["PEXPIREAT", intents, &intent_until]).unwrap();

@@ -24,7 +24,7 @@ fn permits(k: u32, ttl: Duration) -> LockOptions {
 
 /// The key of a resource's writers' intents.
 fn intents(resource: &str) -> String {
-    format!("redlock-sync:intents:{resource}")
+    redlock_sync::intents_key(resource)
 }
 
 /// The members of the sorted set `key` on `node`, with their scores.
@@ -62,28 +62,6 @@ fn contended<T: std::fmt::Debug>(result: &Result<T, LockError>) -> bool {
     matches!(result, Err(LockError::Contended { .. }))
 }
 
-/// Adds an ACL user without channel rights to every node: a client that
-/// logs in as it hears no release, as over a proxy that drops them.
-fn deaf_urls(nodes: &Cluster) -> Vec<String> {
-    let mut urls = Vec::new();
-    for node in nodes.nodes() {
-        let setuser = [
-            "ACL",
-            "SETUSER",
-            "deaf",
-            "on",
-            ">secret",
-            "~*",
-            "+@all",
-            "resetchannels",
-        ];
-        node.query(&setuser).expect("ACL SETUSER");
-        let port = node.port().expect("a TCP node");
-        urls.push(format!("redis://deaf:secret@127.0.0.1:{port}"));
-    }
-    urls
-}
-
 #[test]
 fn a_writer_that_hears_no_release_gets_in_behind_overlapping_readers_and_a_short_writer() {
     writers_turn(true);
@@ -103,7 +81,8 @@ fn a_writer_that_hears_no_release_gets_in_behind_a_stream_of_overlapping_readers
 fn writers_turn(short: bool) {
     let nodes = cluster(5);
     let readers = contending_client(&nodes);
-    let w1 = Redlock::builder(deaf_urls(&nodes))
+    let deaf: Vec<String> = nodes.nodes().iter().map(common::deaf_url).collect();
+    let w1 = Redlock::builder(deaf)
         .retry_policy(
             RetryPolicy::default()
                 .retries(100)

@@ -1,15 +1,16 @@
 //! Being told when a lock is lost: `wait_lost` and `on_lost`, on guards
 //! that the client's one watchdog keeps; callbacks that block, panic,
-//! drop a guard or unlock one cannot stall the other guards; and a
-//! callback queued behind a slow one never runs once its guard is unlocked.
+//! drop a guard or unlock one cannot stall the other guards; and a loss
+//! is never skipped: `wait_lost`, a drop and an unlock after a loss wait
+//! for its callbacks, except within a callback.
 
 mod common;
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{builder, builder_over, cluster, wait_until};
-use redlock_sync::{LockError, LockGuard, Redlock};
+use redlock_sync::{LockError, LockGuard, LockOptions, Redlock};
 use redlock_sync_testing::{Cluster, Fault};
 
 const TTL: Duration = Duration::from_secs(1);
@@ -202,10 +203,11 @@ fn callbacks_that_block_panic_drop_or_unlock_guards_do_not_stall_the_other_guard
 }
 
 #[test]
-fn a_callback_queued_behind_a_slow_one_never_runs_once_its_guard_was_unlocked() {
+fn an_unlock_after_a_loss_waits_for_its_callback_even_queued_behind_a_slow_one() {
     let nodes = cluster(3);
     let locks = builder(&nodes).build().unwrap();
-    let (slow, unlocked, sentinel) = (lock(&locks, "slow"), lock(&locks, "b"), lock(&locks, "d"));
+    let slow = lock(&locks, "slow");
+    let unlocked = lock(&locks, "b");
     let (started, slow_started) = mpsc::channel();
     let (finish, finished) = mpsc::channel::<()>();
     slow.on_lost(move |_| {
@@ -214,30 +216,130 @@ fn a_callback_queued_behind_a_slow_one_never_runs_once_its_guard_was_unlocked() 
     });
     let (ran, runs) = mpsc::channel();
     let tell = ran.clone();
-    unlocked.on_lost(move |_| tell.send("b").unwrap());
-    sentinel.on_lost(move |_| ran.send("d").unwrap());
+    unlocked.on_lost(move |_| tell.send("callback").unwrap());
 
     // The slow callback runs; B's loss is told and its callback queued
-    // behind it; then D's, queued after B's (told in a later round).
+    // behind it.
     take_over(&nodes, "slow");
     slow_started
         .recv_timeout(3 * TTL)
         .expect("the slow callback started");
     take_over(&nodes, "b");
-    assert!(unlocked.wait_lost(3 * TTL), "B was not lost");
-    take_over(&nodes, "d");
-    assert!(sentinel.wait_lost(3 * TTL), "D was not lost");
-    // B is unlocked while its callback waits: it must never run.
-    let start = Instant::now();
-    assert!(matches!(unlocked.unlock(), Err(LockError::Lost { .. })));
-    assert!(start.elapsed() < TTL, "unlock took {:?}", start.elapsed());
-    finish.send(()).unwrap();
-    // D's callback ran, so B's turn has passed: B's was dropped unrun
-    // (every sender goes, once D's callback returns).
-    assert_eq!(runs.recv_timeout(3 * TTL), Ok("d"));
-    wait_until(TTL, "B's callback is dropped", || match runs.try_recv() {
-        Ok(name) => panic!("{name}'s callback ran"),
-        Err(e) => e == mpsc::TryRecvError::Disconnected,
+    wait_until(3 * TTL, "B is lost", || !unlocked.is_held());
+    assert!(
+        !unlocked.wait_lost(TTL / 5),
+        "wait_lost said lost before B's callback ran"
+    );
+    // B is unlocked while its callback waits: the unlock waits for it.
+    let unlocking = std::thread::spawn(move || {
+        let result = unlocked.unlock();
+        ran.send("unlock returned").unwrap();
+        result
     });
-    drop((slow, sentinel));
+    assert!(
+        runs.recv_timeout(TTL / 5).is_err(),
+        "the unlock or the callback went ahead of the slow callback"
+    );
+    finish.send(()).unwrap();
+    assert_eq!(runs.recv_timeout(3 * TTL), Ok("callback"));
+    assert_eq!(runs.recv_timeout(3 * TTL), Ok("unlock returned"));
+    let result = unlocking.join().unwrap();
+    assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");
+    drop(slow);
+}
+
+/// The options of a guard that is never extended: its lock runs out at
+/// the hold cap, about `ttl` after the acquisition.
+fn capped(ttl: Duration) -> LockOptions {
+    LockOptions::new(ttl).max_hold(ttl)
+}
+
+#[test]
+fn wait_lost_then_an_immediate_drop_runs_the_callback_in_50_of_50_losses() {
+    let nodes = cluster(3);
+    let locks = builder(&nodes).build().unwrap();
+    let ttl = Duration::from_millis(200);
+    let started = Instant::now();
+    let (mut before_return, mut before_drop) = (0, 0);
+    for run in 0..50 {
+        let resource = format!("run:{run}");
+        // Every other run, the keys are taken over (an extension is
+        // refused); else the lock runs out at its hold cap.
+        let taken = run % 2 == 0;
+        let options = if taken { ttl.into() } else { capped(ttl) };
+        let guard = locks.lock(&resource, options).expect("the lock is free");
+        let (callback, told) = timed_callback();
+        guard.on_lost(callback);
+        if taken {
+            take_over(&nodes, &resource);
+        }
+        assert!(guard.wait_lost(10 * ttl), "run {run}: no loss");
+        before_return += usize::from(told.try_recv().is_ok());
+        drop(guard);
+        before_drop += usize::from(told.try_recv().is_ok());
+    }
+    assert_eq!(before_return, 50, "callbacks run when wait_lost returned");
+    assert_eq!(
+        before_return + before_drop,
+        50,
+        "callbacks run when the drop returned"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_drop_after_is_held_saw_the_loss_waits_for_a_slow_callback() {
+    let nodes = cluster(3);
+    let locks = builder(&nodes).build().unwrap();
+    let ttl = Duration::from_millis(200);
+    for run in 0..10 {
+        let guard = locks.lock(format!("run:{run}"), capped(ttl)).unwrap();
+        let (tell, told) = mpsc::channel();
+        guard.on_lost(move |_| {
+            // Some work before the callback is done.
+            std::thread::sleep(Duration::from_millis(20));
+            tell.send(()).unwrap();
+        });
+        wait_until(10 * ttl, "the lock runs out", || !guard.is_held());
+        assert!(matches!(guard.unlock(), Err(LockError::Lost { .. })));
+        assert_eq!(told.try_recv(), Ok(()), "run {run}: unlock did not wait");
+    }
+}
+
+#[test]
+fn a_callback_that_drops_or_unlocks_its_own_guard_returns_at_once() {
+    let nodes = cluster(3);
+    let locks = builder(&nodes).build().unwrap();
+    let (ran, runs) = mpsc::channel();
+    let mut waited = vec![];
+    for (resource, unlock) in [("drops", false), ("unlocks", true)] {
+        let guard = Arc::new(Mutex::new(None::<LockGuard>));
+        let own = Arc::clone(&guard);
+        let tell = ran.clone();
+        let held = lock(&locks, resource);
+        held.on_lost(move |_| {
+            let start = Instant::now();
+            let guard = own.lock().unwrap().take().expect("the guard");
+            // Within its own callback, no wait for itself either.
+            assert!(guard.wait_lost(Duration::from_secs(10)));
+            if unlock {
+                assert!(matches!(guard.unlock(), Err(LockError::Lost { .. })));
+            } else {
+                drop(guard);
+            }
+            tell.send((resource, start.elapsed())).unwrap();
+        });
+        *guard.lock().unwrap() = Some(held);
+        take_over(&nodes, resource);
+        waited.push(guard);
+    }
+    for _ in 0..2 {
+        let (resource, took) = runs.recv_timeout(5 * TTL).expect("the callback returned");
+        assert!(took < TTL, "{resource}: its callback took {took:?}");
+    }
+    assert!(waited.iter().all(|guard| guard.lock().unwrap().is_none()));
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::{
     builder, client, cluster, fenced, holds_throughout, slow_retrying_client, values, wait_until,
 };
-use redlock_sync::{LockError, Redlock, RetryPolicy};
+use redlock_sync::{LockError, LockOptions, Redlock, RetryPolicy};
 
 #[test]
 fn a_closure_running_three_ttls_keeps_exclusive_ownership_and_the_lock_is_gone_right_after() {
@@ -503,4 +503,38 @@ fn with_lock_fenced_gives_a_growing_fencing_token_that_extensions_keep() {
         })
         .unwrap();
     assert_eq!(plain, None);
+}
+
+#[test]
+fn a_loop_reuses_its_options_by_reference_with_an_owner_label_from_format() {
+    let nodes = cluster(3);
+    let locks = client(&nodes);
+    let options = LockOptions::new(Duration::from_secs(10)).owner(format!("worker:{}", 7));
+    let mut ran = 0;
+    for job in 0..3 {
+        let resource = format!("job:{job}");
+        // The error type comes from the match below: no `Ok::<_, LockError>`.
+        let result = locks.with_lock(&resource, &options, |guard| {
+            guard.check()?;
+            let view = locks.inspect(&resource)?;
+            Ok(format!("{:?}", view.nodes))
+        });
+        match result {
+            Ok(nodes) => {
+                assert!(nodes.contains("\"worker:7\""), "{nodes}");
+                ran += 1;
+            }
+            Err(LockError::Contended { .. }) => panic!("job {job}: the lock is free"),
+            Err(e) => panic!("job {job}: {e}"),
+        }
+    }
+    assert_eq!(ran, 3);
+    // The options were only borrowed: they are here, unchanged.
+    let lock = locks.acquire("job:0", &options).unwrap();
+    let view = locks.inspect("job:0").unwrap();
+    assert!(
+        format!("{:?}", view.nodes).contains("\"worker:7\""),
+        "the label went with the borrowed options: {view:?}"
+    );
+    locks.release(lock).unwrap();
 }

@@ -9,21 +9,32 @@ use redlock_sync::Kind;
 
 /// One exit-code line of a help text. The codes are padded to five
 /// characters so the texts line up; each text stays short, as help is
-/// wrapped at the terminal's width.
+/// wrapped at the terminal's width. Each help lists a code once, and the
+/// codes in ascending order (tests/scripts.rs checks it).
 macro_rules! code_line {
-    ($code:literal, $what:literal) => {
-        concat!("  ", $code, "  ", $what, "\n")
+    ($code:literal, $($what:expr),+) => {
+        concat!("  ", $code, "  ", $($what),+, "\n")
     };
 }
 
-/// The exit-code lines that every subcommand that talks to the nodes shares.
-macro_rules! common_codes {
+/// The usage code's line, with what else it means for this subcommand.
+macro_rules! usage_code {
+    ($($more:expr),*) => {
+        code_line!("64   ", "usage: a bad option, duration, node URL, token or resource; no nodes" $(, $more)*)
+    };
+}
+
+/// The line of the code for too few nodes.
+macro_rules! nodes_code {
     () => {
-        concat!(
-            code_line!("64   ", "usage: a bad option, duration, node URL, token or resource; no nodes"),
-            code_line!("69   ", "too few nodes answered in time to decide (the message says which\n         failed and how)"),
-            code_line!("71   ", "system error: no thread, no random numbers, no signal handling"),
-        )
+        code_line!("69   ", "too few nodes answered in time to decide (the message says which\n         failed and how)")
+    };
+}
+
+/// The system code's line, with what else it means for this subcommand.
+macro_rules! system_code {
+    ($($more:expr),*) => {
+        code_line!("71   ", "system error: no thread, no random numbers, no signal handling" $(, $more)*)
     };
 }
 
@@ -67,20 +78,23 @@ lock alive while the command runs and releases it when the command ends. `acquir
 take and give back a lock in separate steps, with an explicit token; `status` shows who holds a lock.\n\n",
         "A lock is exclusive by default (--fenced adds a fencing token). --shared takes the read side of a \
 read-write lock: readers share it, an exclusive holder excludes them. --semaphore K takes one of K permits. \
-Each holder is labelled with --owner (default HOST:PID), which `status` shows.\n\n",
+Each holder is labelled with --owner, which `status` shows. Its default is HOST:PID, with the pid of \
+the process that holds the lock: `redlock run` itself, or the shell that called `redlock acquire`.\n\n",
         nodes_note!()
     ),
     after_help = "Run `redlock help SUBCOMMAND` or `redlock SUBCOMMAND --help` for what each does, its exit codes and an example.",
     after_long_help = concat!(
         "Exit codes (each subcommand's --help has its own list):\n",
         code_line!("0    ", "done (for run: the command's own status)"),
-        common_codes!(),
-        code_line!("64   ", "also: the lock is held as another kind than the one given (--shared,\n         --semaphore K)"),
-        code_line!("75   ", "the lock is held by another client (--conflict-exit-code changes it)"),
+        usage_code!(";\n         or the lock is held as another kind than the one given (--shared,\n         --semaphore K)"),
+        nodes_code!(),
+        system_code!(),
         code_line!("74   ", "acquire: the token could not be printed (the lock was released)"),
+        code_line!("75   ", "the lock is held by another client (--conflict-exit-code changes it)"),
         code_line!("76   ", "the lock was lost while held, or was not held at extend or release"),
-        code_line!("77   ", "run, acquire: too many nodes refuse this client (password, ACL, TLS, unknown host)"),
-        code_line!("126  ", "run: the command could not be run; 127: it was not found"),
+        code_line!("77   ", "run, acquire: too many nodes refuse this client (password, ACL, TLS,\n         unknown host)"),
+        code_line!("126  ", "run: the command could not be run"),
+        code_line!("127  ", "run: the command was not found"),
         code_line!("128+N", "run: the command died of signal N; or signal N stopped the wait"),
         "\nExample:\n",
         "  export REDLOCK_NODES=redis://h1:6379,redis://h2:6379,redis://h3:6379\n",
@@ -125,14 +139,15 @@ impl Command {
 /// Where the nodes are and how long to wait for them: every subcommand's.
 #[derive(Debug, Args)]
 pub struct NodeArgs {
+    // Not clap's `env`: clap's usage line would show `--nodes` as given
+    // whenever the variable is set (see [`NodeArgs::urls`]).
     #[arg(
         long,
         help = "The nodes: comma-separated URLs of independent Redis or Valkey masters \
                 (redis://[user:password@]host:port[/db], redis+unix:///path[?db=N]; valkey:// and \
-                valkey+unix:// alike; rediss:// and valkeys:// with the tool's `tls` feature)",
+                valkey+unix:// alike; rediss:// and valkeys:// with the tool's `tls` feature). \
+                Default: the REDLOCK_NODES environment variable",
         help_heading = NODES,
-        env = "REDLOCK_NODES",
-        hide_env_values = true,
         value_delimiter = ',',
         value_name = "URL,..."
     )]
@@ -162,7 +177,7 @@ pub struct NodeArgs {
 #[derive(Debug, Args)]
 pub struct Acquisition {
     /// How long the lock lasts on the nodes unless extended.
-    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "30s", help_heading = TAKING)]
+    #[arg(long, value_name = "DURATION", value_parser = ttl, default_value = "30s", help_heading = TAKING)]
     pub ttl: Duration,
 
     /// Wait at most this long for the lock. Without it (and without
@@ -200,7 +215,10 @@ pub struct Acquisition {
 
     /// The label stored with the lock on each node, which `redlock status`
     /// shows: who holds it (1 to 200 bytes, no control characters).
-    /// Default: this host's name and redlock's pid, `HOST:PID`.
+    /// Default: `HOST:PID`, this host's name and the pid of the process
+    /// that holds the lock. For run, that is redlock itself, which keeps
+    /// the lock while the command runs. For acquire, it is the shell or
+    /// program that called it.
     #[arg(long, value_name = "LABEL", help_heading = TAKING)]
     pub owner: Option<String>,
 
@@ -234,10 +252,29 @@ pub struct KindArgs {
     #[arg(
         long,
         value_name = "K",
-        value_parser = clap::value_parser!(u32).range(1..),
+        value_parser = permits,
         help_heading = KIND
     )]
     pub semaphore: Option<u32>,
+}
+
+/// The environment variable that gives the nodes when `--nodes` does not.
+pub const NODES_VARIABLE: &str = "REDLOCK_NODES";
+
+impl NodeArgs {
+    /// The node URLs: `--nodes`, else [`NODES_VARIABLE`] split at commas
+    /// (none if it is unset).
+    pub fn urls(&self) -> Vec<String> {
+        if !self.nodes.is_empty() {
+            return self.nodes.clone();
+        }
+        std::env::var_os(NODES_VARIABLE)
+            .map(|urls| {
+                let urls = urls.to_string_lossy();
+                urls.split(',').map(str::to_string).collect()
+            })
+            .unwrap_or_default()
+    }
 }
 
 impl KindArgs {
@@ -305,20 +342,20 @@ meanwhile. Ctrl-Z does not suspend the command (a suspended job would hold the l
 once. Standard input, output and error are redlock's, and the exit status is the command's.\n\n",
         "The command's environment gets REDLOCK_RESOURCE, REDLOCK_TOKEN and, with --fenced, \
 REDLOCK_FENCING_TOKEN (pass it to the storage you write, which should refuse a token lower than one it \
-has seen). The lock is labelled with --owner (default HOST:PID, of redlock), which `redlock status` \
-shows.\n\n",
+has seen). The lock is labelled with --owner (default HOST:PID, with the pid of this redlock, which keeps the \
+lock), which `redlock status` shows.\n\n",
         nodes_note!()
     ),
     after_help = "Run `redlock run --help` for the exit codes and an example.",
     after_long_help = concat!(
         "Exit codes:\n",
         code_line!("any  ", "the command's own exit status (0 when it succeeded), when it ran with\n         the lock held throughout"),
-        common_codes!(),
-        code_line!("64   ", "also: the lock is held as another kind (--shared, --semaphore K with\n         another K): the command did not run"),
+        usage_code!(";\n         or the lock is held as another kind (--shared, --semaphore K with\n         another K): the command did not run"),
+        nodes_code!(),
+        system_code!(";\n         or redlock's supervisor died while the command ran: the command's\n         processes were killed before the lock was released"),
         code_line!("75   ", "the lock is held by another client (or was until --wait ran out):\n         the command did not run; --conflict-exit-code changes it"),
-        code_line!("77   ", "too many nodes refuse this client for a quorum (a wrong or missing\n         password, a missing ACL permission, TLS, an unknown host): waiting cannot fix that"),
         code_line!("76   ", "the lock was lost or about to run out while the command ran, or\n         --max-hold was reached: the command's processes were stopped\n         (SIGTERM, then SIGKILL), or are named as left running; or the lock\n         was lost or about to run out before the command started, which did\n         not run"),
-        code_line!("71   ", "also: redlock's supervisor died while the command ran; the command's\n         processes were killed before the lock was released"),
+        code_line!("77   ", "too many nodes refuse this client for a quorum (a wrong or missing\n         password, a missing ACL permission, TLS, an unknown host): waiting\n         cannot fix that"),
         code_line!("126  ", "the command was found but could not be run"),
         code_line!("127  ", "the command was not found"),
         code_line!("128+N", "the command died of signal N (the shell's convention); or signal N\n         stopped the wait for the lock"),
@@ -411,7 +448,8 @@ fencing token, separated by a space). The lock is not kept alive: it expires aft
 back a lock in separate steps; `redlock run` is simpler where it fits.\n\n",
         "--shared takes the read side of a read-write lock, --semaphore K one of K permits (see `redlock run \
 --help`). Give `extend` and `release` the same kind flag: they need it to find the lock. The lock is \
-labelled with --owner (default HOST:PID), which `redlock status` shows.\n\n",
+labelled with --owner, which `redlock status` shows. Its default is HOST:PID, with the pid of the shell \
+or program that called `redlock acquire` (redlock itself exits at once).\n\n",
         "Waits as `redlock run` does (--wait, --no-wait; while too few nodes answer, it says so on standard \
 error; the wait ends as soon as the holder releases the lock); a signal while waiting ends the wait at once \
 (within --io-timeout).\n\n",
@@ -421,11 +459,12 @@ error; the wait ends as soon as the holder releases the lock); a signal while wa
     after_long_help = concat!(
         "Exit codes:\n",
         code_line!("0    ", "the lock is had: its token was printed"),
-        common_codes!(),
-        code_line!("64   ", "also: the lock is held as another kind (--shared, --semaphore K with\n         another K)"),
+        usage_code!(";\n         or the lock is held as another kind (--shared, --semaphore K with\n         another K)"),
+        nodes_code!(),
+        system_code!(),
         code_line!("74   ", "the token could not be printed (standard output closed, a broken\n         pipe, a full disk): the lock was released, or never taken"),
         code_line!("75   ", "the lock is held by another client (or was until --wait ran out);\n         --conflict-exit-code changes it"),
-        code_line!("77   ", "too many nodes refuse this client for a quorum (a wrong or missing\n         password, a missing ACL permission, TLS, an unknown host): waiting cannot fix that"),
+        code_line!("77   ", "too many nodes refuse this client for a quorum (a wrong or missing\n         password, a missing ACL permission, TLS, an unknown host): waiting\n         cannot fix that"),
         code_line!("128+N", "signal N stopped the wait"),
         "\nExample:\n",
         "  token=$(redlock acquire --ttl 5m migrate) || exit\n",
@@ -465,9 +504,10 @@ hold the token, the lock is lost and it does not try again.\n\n",
     after_long_help = concat!(
         "Exit codes:\n",
         code_line!("0    ", "extended"),
-        common_codes!(),
-        code_line!("64   ", "also: the lock is held as another shared or counted kind than the\n         one given"),
-        code_line!("76   ", "the lock was lost: it had expired, or another client holds it now;\n         or it is held as an exclusive lock and --shared or --semaphore was\n         given, or the other way round"),
+        usage_code!(";\n         or the lock is held as another kind than the one given: --shared or\n         --semaphore K for an exclusive lock, none for a shared or counted\n         one, or another K; nothing changed on the nodes"),
+        nodes_code!(),
+        system_code!(),
+        code_line!("76   ", "the lock was lost: it had expired, or another client holds it now"),
         "\nExample:\n",
         "  redlock extend --ttl 5m migrate \"$token\" || { echo 'lost the lock' >&2; exit 1; }\n",
         "  redlock extend --shared --ttl 5m catalog \"$token\"\n",
@@ -475,7 +515,7 @@ hold the token, the lock is lost and it does not try again.\n\n",
 )]
 pub struct ExtendArgs {
     /// How long the lock lasts from now.
-    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "30s")]
+    #[arg(long, value_name = "DURATION", value_parser = ttl, default_value = "30s")]
     pub ttl: Duration,
 
     #[command(flatten)]
@@ -500,8 +540,9 @@ token, and nothing else. Prints nothing (with --json: what each node answered).\
     after_long_help = concat!(
         "Exit codes:\n",
         code_line!("0    ", "released"),
-        common_codes!(),
-        code_line!("64   ", "also: the lock is held as another kind than the one given (--shared,\n         --semaphore K): nothing was released"),
+        usage_code!(";\n         or the lock is held as another kind than the one given (--shared,\n         --semaphore K): nothing was released"),
+        nodes_code!(),
+        system_code!(),
         code_line!("76   ", "the lock was not held any more: it had expired (and may have been\n         taken); the work done under it may have overlapped another holder's"),
         "\nExample:\n",
         "  redlock release migrate \"$token\"\n",
@@ -538,18 +579,22 @@ pub struct LockRef {
         "Show what each node holds for RESOURCE right now: free, held by one exclusive holder, or by \
 --shared or --semaphore holders; for each holder its token by its first 8 characters (the whole token \
 would let anyone release the lock), its owner label (--owner; HOST:PID by default) and the time left; \
-and the fencing counter. Then what a quorum says: held by one token, or by which shared or counted \
-holders (and for a semaphore of K permits, how many are left), or free. Read-only: one read-only \
-script on each node.\n\n",
-        "When fewer than a quorum of nodes answer, whether the lock is held cannot be told: it says \
-\"unknown\" (with --json, \"held\": null) and exits with 69.\n\n",
+and the fencing counter. Then what a quorum says, each holder on its own kind's quorum: held by one \
+token, or by which shared or counted holders (the first 100, and their count; for a semaphore of K \
+permits, how many are left), or by an application's key that is not a lock (its type named), or free. \
+A waiting writer's intent shows too: new readers held back, and for how long. Read-only: one \
+read-only script on each node.\n\n",
+        "When the nodes that did not answer could complete a quorum, whether the lock is held cannot be \
+told: it says \"unknown\" (with --json, \"held\": null) and exits with 69.\n\n",
         nodes_note!()
     ),
     after_help = "Run `redlock status --help` for the exit codes and an example.",
     after_long_help = concat!(
         "Exit codes:\n",
-        code_line!("0    ", "a quorum of nodes answered (whether or not the lock is held)"),
-        common_codes!(),
+        code_line!("0    ", "enough nodes answered to tell whether the lock is held"),
+        usage_code!(),
+        nodes_code!(),
+        system_code!(),
         "\nExample:\n",
         "  redlock status nightly-report\n",
         "  redlock status --json nightly-report | jq .held\n",
@@ -570,7 +615,7 @@ pub struct StatusArgs {
     about = "Print the manual pages (roff)",
     long_about = "Print redlock's manual page (roff), made from this help, on standard output; with \
 SUBCOMMAND, that subcommand's page (redlock-run(1) and so on); with --dir, write every page into DIR \
-instead. Read one with `redlock man run | man -l -`; install them all with \
+instead, creating DIR and its parents if need be. Read one with `redlock man run | man -l -`; install them all with \
 `redlock man --dir ~/.local/share/man/man1` (or /usr/local/share/man/man1).",
     after_long_help = concat!(
         "Exit codes:\n",
@@ -657,6 +702,33 @@ fn watchdog_pause(arg: clap::Arg) -> clap::Arg {
 /// `acquire` work as they are; a fenced lock is found as a plain one.
 fn fenced_as_plain(arg: clap::Arg) -> clap::Arg {
     arg.help("A fenced lock: the same as none here (a fenced lock is extended and released as a plain one)")
+}
+
+/// The least TTL the tool takes, in milliseconds. The lock must outlast
+/// the allowance for clock drift, 2 ms and 1% of the TTL (the library's
+/// default, which the tool keeps): 3 ms is the least whole number that
+/// does. tests/scripts.rs checks that the library takes it.
+pub const LEAST_TTL_MS: u64 = 3;
+
+/// Parses `--ttl`: a duration of at least [`LEAST_TTL_MS`].
+fn ttl(s: &str) -> Result<Duration, String> {
+    let ttl = duration(s)?;
+    if ttl < Duration::from_millis(LEAST_TTL_MS) {
+        return Err(format!(
+            "a TTL must be at least {LEAST_TTL_MS} ms, to outlast the allowance for clock drift; \
+             give one long enough for the work (seconds are usual)"
+        ));
+    }
+    Ok(ttl)
+}
+
+/// Parses `--semaphore`'s K: a number of permits, at least 1.
+fn permits(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(0) => Err("a semaphore needs at least 1 permit".to_string()),
+        Ok(permits) => Ok(permits),
+        Err(e) => Err(format!("{e}; give the number of permits, such as 2")),
+    }
 }
 
 /// Parses a human duration: `500ms`, `30s`, `5m`, `1h 30m`.

@@ -185,6 +185,18 @@ pub fn print_line(line: impl Display) -> io::Result<()> {
     stdout.flush()
 }
 
+/// Writes `bytes` to standard output, flushed; a failure is the output
+/// code's.
+pub fn write_out(bytes: &[u8], what: &str) -> Result<u8, Failure> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(bytes)
+        .and_then(|()| stdout.flush())
+        .map_err(|e| Failure::output(&e, what))?;
+    Ok(0)
+}
+
 impl Failure {
     /// Standard output could not be written: `e` says why.
     pub fn output(e: &io::Error, what: &str) -> Failure {

@@ -22,7 +22,7 @@ pub fn acquire(args: &AcquireArgs) -> Result<u8, Failure> {
     let locks = nodes::client(&args.nodes, |builder| paced(builder, take))?;
     let events = Events::listen(Role::Tool)?;
     let resource = args.resource.as_str();
-    let plan = WaitPlan::new(take);
+    let plan = WaitPlan::new(take, caller());
     // The library's wait, which a signal cancels and a release wakes.
     let lock = keep_trying(&plan, &events, resource, |form| match form {
         Form::Once(options) => locks.try_acquire(resource, options),
@@ -61,6 +61,17 @@ pub fn acquire(args: &AcquireArgs) -> Result<u8, Failure> {
         return Err(Failure::output(&e, "the token").then(released));
     }
     Ok(0)
+}
+
+/// The pid of the process that holds a lock that `acquire` takes: the
+/// shell or program that called it. The tool itself exits at once.
+/// Elsewhere than on Unix, where no parent pid is at hand, the tool's own.
+fn caller() -> u32 {
+    #[cfg(unix)]
+    let pid = std::os::unix::process::parent_id();
+    #[cfg(not(unix))]
+    let pid = std::process::id();
+    pid
 }
 
 /// Fails with [`crate::exit::OUTPUT`] if standard output is closed: a token

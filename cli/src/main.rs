@@ -18,7 +18,7 @@
 //! are in [`exit`] and in each subcommand's `--help`.
 //!
 //! The files import only downwards, in these layers: `main`; the
-//! subcommands (`run`, `supervisor`, `status`, `explicit`); what they
+//! subcommands (`run`, `supervisor`, `status`, `explicit`, `man`); what they
 //! share (`wait`, `nodes`); the mechanisms (`protocol`, `tree`, `events`);
 //! the leaves (`args`, `exit`).
 
@@ -28,6 +28,7 @@ mod args;
 mod events;
 mod exit;
 mod explicit;
+mod man;
 mod nodes;
 #[cfg(unix)]
 mod protocol;
@@ -45,7 +46,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser};
 
 use args::{Cli, Command};
-use exit::Failure;
+use exit::{write_out, Failure};
 
 fn main() -> ExitCode {
     // rustls needs a crypto provider for `rediss://` nodes; another one
@@ -54,7 +55,10 @@ fn main() -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => return usage_error(&e),
+        Err(mut e) => {
+            suggest_subcommand(&mut e);
+            return usage_error(&e);
+        }
     };
     let json = cli.command.json();
     let outcome = match &cli.command {
@@ -63,7 +67,7 @@ fn main() -> ExitCode {
         Command::Extend(args) => explicit::extend(args),
         Command::Release(args) => explicit::release(args),
         Command::Status(args) => status::status(args),
-        Command::Man(args) => man(args),
+        Command::Man(args) => man::man(args),
         Command::Completions(args) => completions(args.shell),
         #[cfg(unix)]
         Command::Supervise(args) => Ok(supervisor::supervise(args)),
@@ -97,49 +101,11 @@ fn run_command(_: &args::RunArgs) -> Result<u8, Failure> {
     ))
 }
 
-/// `redlock man`: the manual pages, made from the command line's
-/// definition.
-fn man(args: &args::ManArgs) -> Result<u8, Failure> {
-    let mut cli = Cli::command().disable_help_subcommand(true);
-    cli.build();
-    if let Some(dir) = &args.dir {
-        clap_mangen::generate_to(cli, dir).map_err(|e| {
-            Failure::output(&e, "the manual pages").context(format_args!("in {}", dir.display()))
-        })?;
-        return Ok(0);
-    }
-    let page = match &args.subcommand {
-        None => cli,
-        Some(name) => cli
-            .get_subcommands()
-            .find(|sub| sub.get_name() == name && !sub.is_hide_set())
-            .cloned()
-            .ok_or_else(|| Failure::usage(format_args!("no subcommand `{name}`")))?,
-    };
-    let mut text = Vec::new();
-    clap_mangen::Man::new(page)
-        .render(&mut text)
-        .map_err(|e| Failure::system(format!("cannot make the manual page: {e}")))?;
-    write_out(&text, "the manual page")
-}
-
 /// `redlock completions SHELL`: the completion script.
 fn completions(shell: clap_complete::Shell) -> Result<u8, Failure> {
     let mut script = Vec::new();
     clap_complete::generate(shell, &mut Cli::command(), "redlock", &mut script);
     write_out(&script, "the completion script")
-}
-
-/// Writes `bytes` to standard output, flushed; a failure is the output
-/// code's.
-fn write_out(bytes: &[u8], what: &str) -> Result<u8, Failure> {
-    use std::io::Write;
-    let mut stdout = std::io::stdout().lock();
-    stdout
-        .write_all(bytes)
-        .and_then(|()| stdout.flush())
-        .map_err(|e| Failure::output(&e, what))?;
-    Ok(0)
 }
 
 /// Help and version go to standard output with code 0. A command line
@@ -161,6 +127,61 @@ fn usage_error(e: &clap::Error) -> ExitCode {
         let _ = exit::print_line(out);
     }
     ExitCode::from(exit::USAGE)
+}
+
+/// Adds "a similar subcommand exists" to an unknown subcommand's error
+/// where clap found none: clap's measure misses swapped letters
+/// (`redlock rnu`).
+fn suggest_subcommand(e: &mut clap::Error) {
+    use clap::error::{ContextKind, ContextValue};
+    if e.kind() != clap::error::ErrorKind::InvalidSubcommand
+        || e.get(ContextKind::SuggestedSubcommand).is_some()
+    {
+        return;
+    }
+    let Some(ContextValue::String(typed)) = e.get(ContextKind::InvalidSubcommand) else {
+        return;
+    };
+    let cli = Cli::command();
+    let near = cli
+        .get_subcommands()
+        .filter(|sub| !sub.is_hide_set())
+        .map(|sub| sub.get_name())
+        .chain(["help"])
+        .map(|name| (edits(typed, name), name))
+        .filter(|(distance, name)| *distance <= 2 && *distance < name.len() / 2 + 1)
+        .min();
+    if let Some((_, name)) = near {
+        let names = ContextValue::Strings(vec![name.to_string()]);
+        e.insert(ContextKind::SuggestedSubcommand, names);
+    }
+}
+
+/// The edits from `a` to `b`: letters inserted, deleted, replaced, or two
+/// neighbours swapped (the optimal string alignment distance).
+fn edits(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut d = vec![vec![0; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let replace = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + replace);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
+        }
+    }
+    d[a.len()][b.len()]
 }
 
 /// Whether `--json` is among the tool's own arguments (before a `--`),

@@ -7,12 +7,13 @@ use crate::exit::Failure;
 
 /// The node URLs given, without the blanks a trailing comma or an empty
 /// variable leaves.
-pub fn urls(args: &NodeArgs) -> Result<Vec<&str>, Failure> {
-    let urls: Vec<&str> = args
-        .nodes
+pub fn urls(args: &NodeArgs) -> Result<Vec<String>, Failure> {
+    let urls: Vec<String> = args
+        .urls()
         .iter()
         .map(|url| url.trim())
         .filter(|url| !url.is_empty())
+        .map(str::to_string)
         .collect();
     if urls.is_empty() {
         return Err(Failure::usage(
@@ -24,7 +25,7 @@ pub fn urls(args: &NodeArgs) -> Result<Vec<&str>, Failure> {
         if let Some(scheme) = urls.iter().find_map(|url| tls_scheme(url)) {
             return Err(Failure::usage(format!(
                 "{scheme}:// nodes need TLS, and this redlock was built without it: \
-                 install it with `cargo install redlock-cli --features tls`"
+                 build it with `cargo install --locked --path cli --features tls`"
             )));
         }
     }

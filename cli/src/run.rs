@@ -51,7 +51,8 @@ pub fn run(args: &RunArgs) -> Result<u8, Failure> {
         }
     })?;
     let events = Events::listen(Role::Tool)?;
-    let plan = WaitPlan::new(take);
+    // The lock is held for as long as this process keeps its lease.
+    let plan = WaitPlan::new(take, std::process::id());
     let runner = Runner {
         argv: args.argv(),
         warn: warning(take.ttl, args.max_hold, args.kill_after),

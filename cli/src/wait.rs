@@ -62,8 +62,9 @@ pub fn paced(builder: RedlockBuilder, args: &Acquisition) -> RedlockBuilder {
 }
 
 /// The owner label of the lock: `--owner`, else this host's name and the
-/// tool's pid, `HOST:PID` (`unknown:PID` where the name cannot be read).
-fn owner(args: &Acquisition) -> String {
+/// pid of the process that holds the lock, `HOST:PID` (`unknown:PID`
+/// where the name cannot be read).
+fn owner(args: &Acquisition, holder: u32) -> String {
     if let Some(label) = &args.owner {
         return label.clone();
     }
@@ -75,7 +76,7 @@ fn owner(args: &Acquisition) -> String {
     #[cfg(not(unix))]
     let host = std::env::var("COMPUTERNAME").ok();
     let host = host.unwrap_or_else(|| "unknown".to_string());
-    format!("{host}:{}", std::process::id())
+    format!("{host}:{holder}")
 }
 
 /// One call to the library: which form, with which options.
@@ -98,8 +99,10 @@ enum Step {
 
 impl WaitPlan {
     /// The plan that the options of `args` ask for, counted from now.
-    pub fn new(args: &Acquisition) -> WaitPlan {
-        let owner = owner(args);
+    /// `holder` is the pid of the process that holds the lock, which the
+    /// default owner label names.
+    pub fn new(args: &Acquisition, holder: u32) -> WaitPlan {
+        let owner = owner(args, holder);
         WaitPlan {
             deadline: args.wait.and_then(|wait| Instant::now().checked_add(wait)),
             no_wait: args.no_wait,
@@ -309,32 +312,49 @@ fn recount(said: &str, (tried, attempts): (u32, u32)) -> String {
 ///
 /// # Errors
 ///
-/// The [`exit::REFUSED`] failure, naming each refusing node and its cause.
+/// The [`exit::REFUSED`] failure, naming each refusing node once and each
+/// cause once (its hint says what to fix).
 fn refusals(report: &Report, warned: &mut Vec<Arc<str>>) -> Result<(), Failure> {
     let refusing = refusing(report);
     if !refusing.is_empty() && report.nodes.len() - refusing.len() < report.quorum {
-        let causes: Vec<String> = refusing.iter().map(|(_, cause)| cause.clone()).collect();
         return Err(Failure::new(
             exit::REFUSED,
             "refused",
             format!(
-                "{} of {} nodes refuse this client, which leaves too few for a quorum of {}; \
-                 waiting cannot fix that (fix the node URLs, their passwords, the ACL \
-                 user's permissions, or the TLS certificates): {}",
+                "{} of {} nodes refuse this client (quorum {}): {}",
                 refusing.len(),
                 report.nodes.len(),
                 report.quorum,
-                causes.join("; ")
+                by_cause(&refusing)
             ),
         ));
     }
     for (node, cause) in refusing {
         if !warned.contains(node) {
-            say(format_args!("{cause}; going on with the other nodes"));
+            say(format_args!(
+                "node {node}: {cause}; going on with the other nodes"
+            ));
             warned.push(node.clone());
         }
     }
     Ok(())
+}
+
+/// The refusing nodes, grouped by cause in their order: `a, b: cause`,
+/// the groups joined by `; `.
+fn by_cause(refusing: &[(&Arc<str>, String)]) -> String {
+    let mut groups: Vec<(&str, Vec<&str>)> = Vec::new();
+    for (node, cause) in refusing {
+        match groups.iter_mut().find(|(seen, _)| seen == cause) {
+            Some((_, nodes)) => nodes.push(node),
+            None => groups.push((cause, vec![node])),
+        }
+    }
+    let groups: Vec<String> = groups
+        .iter()
+        .map(|(cause, nodes)| format!("{}: {cause}", nodes.join(", ")))
+        .collect();
+    groups.join("; ")
 }
 
 /// Says each node of `report` that refuses this client: the lock was had
@@ -344,7 +364,7 @@ pub fn warn_refusals(report: &Report) {
 }
 
 /// The nodes of `report` that cannot serve this client however long it
-/// waits, each with its cause, which names the node. These are the
+/// waits, each with its cause. These are the
 /// library's `NodeError::is_permanent`: a refused password, a missing ACL
 /// permission, a TLS failure, a host that does not exist. Not a lock held
 /// as another kind: that is the flags' fault ([`Failure::from_lock`]).
@@ -353,7 +373,7 @@ fn refusing(report: &Report) -> Vec<(&Arc<str>, String)> {
         .unusable()
         .filter_map(|n| match &n.outcome {
             NodeOutcome::Failed(NodeError::OtherKind(_)) => None,
-            NodeOutcome::Failed(e) => Some((&n.node, format!("node `{}`: {e}", n.node))),
+            NodeOutcome::Failed(e) => Some((&n.node, e.to_string())),
             _ => None,
         })
         .collect()

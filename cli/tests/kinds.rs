@@ -123,7 +123,7 @@ fn two_shared_runs_hold_at_once_and_a_plain_run_waits_until_both_ended() {
     writer.tool.wait_for_stderr("waiting for `catalog`");
     // Its intent, once marked, keeps new readers out.
     wait_until("the writer marked its intent", || {
-        keys_on(&cluster, "redlock-sync:intent:catalog") >= 2
+        exists_on(&cluster, &redlock_sync::intents_key("catalog")) >= 2
     });
     let late = output(redlock("acquire", &cluster).args(["-n", "--shared", "catalog"]));
     assert_eq!(code(&late), 75, "{}", text(&late.stderr));
@@ -197,14 +197,15 @@ fn status_shows_the_owner_of_a_plain_lock_and_the_holders_of_shared_and_semaphor
         (json(&out), shown)
     };
 
-    // The default owner: the host's name and the pid of `redlock acquire`.
+    // The default owner: the host's name and the pid of the process that
+    // called `redlock acquire`, this test.
     let printed = scratch(&cluster, "token");
     let mut acquire = Tool::spawn(
         redlock("acquire", &cluster)
             .arg("deploy")
             .stdout(std::fs::File::create(&printed).unwrap()),
     );
-    let owner = format!("{}:{}", host_name(), acquire.pid());
+    let owner = format!("{}:{}", host_name(), std::process::id());
     acquire.succeeds();
     let (seen, shown) = status("deploy");
     assert_eq!(seen["kind"], "exclusive", "{seen}");
@@ -297,6 +298,111 @@ fn a_runs_owner_is_its_host_and_pid_and_status_shows_it_while_the_command_runs()
             std::fs::remove_file(scratch(&cluster, f)).unwrap();
         }
     }
+}
+
+#[test]
+fn acquires_default_owner_is_the_shell_that_called_it_not_the_redlock_process_that_exited() {
+    let cluster = cluster(3);
+    let binary = env!("CARGO_BIN_EXE_redlock");
+    let nodes = cluster.urls().join(",");
+    // The shell prints its pid, then the owner that acquire reports; the
+    // last `true` keeps the shell from replacing itself with redlock.
+    let script = format!(
+        "echo $$; '{binary}' acquire --json --io-timeout 2s --connect-timeout 2s \
+         --nodes '{nodes}' handoff; true"
+    );
+    let out = output(
+        std::process::Command::new("sh")
+            .args(["-c", &script])
+            .env_remove("REDLOCK_NODES"),
+    );
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let printed = text(&out.stdout);
+    let (shell, acquired) = printed.split_once('\n').expect("two lines");
+    let acquired: Value = serde_json::from_str(acquired).expect("a JSON object");
+    let owner = format!("{}:{}", host_name(), shell.trim());
+    assert_eq!(acquired["owner"], owner.as_str(), "{printed}");
+    let out = output(redlock("status", &cluster).args(["--json", "handoff"]));
+    assert_eq!(json(&out)["owner"], owner.as_str());
+}
+
+#[test]
+fn status_of_an_applications_hash_says_held_by_something_that_is_not_a_lock_and_exits_0() {
+    let cluster = cluster(3);
+    for node in cluster.nodes() {
+        node.query(&["HSET", "settings", "theme", "dark"]).unwrap();
+    }
+    let out = output(redlock("status", &cluster).arg("settings"));
+    assert_eq!(code(&out), 0, "held: {}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.starts_with("`settings`: held by an application's hash (not a lock), on 3 of 3"),
+        "{shown}"
+    );
+    let out = output(redlock("status", &cluster).args(["--json", "settings"]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let seen = json(&out);
+    assert_eq!(seen["held"], true, "{seen}");
+    assert_eq!(seen["kind"], "not_a_lock", "{seen}");
+    assert_eq!(seen["redis_type"], "hash", "{seen}");
+    assert_eq!(seen["nodes"][0]["redis_type"], "hash", "{seen}");
+}
+
+#[test]
+fn status_shows_a_waiting_writers_intent_with_its_time_left() {
+    let cluster = cluster(3);
+    let out = output(redlock("acquire", &cluster).args(["--shared", "report"]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let reader = text(&out.stdout).trim().to_string();
+    // A writer waits behind the reader, and marks its intent.
+    let mut writer = Tool::spawn(
+        redlock("acquire", &cluster)
+            .args(["--ttl", "20s", "--retry-delay", "50ms", "report"])
+            .stdout(std::process::Stdio::null()),
+    );
+    wait_until("status shows the writer's intent", || {
+        let out = output(redlock("status", &cluster).args(["--json", "report"]));
+        json(&out)["intent_ms"].is_u64()
+    });
+    let out = output(redlock("status", &cluster).args(["--json", "report"]));
+    let left = json(&out)["intent_ms"].as_u64().unwrap();
+    assert!(left > 10_000 && left <= 20_000, "{left}");
+    let shown = text(&output(redlock("status", &cluster).arg("report")).stdout);
+    assert!(
+        shown.contains("\n  new readers held back for a waiting writer, "),
+        "{shown}"
+    );
+    let out = output(redlock("release", &cluster).args(["--shared", "report", &reader]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    writer.succeeds();
+}
+
+#[test]
+fn status_json_of_a_two_permit_semaphore_gives_its_quorum_of_4_and_the_writers_quorum_of_3() {
+    let cluster = cluster(5);
+    let out = output(redlock("acquire", &cluster).args(["--semaphore", "2", "export"]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let out = output(redlock("status", &cluster).args(["--json", "export"]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let seen = json(&out);
+    assert_eq!(
+        (&seen["quorum"], &seen["writer_quorum"]),
+        (&4.into(), &3.into()),
+        "{seen}"
+    );
+    assert_eq!(
+        (&seen["holder_count"], &seen["permits_left"]),
+        (&1.into(), &1.into()),
+        "{seen}"
+    );
+    // A reader's quorum is the writers': no second figure.
+    let out = output(redlock("acquire", &cluster).args(["--shared", "catalog"]));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let seen = json(&output(
+        redlock("status", &cluster).args(["--json", "catalog"]),
+    ));
+    assert_eq!(seen["quorum"], 3, "{seen}");
+    assert!(seen.get("writer_quorum").is_none(), "{seen}");
 }
 
 #[test]
@@ -394,8 +500,20 @@ fn explicit_steps_take_the_kind_and_a_wrong_kind_is_refused_with_the_usage_code(
     }
     assert_eq!(members_on(&cluster, "export"), [0, 0, 0]);
 
-    // A plain lock is not released as a shared one.
+    // A plain lock is not released, nor extended, as a shared one; a
+    // shared one is not extended as a plain one: the user's flags are wrong.
     let p = token(&step(&["acquire", "deploy"]));
+    let r = token(&step(&["acquire", "--shared", "catalog"]));
+    for (wrong, resource, t) in [
+        (&["--shared"][..], "deploy", &p),
+        (&["--semaphore", "2"], "deploy", &p),
+        (&[], "catalog", &r),
+    ] {
+        let args = [&["extend"][..], wrong, &[resource, t.as_str()]].concat();
+        let out = step(&args);
+        assert_eq!(code(&out), 64, "{args:?}: {}", text(&out.stderr));
+    }
+    assert_eq!(code(&step(&["release", "--shared", "catalog", &r])), 0);
     let out = step(&["release", "--shared", "deploy", &p]);
     assert_eq!(code(&out), 64, "{}", text(&out.stderr));
     assert!(
@@ -429,7 +547,10 @@ fn kind_flags_exclude_each_other_and_bad_kinds_or_owners_are_usage_errors() {
             &["release", "--shared", "--semaphore", "2", "r", token],
             "cannot be used with",
         ),
-        (&["acquire", "--semaphore", "0", "r"], "0 is not in 1.."),
+        (
+            &["acquire", "--semaphore", "0", "r"],
+            "a semaphore needs at least 1 permit",
+        ),
         (
             &["run", "--semaphore", "many", "r", "true"],
             "--semaphore <K>",
@@ -463,10 +584,42 @@ fn the_help_and_the_manual_page_tell_the_kinds_and_the_owner() {
         }
     }
     assert!(help(&["run", "--help"]).contains("like flock -s"));
+    // A kind the user got wrong is a usage error for extend as for the
+    // rest; 76 is for a lock that was lost.
+    let extend = help(&["extend", "--help"]);
+    let codes = extend.split_once("Exit codes:").unwrap().1;
+    let usage = codes.split_once(" 69 ").unwrap().0;
+    assert!(usage.contains("held as another kind"), "{extend}");
+    let lost = codes.split_once(" 76 ").unwrap().1;
+    assert!(!lost.contains("kind"), "{extend}");
     assert!(help(&["acquire", "--help"]).contains("--owner <LABEL>"));
     assert!(help(&["status", "--help"]).contains("owner label"));
     let page = text(&output(bare().args(["man", "run"])).stdout);
     for says in ["shared", "semaphore", "owner"] {
         assert!(page.contains(says), "the manual page should say {says:?}");
+    }
+}
+
+#[test]
+fn a_permit_whose_nodes_went_to_readers_is_lost_at_extend_and_release_with_76() {
+    let cluster = cluster(5);
+    let step = |args: &[&str]| {
+        let (sub, rest) = args.split_first().unwrap();
+        output(redlock(sub, &cluster).args(rest))
+    };
+    let out = step(&["acquire", "--semaphore", "2", "--ttl", "30s", "printer"]);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let permit = text(&out.stdout).trim().to_string();
+    // Its member gone from four nodes (a flush of that key), and readers
+    // take the resource there.
+    for node in &cluster.nodes()[..4] {
+        node.query(&["DEL", "printer"]).unwrap();
+    }
+    let reader = step(&["acquire", "--shared", "--ttl", "30s", "printer"]);
+    assert_eq!(code(&reader), 0, "{}", text(&reader.stderr));
+    for sub in ["extend", "release"] {
+        let out = step(&[sub, "--semaphore", "2", "printer", &permit]);
+        assert_eq!(code(&out), 76, "{sub}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains("lost"), "{}", text(&out.stderr));
     }
 }

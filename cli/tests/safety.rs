@@ -386,6 +386,62 @@ fn the_manual_page_renders_and_the_bash_completions_parse() {
     assert!(text(&out.stdout).contains("acquire"));
 }
 
+#[test]
+fn man_dir_creates_the_folder_and_its_parents_and_each_synopsis_names_the_values() {
+    let base = scratch_file("deep/.keep", b"")
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let dir = base.join("share/man/man1");
+    assert!(!dir.exists());
+    let out = output(bare().arg("man").arg("--dir").arg(&dir));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let page = std::fs::read_to_string(dir.join("redlock-acquire.1")).unwrap();
+    let synopsis = page
+        .split_once(".SH SYNOPSIS\n")
+        .and_then(|(_, rest)| rest.split_once("\n.SH "))
+        .map(|(synopsis, _)| synopsis.to_string())
+        .unwrap_or_else(|| panic!("no SYNOPSIS: {page}"));
+    for says in [
+        "\\fB\\-\\-ttl\\fR \\%\\fIDURATION\\fR",
+        "\\fB\\-\\-semaphore\\fR \\%\\fIK\\fR",
+        "\\fB\\-\\-owner\\fR \\%\\fILABEL\\fR",
+        "\\%<\\fIRESOURCE\\fR>",
+    ] {
+        assert!(synopsis.contains(says), "no {says}: {synopsis}");
+    }
+    let out = output(bare().args(["man", "run"]));
+    let rendered = Command::new("man")
+        .args(["-l", "-P", "cat"])
+        .arg(scratch_file("run.1", &out.stdout))
+        .env("MANWIDTH", "200")
+        .output()
+        .expect("man runs (man-db)");
+    // Justified lines get two blanks where one is written.
+    let rendered = text(&rendered.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    for says in [
+        "[--kill-after DURATION]",
+        "[-c|--command COMMAND_LINE]",
+        "<RESOURCE> [COMMAND]...",
+    ] {
+        assert!(rendered.contains(says), "no {says}: {rendered}");
+    }
+
+    // A DIR that cannot be made is the output code, and says so.
+    let file = scratch_file("not-a-folder", b"");
+    let out = output(bare().arg("man").arg("--dir").arg(file.join("man1")));
+    let stderr = text(&out.stderr);
+    assert_eq!(code(&out), 74, "{stderr}");
+    assert!(
+        stderr.contains("cannot write the manual pages into"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("standard output"), "{stderr}");
+}
+
 /// Writes `bytes` to a file of this name in a fresh directory.
 fn scratch_file(name: &str, bytes: &[u8]) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("redlock-cli-test-{}", std::process::id()));
@@ -448,6 +504,100 @@ fn nodes_refusing_the_password_fail_at_once_when_too_few_are_left_and_are_only_s
     let stderr = text(&out.stderr);
     assert_eq!(code(&out), 0, "{stderr}");
     assert!(stderr.contains("going on with the other nodes"), "{stderr}");
+}
+
+/// The pieces of a message between its stops (`. `, `; `, `: `,
+/// brackets, line ends), of 12 characters or more: those that repeat a
+/// fact if they appear twice.
+fn sentences(message: &str) -> Vec<String> {
+    let mut text = message.to_string();
+    for stop in [". ", "; ", ": ", " (", ")", "\n"] {
+        text = text.replace(stop, "|");
+    }
+    text.split('|')
+        .map(str::trim)
+        .filter(|piece| piece.len() >= 12)
+        .map(str::to_string)
+        .collect()
+}
+
+/// Fails unless `message` says each piece once, names each node of
+/// `nodes` once, and is under 200 characters.
+fn said_once(what: &str, message: &str, nodes: &[String]) {
+    assert!(
+        message.len() < 200,
+        "{what}: {} characters: {message}",
+        message.len()
+    );
+    let pieces = sentences(message);
+    for piece in &pieces {
+        let times = pieces.iter().filter(|p| *p == piece).count();
+        assert_eq!(times, 1, "{what}: {piece:?} said {times} times: {message}");
+    }
+    for node in nodes {
+        let host = node.trim_start_matches("redis://");
+        let host = host.rsplit('@').next().unwrap();
+        assert_eq!(
+            message.matches(host).count(),
+            1,
+            "{what}: {host}: {message}"
+        );
+    }
+}
+
+#[test]
+fn a_refused_password_and_an_unknown_status_say_each_fact_once_in_under_200_characters() {
+    let token = "0123456789abcdef0123456789abcdef01234567";
+    for n in [1, 3] {
+        let cluster = cluster(n);
+        for node in cluster.nodes() {
+            require_a_password(node);
+        }
+        let missing = cluster.urls();
+        let wrong: Vec<String> = missing
+            .iter()
+            .map(|url| url.replace("redis://", "redis://:wrong@"))
+            .collect();
+        for (password, urls) in [("missing", &missing), ("wrong", &wrong)] {
+            let steps: [&[&str]; 4] = [
+                &["run", "r", "true"],
+                &["acquire", "r"],
+                &["extend", "r", token],
+                &["release", "r", token],
+            ];
+            for step in steps {
+                let (sub, rest) = step.split_first().unwrap();
+                let out = output(
+                    bare()
+                        .arg(sub)
+                        .arg("--nodes")
+                        .arg(urls.join(","))
+                        .args(rest),
+                );
+                let stderr = text(&out.stderr);
+                assert_eq!(code(&out), 77, "{sub}: {stderr}");
+                let what = format!("{sub}, {n} node(s), {password} password");
+                said_once(&what, stderr.trim_end(), urls);
+            }
+        }
+
+        // Too few nodes for status: said once, on standard output; with
+        // --json, on standard error, once.
+        let out = output(redlock("status", &cluster).arg("r"));
+        assert_eq!(code(&out), 69, "{}", text(&out.stderr));
+        assert_eq!(text(&out.stderr), "", "said on standard output already");
+        let shown = text(&out.stdout);
+        assert_eq!(shown.matches("fewer than a quorum").count(), 1, "{shown}");
+        // Each node's error is said once: a node whose error is the one
+        // above says so.
+        assert_eq!(shown.matches("asks for a password").count(), 1, "{shown}");
+        assert_eq!(shown.matches("the same as above").count(), n - 1, "{shown}");
+        let out = output(redlock("status", &cluster).args(["--json", "r"]));
+        assert_eq!(code(&out), 69);
+        let stderr = text(&out.stderr);
+        said_once("status --json", stderr.trim_end(), &[]);
+        assert_eq!(stderr.matches("fewer than a quorum").count(), 1, "{stderr}");
+    }
 }
 
 #[test]

@@ -343,3 +343,149 @@ fn bad_input_gets_a_clear_message_and_the_usage_exit_code() {
         assert!(help.contains(says), "run --help should say {says:?}");
     }
 }
+
+/// The exit codes that a help text lists under "Exit codes", in its order:
+/// the first word of each line that starts with two blanks.
+fn listed_codes(help: &str) -> Vec<String> {
+    let Some((_, block)) = help.split_once("Exit codes") else {
+        return Vec::new();
+    };
+    let block = block.split("\n\n").next().unwrap_or_default();
+    block
+        .lines()
+        .skip(1)
+        .filter(|line| line.starts_with("  ") && !line.starts_with("   "))
+        .filter_map(|line| line.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Where an exit code sorts: `any` first, `128+N` after 128.
+fn code_rank(code: &str) -> u32 {
+    match code {
+        "any" => 0,
+        "128+N" => 128,
+        n => n
+            .parse()
+            .unwrap_or_else(|_| panic!("not an exit code: {n}")),
+    }
+}
+
+#[test]
+fn every_help_lists_each_exit_code_once_in_ascending_order() {
+    let subcommands = [
+        "",
+        "run",
+        "acquire",
+        "extend",
+        "release",
+        "status",
+        "man",
+        "completions",
+    ];
+    for sub in subcommands {
+        let args: Vec<&str> = [sub, "--help"]
+            .into_iter()
+            .filter(|a| !a.is_empty())
+            .collect();
+        let out = output(bare().args(&args));
+        assert_eq!(code(&out), 0, "{args:?}");
+        let help = text(&out.stdout);
+        let codes = listed_codes(&help);
+        assert!(codes.len() >= 3, "{args:?}: too few codes in {help}");
+        let ranks: Vec<u32> = codes.iter().map(|c| code_rank(c)).collect();
+        assert!(
+            ranks.windows(2).all(|pair| pair[0] < pair[1]),
+            "{args:?}: codes {codes:?} not once each in ascending order"
+        );
+    }
+}
+
+#[test]
+fn a_ttl_under_3_ms_is_refused_in_the_tools_words_and_the_library_takes_3_ms() {
+    let cluster = cluster(1);
+    for ttl in ["0", "0s", "2ms", "2999us"] {
+        let out = output(redlock("acquire", &cluster).args(["--ttl", ttl, "r"]));
+        let stderr = text(&out.stderr);
+        assert_eq!(code(&out), 64, "--ttl {ttl}: {stderr}");
+        assert!(stderr.contains("at least 3 ms"), "--ttl {ttl}: {stderr}");
+        assert!(!stderr.contains("drift_factor"), "--ttl {ttl}: {stderr}");
+    }
+    // The least TTL the tool names passes the library's check: a round
+    // may still outlast 3 ms on a busy machine (69), but it is no usage
+    // error.
+    let out = output(redlock("acquire", &cluster).args(["-n", "--ttl", "3ms", "r"]));
+    let stderr = text(&out.stderr);
+    assert!([0, 69].contains(&code(&out)), "{stderr}");
+    assert!(!stderr.contains("invalid argument"), "{stderr}");
+}
+
+#[test]
+fn a_semaphore_of_0_permits_is_refused_in_the_tools_words() {
+    let out = output(
+        bare()
+            .args(["acquire", "--nodes", "redis://127.0.0.1:1"])
+            .args(["--semaphore", "0", "r"]),
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(code(&out), 64, "{stderr}");
+    assert!(
+        stderr.contains("a semaphore needs at least 1 permit"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("4294967295"), "{stderr}");
+}
+
+#[test]
+fn with_redlock_nodes_set_the_usage_line_does_not_show_nodes_as_given_and_the_variable_is_used() {
+    let cluster = cluster(1);
+    let out = output(
+        bare()
+            .env("REDLOCK_NODES", cluster.urls().join(","))
+            .arg("acquire"),
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(code(&out), 64, "{stderr}");
+    let usage = stderr
+        .lines()
+        .find(|line| line.starts_with("Usage:"))
+        .unwrap_or_else(|| panic!("no usage line: {stderr}"));
+    assert!(
+        !usage.contains("--nodes") || usage.contains("[--nodes"),
+        "{usage}"
+    );
+    // The variable still gives the nodes, and --nodes comes first.
+    let out = output(
+        bare()
+            .env("REDLOCK_NODES", cluster.urls().join(","))
+            .args(["acquire", "-n", "r"]),
+    );
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let out = output(
+        bare()
+            .env("REDLOCK_NODES", cluster.urls().join(","))
+            .args(["status", "--nodes", "", "r"]),
+    );
+    assert_eq!(code(&out), 64, "{}", text(&out.stderr));
+    let help = text(&output(bare().args(["acquire", "--help"])).stdout);
+    assert!(help.contains("REDLOCK_NODES"), "{help}");
+}
+
+#[test]
+fn a_subcommand_with_two_letters_swapped_gets_a_did_you_mean() {
+    for (typed, meant) in [("rnu", "run"), ("stauts", "status"), ("acquier", "acquire")] {
+        let out = output(bare().args([typed, "r"]));
+        let stderr = text(&out.stderr);
+        assert_eq!(code(&out), 64, "{typed}: {stderr}");
+        assert!(
+            stderr.contains(&format!("a similar subcommand exists: '{meant}'")),
+            "{typed}: {stderr}"
+        );
+    }
+    let out = output(bare().args(["lock", "r"]));
+    assert!(
+        !text(&out.stderr).contains("similar"),
+        "{}",
+        text(&out.stderr)
+    );
+}

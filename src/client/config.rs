@@ -245,8 +245,9 @@ impl Config {
             return Err(ArgumentError::ExtendWhenLeft { value: when_left }.into());
         }
         let max_wait = self.max_wait.map(|wait| later(started, wait));
+        let while_held = options.patience == Some(Patience::WhileHeld);
         let (retries, deadline) = match options.patience {
-            None => (self.retry.retries, max_wait),
+            None | Some(Patience::WhileHeld) => (self.retry.retries, max_wait),
             Some(Patience::Retries(n)) => (n, None),
             Some(Patience::For(wait)) => (u32::MAX, Some(later(started, wait))),
             Some(Patience::Until(deadline)) => (u32::MAX, Some(deadline)),
@@ -254,6 +255,7 @@ impl Config {
         };
         Ok(Call {
             retries,
+            while_held,
             deadline,
             max_hold: options.max_hold.or(self.max_hold),
             extend_when_left: when_left,
@@ -267,6 +269,9 @@ impl Config {
 #[derive(Debug, Default)]
 pub(crate) struct Call {
     pub(crate) retries: u32,
+    /// [`Patience::WhileHeld`]: `retries` counts only the attempts that
+    /// failed otherwise than by contention, in a row.
+    pub(crate) while_held: bool,
     /// No attempt starts, and no pause is slept, past this.
     pub(crate) deadline: Option<Instant>,
     pub(crate) max_hold: Option<Duration>,
@@ -275,6 +280,28 @@ pub(crate) struct Call {
 }
 
 impl Call {
+    /// The failed attempt number `attempts`, ended by `error`, as the
+    /// retry policy counts it: `(attempt, retries)`. Waiting `WhileHeld`,
+    /// an attempt that found the lock held uses up no retry, and the
+    /// others count in a row (`failed_in_a_row`).
+    pub(crate) fn budget(
+        &self,
+        error: &LockError,
+        attempts: u32,
+        failed_in_a_row: &mut u32,
+    ) -> (u32, u32) {
+        if !self.while_held {
+            return (attempts, self.retries);
+        }
+        if let LockError::Contended { .. } = error {
+            *failed_in_a_row = 0;
+            let retries = self.retries.max(1);
+            return (attempts.min(retries), retries);
+        }
+        *failed_in_a_row += 1;
+        (*failed_in_a_row, self.retries)
+    }
+
     pub(crate) fn cancelled(&self) -> bool {
         self.cancel.as_ref().is_some_and(Cancel::is_cancelled)
     }

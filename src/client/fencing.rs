@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use super::{Ask, Redlock, Tally};
 use crate::error::NodeOutcome;
-use crate::kind::{acquire_vote, script_vote, Kind};
+use crate::kind::Kind;
+use crate::store::reply::{ACQUIRED, CONFIRMED};
 use crate::time::Ttl;
 
 impl Redlock {
@@ -27,11 +28,17 @@ impl Redlock {
         // A fenced round one reads every reply (no early decision): every
         // node that may count must have its counter in the token, so a node
         // whose round-one reply went unread must not confirm in round two.
-        let ask = match kind.confirms() {
-            true => Ask::EveryReply,
-            false => Ask::UntilDecided,
+        // A shared or counted attempt is refused while the resource is full,
+        // again and again: it reads every reply, and cleans up only where it
+        // was admitted. One round, one command a node, full or not.
+        let ask = if kind.confirms() {
+            Ask::EveryReply
+        } else if kind.is_counted() {
+            Ask::UntilGranted
+        } else {
+            Ask::UntilDecided
         };
-        let first = self.round(kind, &claim, ttl, acquire_vote, ask);
+        let first = self.round(kind, &claim, ttl, ACQUIRED, ask);
         if !kind.confirms() || !first.granted() {
             return first;
         }
@@ -41,7 +48,7 @@ impl Redlock {
         let granted: Vec<bool> = (first.report.nodes.iter())
             .map(|n| n.outcome == NodeOutcome::Granted)
             .collect();
-        let second = self.round(kind, &confirm, ttl, script_vote, Ask::Only(&granted));
+        let second = self.round(kind, &confirm, ttl, CONFIRMED, Ask::Only(&granted));
         self.both_rounds(first, second, ttl)
     }
 

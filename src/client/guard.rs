@@ -9,14 +9,19 @@
 //! - The guard marks itself done and waits for an extension in flight. A
 //!   done lease gets no extension, so none is written after the release
 //!   starts.
-//! - A loss callback runs only while its guard is not done.
+//! - The loss is told once: for a lock lost before its guard is done. A
+//!   guard released while held tells nothing, ever.
+//! - `pending` counts the callbacks taken to run but not returned yet.
+//!   After a loss, `wait_lost` and a guard's release wait until it is told
+//!   and `pending` is zero, except on the notifier and the watchdog: they
+//!   would wait for themselves.
 //!
 //! The backoff runs under `catch_unwind`. Its panic ends that lease alone,
 //! as a loss ([`LockError::Panicked`]), and releases its lock.
 
 use std::fmt;
 use std::mem;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::config::Call;
@@ -51,7 +56,8 @@ type OnLost = Box<dyn FnOnce(&LockError) + Send>;
 /// Dropping the guard releases the lock, also on `?` and while a panic
 /// unwinds. That release never panics, and keys it misses expire within
 /// the TTL. [`unlock`](Self::unlock) also says how the release went. Both
-/// wait for an extension in flight: at most one round.
+/// wait for an extension in flight: at most one round. After a loss, both
+/// wait for its [`on_lost`](Self::on_lost) callbacks.
 ///
 /// A failed extension is retried while validity is left. The pause is the
 /// retry policy's, or half the validity left if that is shorter. A guard
@@ -109,6 +115,8 @@ struct LeaseState {
     /// The loss callbacks, until the loss is told.
     on_lost: Vec<OnLost>,
     told: bool,
+    /// The callbacks queued for the notifier that have not returned yet.
+    pending: usize,
 }
 
 impl LeaseState {
@@ -270,7 +278,10 @@ impl Lease {
         if mem::replace(&mut state.told, true) {
             return None;
         }
-        let (callbacks, failures) = (mem::take(&mut state.on_lost), state.failures.count);
+        let callbacks = mem::take(&mut state.on_lost);
+        let failures = state.failures.count;
+        // Counted now: a wait for the callbacks covers those not queued yet.
+        state.pending += callbacks.len();
         // A guard that is done releases on its own.
         let panicked = state.panic.is_some() && !state.done;
         drop(state);
@@ -287,15 +298,56 @@ impl Lease {
         None
     }
 
-    /// Queues `callback` for the notifier, to run unless the guard is done.
+    /// Queues `callback`, counted in `pending` already, for the notifier.
+    /// Once it returns or panics, or if no notifier can start (then it
+    /// never runs), `pending` counts it no more.
     fn notify(self: &Arc<Self>, client: &Redlock, callback: OnLost) {
-        let (lease, error) = (Arc::clone(self), self.lost());
-        client.watchdog().notify(Box::new(move || {
-            if !lock(&lease.state).done {
-                callback(&error);
-            }
+        let lease = Arc::clone(self);
+        let error = self.lost();
+        let queued = client.watchdog().notify(Box::new(move || {
+            let _ = caught(|| callback(&error));
+            lock(&lease.state).pending -= 1;
+            lease.wake.notify_all();
         }));
+        // The job comes back unrun: dropping it drops the callback, and
+        // running it would run the callback here.
+        if queued.is_err() {
+            lock(&self.state).pending -= 1;
+            self.wake.notify_all();
+        }
     }
+
+    /// Waits until the loss is told and its callbacks have returned, or
+    /// `end`, and returns whether they have. The lock must be lost already.
+    /// The watchdog tells it, after the round that found it, if any. On the
+    /// notifier and the watchdog, it is told here, and no callback waited
+    /// for: they would wait for themselves.
+    fn wait_told(self: &Arc<Self>, client: &Redlock, end: Option<Instant>) -> bool {
+        if !client.watchdog().may_wait() {
+            self.tell(client);
+            return true;
+        }
+        let state = wait(&self.wake, lock(&self.state), end, |s| {
+            !s.told || s.pending > 0
+        });
+        state.told && state.pending == 0
+    }
+}
+
+/// Waits on `wake` while `busy` says so, until `end` if any.
+fn wait<'a>(
+    wake: &Condvar,
+    state: MutexGuard<'a, LeaseState>,
+    end: Option<Instant>,
+    busy: impl Fn(&LeaseState) -> bool,
+) -> MutexGuard<'a, LeaseState> {
+    let Some(end) = end else {
+        let waited = wake.wait_while(state, |s| busy(s));
+        return waited.unwrap_or_else(PoisonError::into_inner);
+    };
+    let left = end.saturating_duration_since(Instant::now());
+    let waited = wake.wait_timeout_while(state, left, |s| busy(s));
+    waited.unwrap_or_else(PoisonError::into_inner).0
 }
 
 impl LockGuard {
@@ -351,9 +403,14 @@ impl LockGuard {
         held.then_some(()).ok_or_else(|| self.lease.lost())
     }
 
-    /// Blocks until the lock is lost or `timeout` passed, and returns
-    /// whether it is lost. It wakes within one extension retry of the loss.
-    /// Another thread may wait while the owner works: the guard is `Sync`.
+    /// Blocks until the lock is lost and its [`on_lost`](Self::on_lost)
+    /// callbacks have returned, or `timeout` passed. Returns true in the
+    /// first case. It wakes within one extension retry of the loss, plus
+    /// the callbacks' time. Another thread may wait while the owner works:
+    /// the guard is `Sync`.
+    ///
+    /// Within a callback it waits for no callback: that would wait for
+    /// itself.
     ///
     /// ```no_run
     /// # use redlock_sync::{LockError, Redlock};
@@ -380,23 +437,30 @@ impl LockGuard {
             let waited = self.lease.wake.wait_timeout(state, left);
             state = waited.unwrap_or_else(PoisonError::into_inner).0;
         }
-        true
+        drop(state);
+        self.lease.wait_told(&self.client, Some(end))
     }
 
-    /// Runs `callback` with the lost-lock error once the lock is lost while
-    /// the guard holds it. If it is lost already, at once. It runs on the
-    /// client's notifier thread, within one extension retry of the loss. It
-    /// never starts once the guard is dropped or unlocked. A release does not
-    /// wait for a callback already running.
+    /// Runs `callback` with the lost-lock error once the lock is lost. If it
+    /// is lost already, at once. It runs on the client's notifier thread,
+    /// within one extension retry of the loss.
     ///
-    /// Callbacks run one at a time: one that blocks delays the others, never
-    /// an extension. A panic in one is caught. A callback may drop or unlock
-    /// guards, its own included.
+    /// A loss before the release is never skipped. Once the lock is lost,
+    /// [`wait_lost`](Self::wait_lost) returns true only after the callbacks
+    /// have returned. A drop or [`unlock`](Self::unlock) waits for them too:
+    /// a callback must not wait for what the releasing thread holds. A
+    /// guard released while held runs none, ever.
+    ///
+    /// Callbacks run one at a time: one that blocks delays the others, and
+    /// the releases that wait for them, never an extension. A panic in one is caught. A
+    /// callback may drop or unlock guards, its own included: on the
+    /// notifier, a release waits for no callback.
     pub fn on_lost(&self, callback: impl FnOnce(&LockError) + Send + 'static) {
         let mut state = lock(&self.lease.state);
-        if !state.done && !state.told {
+        if !state.told {
             state.on_lost.push(Box::new(callback));
         } else if !state.done {
+            state.pending += 1;
             drop(state);
             self.lease.notify(&self.client, Box::new(callback));
         }
@@ -431,7 +495,8 @@ impl LockGuard {
     }
 
     /// Takes the lease from the watchdog, waiting for an extension in
-    /// flight, and releases the lock. `None` after the first time.
+    /// flight, and releases the lock. After a loss, waits for its
+    /// callbacks. `None` after the first time.
     fn finish(&self) -> Option<Result<Report, LockError>> {
         let lease = &*self.lease;
         let mut state = lock(&lease.state);
@@ -440,15 +505,21 @@ impl LockGuard {
         if mem::replace(&mut state.done, true) {
             return None;
         }
-        // Released while held, there is no loss to tell, ever.
-        (state.on_lost, state.told) = (Vec::new(), state.told || held);
-        drop(lease.wake.wait_while(state, |state| state.extending));
-        // A loss the watchdog has not told yet is told now.
-        if !held {
-            self.lease.tell(&self.client);
+        if held {
+            // Released while held, there is no loss to tell, ever.
+            state.on_lost = Vec::new();
+            state.told = true;
         }
+        drop(wait(&lease.wake, state, None, |state| state.extending));
         let released = (self.client).release_token(lease.kind, &lease.resources, &lease.token);
-        Some(if held { released } else { Err(lease.lost()) })
+        if held {
+            return Some(released);
+        }
+        // Lost before the release: the loss is told (now, if the watchdog
+        // has not yet), and its callbacks run before the guard is gone.
+        self.lease.tell(&self.client);
+        self.lease.wait_told(&self.client, None);
+        Some(Err(lease.lost()))
     }
 }
 
@@ -477,6 +548,10 @@ impl Redlock {
     /// keeps the lock alive. Use it for code that does not fit in the closure
     /// of [`with_lock`](Self::with_lock).
     ///
+    /// Unless the options set a [`Patience`], it waits
+    /// [`WhileHeld`](Patience::WhileHeld): for as long as another client
+    /// holds the lock, within the builder's `max_wait` if set.
+    ///
     /// The guard's watchdog extends the lock by the TTL
     /// ([`LockOptions::extend_when_left`]), up to the hold cap
     /// ([`LockOptions::max_hold`]).
@@ -494,7 +569,9 @@ impl Redlock {
         resources: impl IntoResources,
         options: impl Into<LockOptions>,
     ) -> Result<LockGuard, LockError> {
-        let options = options.into();
+        let mut options = options.into();
+        // A guard's door waits while another holds the lock, by default.
+        options.patience = options.patience.or(Some(Patience::WhileHeld));
         let (acquired, call) = self.acquire_with(resources.into_resources(), &options)?;
         let lease = Lease::new(&acquired, &call, Ttl::whole_ms(options.ttl));
         let guard = LockGuard {
@@ -527,6 +604,14 @@ impl Redlock {
     /// `f` may run past the TTL, up to the hold cap. Call
     /// [`check`](LockGuard::check) before each step. The error type needs
     /// only `From<LockError>`, so `?` works on both kinds of error.
+    ///
+    /// That type is generic, and Rust does not infer it from `?` alone. A
+    /// function that returns the call's result names it, and so does a
+    /// `match` on its error. Else end `f` with `Ok::<_, LockError>(value)`.
+    /// A default type would need a second door, or one `E` for everyone.
+    ///
+    /// A loop passes its options by reference (`&options`): see
+    /// [`LockOptions`].
     ///
     /// Record results inside `f`, after a last `check`. Once `with_lock`
     /// returns, another worker may hold the lock (see

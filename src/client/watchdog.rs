@@ -10,10 +10,12 @@
 //!
 //! The notifier runs callbacks one at a time, each under `catch_unwind`.
 //! None runs on the watchdog. A panic in a batch's round ends that batch's
-//! leases, each told.
+//! leases, each told. A guard waits for its loss callbacks, except on these
+//! two threads ([`Watchdog::may_wait`]): there, it would wait for itself.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
+use std::thread::{self, ThreadId};
 use std::time::{Duration, Instant};
 
 use super::guard::Lease;
@@ -49,24 +51,26 @@ pub(crate) type Kept = (Instant, Arc<Lease>, Lock);
 struct Schedule {
     /// Every lease the watchdog keeps.
     leases: Vec<Kept>,
-    running: bool,
+    /// The watchdog thread, while it runs.
+    watchdog: Option<ThreadId>,
     /// The client is gone: the watchdog exits, and the notifier once its
     /// queue is empty.
     closed: bool,
     /// The callbacks for the notifier, in order.
     notices: VecDeque<Job>,
-    notifying: bool,
+    /// The notifier thread, while it runs.
+    notifier: Option<ThreadId>,
 }
 
 impl Watchdog {
     /// Puts `entry` under the watchdog, and starts it if it does not run.
     pub(crate) fn add(self: &Arc<Self>, client: &Redlock, entry: Kept) -> std::io::Result<()> {
         let mut schedule = lock(&self.schedule);
-        if !schedule.running {
+        if schedule.watchdog.is_none() {
             let (watch, client) = (Arc::clone(self), Arc::downgrade(&client.inner));
-            let named = std::thread::Builder::new().name("redlock-watchdog".into());
-            named.spawn(move || watch.run(&client))?;
-            schedule.running = true;
+            let named = thread::Builder::new().name("redlock-watchdog".into());
+            let spawned = named.spawn(move || watch.run(&client))?;
+            schedule.watchdog = Some(spawned.thread().id());
         }
         schedule.leases.push(entry);
         self.wake.notify_all();
@@ -80,16 +84,29 @@ impl Watchdog {
     }
 
     /// Queues `job` for the notifier, and starts it if it does not run. If
-    /// it cannot start, the job waits for the next call: it never runs here.
-    pub(crate) fn notify(self: &Arc<Self>, job: Job) {
+    /// it cannot start, the job comes back: it never runs here.
+    pub(crate) fn notify(self: &Arc<Self>, job: Job) -> Result<(), Job> {
         let mut schedule = lock(&self.schedule);
-        schedule.notices.push_back(job);
-        if !schedule.notifying {
-            let (watch, named) = (Arc::clone(self), std::thread::Builder::new());
-            let named = named.name("redlock-notifier".to_string());
-            schedule.notifying = named.spawn(move || watch.notifier()).is_ok();
+        if schedule.notifier.is_none() {
+            let watch = Arc::clone(self);
+            let named = thread::Builder::new().name("redlock-notifier".to_string());
+            let spawned = named.spawn(move || watch.notifier());
+            let Ok(spawned) = spawned else {
+                return Err(job);
+            };
+            schedule.notifier = Some(spawned.thread().id());
         }
+        schedule.notices.push_back(job);
         self.wake.notify_all();
+        Ok(())
+    }
+
+    /// Whether this thread may wait for a queued job to run: it is neither
+    /// the notifier nor the watchdog.
+    pub(crate) fn may_wait(&self) -> bool {
+        let schedule = lock(&self.schedule);
+        let here = Some(thread::current().id());
+        here != schedule.notifier && here != schedule.watchdog
     }
 
     /// The notifier: runs the queued jobs one at a time, catching panics. It
@@ -100,7 +117,7 @@ impl Watchdog {
             let schedule = self.wake.wait_while(lock(&self.schedule), waiting);
             let mut schedule = schedule.unwrap_or_else(PoisonError::into_inner);
             let Some(job) = schedule.notices.pop_front() else {
-                return schedule.notifying = false;
+                return schedule.notifier = None;
             };
             drop(schedule);
             let _ = caught(job);
@@ -125,7 +142,7 @@ impl Watchdog {
         loop {
             let now = Instant::now();
             if schedule.closed || idle {
-                schedule.running = false;
+                schedule.watchdog = None;
                 return None;
             }
             // Those left unvisited once the batch is full stay.

@@ -14,7 +14,7 @@ use super::restart_guard;
 use super::transport::{connect_failure, Reader, Stream, Writer};
 use super::{Bounds, Node};
 use crate::error::{server_error_text, Failure, NodeError};
-use crate::script;
+use crate::store::script;
 
 /// A new connection, its handshake done: its writer, its reading half
 /// (none when unsplit, as the writer reads), and the bits of our scripts

@@ -10,7 +10,7 @@ use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionI
 use super::resolve::Resolver;
 use super::restart_guard;
 use crate::error::ConfigError;
-use crate::script;
+use crate::store::script;
 
 /// A parsed node URL.
 pub(crate) struct Endpoint {

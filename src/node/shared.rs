@@ -32,7 +32,7 @@ use super::pace::{Pace, BATCH_FROM, RECHECK};
 use super::transport::{io_failure, Reader, Writer};
 use super::Node;
 use crate::error::Failure;
-use crate::script::{is_noscript, Command};
+use crate::store::script::{is_noscript, Command};
 
 /// Past this many unread replies, a round waits for its reply even once
 /// decided. That drains the backlog, or ends a hung node's connection. So

@@ -15,7 +15,8 @@ use redis::Value;
 use super::transport::{failure, Reader, Writer};
 use super::Node;
 use crate::error::Failure;
-use crate::script::{pack, RELEASED_CHANNEL_PREFIX};
+use crate::store::script::pack;
+use crate::store::{released_channel, resource_of_channel};
 
 /// Writes subscription commands. Their answers come through the [`Listener`], in order.
 pub(crate) struct Sender(Writer);
@@ -60,7 +61,7 @@ impl Sender {
     ) -> Result<(), Failure> {
         let mut bytes = Vec::new();
         for (command, resource) in commands {
-            let channel = format!("{RELEASED_CHANNEL_PREFIX}{resource}");
+            let channel = released_channel(resource);
             pack(&mut bytes, &[command.as_bytes(), channel.as_bytes()]);
         }
         self.0.send(&bytes, deadline)
@@ -81,7 +82,7 @@ fn message(value: Value) -> Message {
     let Ok((kind, channel, _)) = redis::from_redis_value::<(String, String, Value)>(value) else {
         return Message::Answer;
     };
-    match (kind.as_str(), channel.strip_prefix(RELEASED_CHANNEL_PREFIX)) {
+    match (kind.as_str(), resource_of_channel(&channel)) {
         ("message", Some(resource)) => Message::Released(resource.to_string()),
         ("subscribe", Some(resource)) => Message::Subscribed(resource.to_string()),
         _ => Message::Answer,
@@ -98,7 +99,7 @@ mod tests {
 
     #[test]
     fn pushed_values_read_as_messages_on_resources() {
-        let channel = format!("{RELEASED_CHANNEL_PREFIX}r");
+        let channel = released_channel("r");
         let released = Value::Array(vec![bulk("message"), bulk(&channel), bulk("tok")]);
         assert_eq!(message(released), Message::Released("r".to_string()));
         let subscribed = Value::Array(vec![bulk("subscribe"), bulk(&channel), Value::Int(1)]);

@@ -451,11 +451,11 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(30);
         let big = "x".repeat(5 * READ_SIZE + 7);
         let mut out = Vec::new();
-        crate::script::pack(&mut out, &[b"SET", b"big", big.as_bytes()]);
+        crate::store::script::pack(&mut out, &[b"SET", b"big", big.as_bytes()]);
         for _ in 0..3 {
-            crate::script::pack(&mut out, &[b"GET", b"big"]);
+            crate::store::script::pack(&mut out, &[b"GET", b"big"]);
             for i in 0..200 {
-                crate::script::pack(&mut out, &[b"ECHO", i.to_string().as_bytes()]);
+                crate::store::script::pack(&mut out, &[b"ECHO", i.to_string().as_bytes()]);
             }
         }
         writer.send(&out, deadline).expect("sent");

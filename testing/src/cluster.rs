@@ -17,7 +17,8 @@ use super::watchdog::{self, Watch};
 use super::{io_error, HarnessError};
 
 /// `n` independent `redis-server` masters, each in the cluster's own
-/// temporary directory, without persistence.
+/// temporary directory, without persistence (with it:
+/// [`Cluster::start_persistent`]).
 ///
 /// Dropping the cluster kills (SIGKILL) and reaps every server it started,
 /// paused ones included, and removes the temporary directory. A run killed
@@ -64,7 +65,35 @@ impl Cluster {
     /// its log), [`HarnessError::Io`] for I/O failures. Nodes already started
     /// are stopped again before the error is returned.
     pub fn start(n: usize) -> Result<Cluster, HarnessError> {
-        Self::launch(redis_server_binary()?, n, Listen::Tcp)
+        Self::launch(redis_server_binary()?, n, Listen::Tcp, false)
+    }
+
+    /// Starts `n` masters as [`Cluster::start`] does, each with
+    /// persistence: `appendonly yes` and `appendfsync always`. A node logs
+    /// every write to its own append-only file and syncs it before it
+    /// answers. So a node killed with [`Node::kill`] or [`Node::restart`]
+    /// (SIGKILL) comes back with every write it acknowledged. Keys keep
+    /// their expiry times, so the time it was down counts.
+    ///
+    /// ```
+    /// use redlock_sync_testing::Cluster;
+    ///
+    /// # fn main() -> Result<(), redlock_sync_testing::HarnessError> {
+    /// let cluster = Cluster::start_persistent(1)?;
+    /// let node = cluster.node(0);
+    /// node.query(&["SET", "k", "v", "PX", "60000"])?;
+    /// node.restart()?; // SIGKILL, then started again on its port
+    /// assert_eq!(node.get("k")?.as_deref(), Some("v"));
+    /// assert!(node.pttl("k")? > 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As for [`Cluster::start`].
+    pub fn start_persistent(n: usize) -> Result<Cluster, HarnessError> {
+        Self::launch(redis_server_binary()?, n, Listen::Tcp, true)
     }
 
     /// Starts `n` masters that listen only on Unix sockets (TCP port 0) in
@@ -91,7 +120,7 @@ impl Cluster {
     ///
     /// As for [`Cluster::start`].
     pub fn start_unix(n: usize) -> Result<Cluster, HarnessError> {
-        Self::launch(redis_server_binary()?, n, Listen::Unix)
+        Self::launch(redis_server_binary()?, n, Listen::Unix, false)
     }
 
     /// Starts `n` masters that speak TLS to clients on `127.0.0.1`, with a
@@ -124,10 +153,15 @@ impl Cluster {
     /// As for [`Cluster::start`]; and [`HarnessError::Io`] if `openssl`
     /// is missing or fails (the message says how to install it).
     pub fn start_tls(n: usize) -> Result<Cluster, HarnessError> {
-        Self::launch(redis_server_binary()?, n, Listen::Tls)
+        Self::launch(redis_server_binary()?, n, Listen::Tls, false)
     }
 
-    fn launch(binary: PathBuf, n: usize, listen: Listen) -> Result<Cluster, HarnessError> {
+    fn launch(
+        binary: PathBuf,
+        n: usize,
+        listen: Listen,
+        persistent: bool,
+    ) -> Result<Cluster, HarnessError> {
         let watch = watchdog::watch(n)?;
         record::reap_orphans();
         let dir = make_cluster_dir(listen == Listen::Unix, n)?;
@@ -158,6 +192,7 @@ impl Cluster {
                         dir: cluster.dir.clone(),
                         index,
                         record: record_path.clone(),
+                        persistent,
                     };
                     scope.spawn(move || Node::launch(spawner, listen))
                 })
@@ -347,6 +382,39 @@ mod tests {
     }
 
     #[test]
+    fn persistent_nodes_keep_what_they_acknowledged_across_sigkill_and_plain_nodes_do_not() {
+        let cluster = Cluster::start_persistent(2).unwrap();
+        for node in cluster.nodes() {
+            // Each node its own file: the nodes share the cluster's folder.
+            node.set("who", &node.url()).unwrap();
+            node.query(&["ZADD", "z", "5", "m"]).unwrap();
+            node.query(&["PEXPIRE", "z", "60000"]).unwrap();
+        }
+        for node in cluster.nodes() {
+            let pid = node.pid();
+            node.restart().unwrap();
+            assert_ne!(node.pid(), pid);
+            assert_eq!(node.get("who").unwrap(), Some(node.url()));
+            let score = node.query(&["ZSCORE", "z", "m"]).unwrap();
+            assert_eq!(redis::from_redis_value::<f64>(score).unwrap(), 5.0);
+            let pttl = node.pttl("z").unwrap();
+            assert!(pttl > 50_000 && pttl <= 60_000, "{pttl}");
+        }
+        // Killed, then started: the same.
+        cluster.node(0).kill().unwrap();
+        cluster.node(0).start().unwrap();
+        assert_eq!(
+            cluster.node(0).get("who").unwrap(),
+            Some(cluster.node(0).url())
+        );
+        // A plain cluster's node forgets.
+        let plain = Cluster::start(1).unwrap();
+        plain.node(0).set("k", "v").unwrap();
+        plain.node(0).restart().unwrap();
+        assert_eq!(plain.node(0).get("k").unwrap(), None);
+    }
+
+    #[test]
     fn empty_cluster_and_out_of_range_index() {
         let cluster = Cluster::start(0).unwrap();
         assert!(cluster.is_empty());
@@ -437,7 +505,7 @@ mod tests {
         else {
             return;
         };
-        let err = Cluster::launch(false_bin, 2, Listen::Tcp).unwrap_err();
+        let err = Cluster::launch(false_bin, 2, Listen::Tcp, false).unwrap_err();
         let HarnessError::NotReady {
             node,
             reason,

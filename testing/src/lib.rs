@@ -13,12 +13,14 @@
 //!   `redis-server` masters (no replication, no persistence) listening on
 //!   `127.0.0.1` or on Unix sockets, each in a private temporary directory;
 //!   [`Cluster::start_tls`] starts masters that speak TLS, with a throwaway
-//!   certificate authority.
+//!   certificate authority. [`Cluster::start_persistent`] starts masters
+//!   with persistence (`appendonly yes`, `appendfsync always`).
 //! * Every [`Node`] can be killed ([`Node::kill`], SIGKILL: the node forgets
-//!   everything), started again on the same address ([`Node::start`],
-//!   [`Node::restart`]), frozen ([`Node::pause`], SIGSTOP: connections hang)
-//!   and thawed ([`Node::resume`]), and inspected ([`Node::get`],
-//!   [`Node::pttl`], [`Node::keys`], [`Node::query`], ...).
+//!   everything, unless it has persistence), started again on the same
+//!   address ([`Node::start`], [`Node::restart`]), frozen ([`Node::pause`],
+//!   SIGSTOP: connections hang) and thawed ([`Node::resume`]), and
+//!   inspected ([`Node::get`], [`Node::pttl`], [`Node::keys`],
+//!   [`Node::query`], ...).
 //! * A [`Proxy`] sits in front of one TCP address and can delay, silently
 //!   drop (partition) or reset the traffic while connections are open
 //!   ([`Fault`]).

@@ -24,9 +24,10 @@ const SHUTDOWN_WAIT: Duration = Duration::from_secs(10);
 /// Every method takes `&self` (the process handle sits behind a mutex), so a
 /// node can be killed, paused or restarted from any thread while others use
 /// it. The address never changes: [`Node::start`] and [`Node::restart`] come
-/// back on the same port or socket path. There is no persistence: a killed
-/// or restarted node has lost all its data, unless it is restarted with
-/// [`Node::restart_persisted`].
+/// back on the same port or socket path. A killed or restarted node has
+/// lost all its data, unless it is restarted with
+/// [`Node::restart_persisted`] or its cluster has persistence
+/// ([`Cluster::start_persistent`](super::Cluster::start_persistent)).
 ///
 /// ```
 /// use redlock_sync_testing::Cluster;
@@ -125,7 +126,9 @@ impl Node {
 
     /// Kills the server (SIGKILL, which also works on a paused server) and
     /// reaps it. Idempotent: killing a killed node does nothing. The node
-    /// forgets all its data.
+    /// forgets all its data, unless its cluster has persistence
+    /// ([`Cluster::start_persistent`](super::Cluster::start_persistent)):
+    /// then it keeps every write it acknowledged.
     ///
     /// # Errors
     ///
@@ -216,7 +219,9 @@ impl Node {
 
     /// Kills the server if it runs (see [`Node::kill`]), then starts it again
     /// on the same port or socket path and waits until it answers `PING`.
-    /// The data is gone.
+    /// The data is gone, unless the cluster has persistence
+    /// ([`Cluster::start_persistent`](super::Cluster::start_persistent)):
+    /// then the node loads every write it acknowledged before it answers.
     ///
     /// # Errors
     ///
@@ -234,7 +239,8 @@ impl Node {
     /// starts again on the same address, loads it, and answers `PING`.
     /// Keys keep their expiry times, so the time it was down counts. The
     /// saved file is removed once loaded: a later [`kill`](Self::kill) or
-    /// [`restart`](Self::restart) still loses everything.
+    /// [`restart`](Self::restart) still loses everything, on a node without
+    /// persistence.
     ///
     /// ```
     /// use redlock_sync_testing::Cluster;

@@ -154,6 +154,9 @@ pub(super) struct Spawner {
     /// The cluster's record, which learns every server spawned (`None`
     /// where no record is kept).
     pub(super) record: Option<PathBuf>,
+    /// Whether the node logs every write to its append-only file and syncs
+    /// it before it answers (`appendonly yes`, `appendfsync always`).
+    pub(super) persistent: bool,
 }
 
 /// Why one launch attempt failed.
@@ -182,13 +185,42 @@ impl Spawner {
         format!("node-{}.rdb", self.index)
     }
 
+    /// The name of the node's append-only file, one per node: Redis 6
+    /// writes it in the cluster's directory, Redis 7 and Valkey name their
+    /// files after it in `appendonlydir`.
+    fn aof_name(&self) -> String {
+        format!("node-{}.aof", self.index)
+    }
+
+    /// The persistence options: none, or every write logged and synced
+    /// before the reply.
+    fn persistence(&self) -> Vec<String> {
+        if !self.persistent {
+            return ["--save", "", "--appendonly", "no"]
+                .map(String::from)
+                .to_vec();
+        }
+        let options = [
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+        ];
+        let mut args = options.map(String::from).to_vec();
+        args.push("--appendfilename".to_owned());
+        args.push(self.aof_name());
+        args
+    }
+
     fn spawn(&self, address: &Address) -> Result<Child, HarnessError> {
         let mut command = Command::new(&self.binary);
         command
             .current_dir(&self.dir)
             .arg("--dir")
             .arg(&self.dir)
-            .args(["--save", "", "--appendonly", "no"])
+            .args(self.persistence())
             .arg("--dbfilename")
             .arg(self.rdb_name())
             .args(["--bind", "127.0.0.1", "--protected-mode", "no"])

@@ -133,7 +133,7 @@ pub fn holders(cluster: &Cluster, lock: &Lock) -> usize {
 
 /// How many connections listen for releases of `resource` on node `i`.
 pub fn listeners(cluster: &Cluster, i: usize, resource: &str) -> i64 {
-    let channel = format!("redlock-sync:released:{resource}");
+    let channel = redlock_sync::released_channel(resource);
     match cluster.node(i).query(&["PUBSUB", "NUMSUB", &channel]) {
         Ok(redis::Value::Array(parts)) => match parts.get(1) {
             Some(redis::Value::Int(n)) => *n,
@@ -215,4 +215,23 @@ pub fn calls(cluster: &Cluster, i: usize, commands: &[&str]) -> u64 {
             .unwrap_or(0)
     };
     commands.iter().map(calls).sum()
+}
+
+/// Adds the ACL user `deaf`, without channel rights (Redis 7's default for
+/// new users, said explicitly), to `node`; its URL. A client that logs in
+/// as it hears no release, as over a proxy that drops them.
+pub fn deaf_url(node: &redlock_sync_testing::Node) -> String {
+    let setuser = [
+        "ACL",
+        "SETUSER",
+        "deaf",
+        "on",
+        ">secret",
+        "~*",
+        "+@all",
+        "resetchannels",
+    ];
+    node.query(&setuser).expect("ACL SETUSER");
+    let port = node.port().expect("a TCP node");
+    format!("redis://deaf:secret@127.0.0.1:{port}")
 }

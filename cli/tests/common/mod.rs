@@ -280,6 +280,14 @@ pub fn keys_on(cluster: &Cluster, resource: &str) -> usize {
         .count()
 }
 
+/// On how many nodes `key` exists, whatever its type.
+pub fn exists_on(cluster: &Cluster, key: &str) -> usize {
+    let exists = |node: &&redlock_sync_testing::Node| {
+        node.query(&["EXISTS", key]).ok() == Some(redis::Value::Int(1))
+    };
+    cluster.nodes().iter().filter(exists).count()
+}
+
 /// A shell command line for the child: `sh -c SCRIPT`.
 pub fn sh(script: &str) -> [String; 3] {
     ["sh".into(), "-c".into(), script.into()]
@@ -403,7 +411,7 @@ pub fn kill(signal: &str, pid: u32, group: bool) {
 /// releases of `resource` are said (see the library's `Patience`):
 /// a waiter inside the library's wait listens there.
 pub fn listeners(cluster: &Cluster, resource: &str) -> i64 {
-    let channel = format!("redlock-sync:released:{resource}");
+    let channel = redlock_sync::released_channel(resource);
     let count =
         |node: &redlock_sync_testing::Node| match node.query(&["PUBSUB", "NUMSUB", &channel]) {
             Ok(redis::Value::Array(reply)) => match reply.get(1) {
@@ -436,7 +444,9 @@ pub fn stamp(path: &Path, label: &str) -> String {
 /// The members of `resource`'s sorted set on each node: the holders of a
 /// `--shared` or `--semaphore` lock (0 where the key is absent).
 pub fn members_on(cluster: &Cluster, resource: &str) -> Vec<i64> {
-    let count = |node: &redlock_sync_testing::Node| match node.query(&["ZCARD", resource]) {
+    // Holders only: the kind's marker member is scored -inf.
+    let holders = ["ZCOUNT", resource, "(-inf", "+inf"];
+    let count = |node: &redlock_sync_testing::Node| match node.query(&holders) {
         Ok(redis::Value::Int(n)) => n,
         _ => 0,
     };

@@ -18,11 +18,6 @@ pub(crate) struct Script {
     pub(crate) sha: &'static str,
 }
 
-/// The channel on which a release of resource `r` is announced is this
-/// prefix, then `r`. The crate's reserved prefix keeps application channels
-/// apart.
-pub(crate) const RELEASED_CHANNEL_PREFIX: &str = "redlock-sync:released:";
-
 /// A clean-up's second argument to the release script: publish nothing.
 pub(crate) const QUIET: &[u8] = b"quiet";
 
@@ -31,7 +26,8 @@ pub(crate) const QUIET: &[u8] = b"quiet";
 /// one key this is the classic `if get == token then del` script.
 ///
 /// Each deleted key is announced in the same call: a `PUBLISH` of the token
-/// on its channel ([`RELEASED_CHANNEL_PREFIX`]). An unheard `PUBLISH` costs
+/// on its channel ([`released_channel`](super::released_channel), given
+/// after the locks in `KEYS`). An unheard `PUBLISH` costs
 /// a hash lookup. A key held by another publishes nothing.
 ///
 /// A holder's release (no second argument) also publishes where the key is
@@ -47,26 +43,11 @@ pub(crate) const QUIET: &[u8] = b"quiet";
 /// members: then it is the wrong kind's release (`WRONGKIND`, an error).
 pub(crate) const RELEASE: Script = Script {
     bit: 1,
-    body: "local n = 0\n\
-           for _, key in ipairs(KEYS) do\n  \
-           local v = redis.pcall('get', key)\n  \
-           if type(v) == 'table' then\n    \
-           for _, m in ipairs(redis.pcall('zrange', key, 0, -1)) do\n      \
-           if string.sub(m, 1, 40) == ARGV[1] then return redis.error_reply('WRONGKIND a shared lock or a semaphore') end\n    \
-           end\n    \
-           v = '-'\n  \
-           end\n  \
-           local ours = v and string.sub(v, 1, 40) == ARGV[1]\n  \
-           if ours then\n    \
-           redis.call('del', key)\n    \
-           if string.byte(v, 41) ~= 126 then n = n + 1 end\n  \
-           end\n  \
-           if ARGV[2] == nil and (ours or v == false) then\n    \
-           redis.pcall('publish', 'redlock-sync:released:' .. key, ARGV[1])\n  \
-           end\n\
-           end\n\
-           return n",
-    sha: "a57fc277043d4ecf0f98312c70a6894a0349922b",
+    body: concat!(
+        include_str!("lua/prelude.lua"),
+        include_str!("lua/release.lua")
+    ),
+    sha: "2d169cf7d9439e98c453053fd8a3d3047544f477",
 };
 
 /// Extends many locks in one call. `ARGV[1]` is the round's re-take mark.
@@ -88,36 +69,11 @@ pub(crate) const RELEASE: Script = Script {
 /// before any write: one that is not a number makes the reply an error.
 pub(crate) const EXTEND: Script = Script {
     bit: 2,
-    body: "local mark, out, k = ARGV[1], {}, 0\n\
-           for g = 2, #ARGV, 4 do\n  \
-             local n, value, fence = tonumber(ARGV[g]), ARGV[g + 1], tonumber(ARGV[g + 3])\n  \
-             local token, locks, vote = string.sub(value, 1, 40), n - ((fence or 0) > 0 and 1 or 0), 1\n  \
-             for i = k + 1, k + locks do\n    \
-               local v = redis.pcall('get', KEYS[i])\n    \
-               if type(v) == 'table' then\n      \
-                 vote = 0\n      \
-                 for _, m in ipairs(redis.pcall('zrange', KEYS[i], 0, -1)) do\n        \
-                   if string.sub(m, 1, 40) == token then vote = redis.error_reply('WRONGKIND a shared lock or a semaphore') end\n      \
-                 end\n    \
-               elseif v and string.sub(v, 1, 40) ~= token then vote = 0\n    \
-               elseif (not v or string.byte(v, 41) == 126) and vote == 1 then vote = fence and 2 or 3 end\n  \
-             end\n  \
-             local writes = vote == 1 or vote == 2\n  \
-             local counter = writes and locks < n and tonumber(redis.call('get', KEYS[k + n]) or '0')\n  \
-             if counter == nil then\n    \
-               vote = redis.error_reply('the fencing counter is not a number')\n  \
-             elseif writes then\n    \
-               if counter and counter < fence then redis.call('set', KEYS[k + n], ARGV[g + 3]) end\n    \
-               local marked = token .. '~' .. mark .. string.sub(value, 41)\n    \
-               for i = k + 1, k + locks do\n      \
-                 if vote == 1 then redis.call('pexpire', KEYS[i], ARGV[g + 2])\n      \
-                 else redis.call('set', KEYS[i], marked, 'PX', ARGV[g + 2]) end\n    \
-               end\n  \
-             end\n  \
-             out[#out + 1], k = vote, k + n\n\
-           end\n\
-           return out",
-    sha: "729392c39308d683f65eb7cb011c8210b5f67501",
+    body: concat!(
+        include_str!("lua/prelude.lua"),
+        include_str!("lua/extend.lua")
+    ),
+    sha: "f7149dbe5ca3fabecbcaabf6b2eadf0f1bba0e59",
 };
 
 /// Confirms one round's re-takes: a key marked with `ARGV[1]` (see
@@ -126,15 +82,11 @@ pub(crate) const EXTEND: Script = Script {
 /// and never counts as renewed.
 pub(crate) const CONFIRM: Script = Script {
     bit: 8,
-    body: "local tail = '~' .. ARGV[1]\n\
-           for _, key in ipairs(KEYS) do\n  \
-             local v = redis.pcall('get', key)\n  \
-             if type(v) == 'string' and string.sub(v, 41, 40 + #tail) == tail then\n    \
-               redis.call('set', key, string.sub(v, 1, 40) .. string.sub(v, 41 + #tail), 'KEEPTTL')\n  \
-             end\n\
-           end\n\
-           return 0",
-    sha: "a76b832a4e034fb7a114a100091b41d72b4fab4f",
+    body: concat!(
+        include_str!("lua/prelude.lua"),
+        include_str!("lua/confirm.lua")
+    ),
+    sha: "0c199d70af2f27907cfb57abb2a917b455305f9d",
 };
 
 /// A writer's acquisition: `KEYS` are the locks, then their writers'
@@ -145,32 +97,11 @@ pub(crate) const CONFIRM: Script = Script {
 /// counted holders hold ([`WITHDRAW`] says how intents live).
 pub(crate) const ACQUIRE_MANY: Script = Script {
     bit: 4,
-    body: r#"local n = #KEYS / 2
-for i = 1, n do
-  if redis.call('exists', KEYS[i]) == 1 then
-    if ARGV[3] then
-      local time = redis.call('time')
-      local now = time[1] * 1000 + math.floor(time[2] / 1000)
-      for j = 1, n do
-        if redis.call('type', KEYS[j]).ok == 'zset' then
-          redis.call('zadd', KEYS[n + j], now + ARGV[2], ARGV[3])
-          local top = redis.call('zrange', KEYS[n + j], -1, -1, 'withscores')[2]
-          redis.call('pexpireat', KEYS[n + j], top)
-        end
-      end
-    end
-    return 0
-  end
-end
-for i = 1, n do
-  redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2])
-  if ARGV[3] and redis.call('zrem', KEYS[n + i], ARGV[3]) == 1 and redis.call('exists', KEYS[n + i]) == 1 then
-    local top = redis.call('zrange', KEYS[n + i], -1, -1, 'withscores')[2]
-    redis.call('pexpireat', KEYS[n + i], top)
-  end
-end
-return 1"#,
-    sha: "e9f5c4152a0e4e552b01baa712feb549e07d15d3",
+    body: concat!(
+        include_str!("lua/prelude.lua"),
+        include_str!("lua/acquire_many.lua")
+    ),
+    sha: "8d0cb44f73f410265967e2e5bd2d9623b15439c2",
 };
 
 /// Withdraws one acquisition's intents (`ARGV[1]`, its id) from each of
@@ -185,14 +116,11 @@ return 1"#,
 /// once it succeeds, gives up or is cancelled.
 pub(crate) const WITHDRAW: Script = Script {
     bit: 32,
-    body: r#"for _, key in ipairs(KEYS) do
-  if redis.call('zrem', key, ARGV[1]) == 1 and redis.call('exists', key) == 1 then
-    local top = redis.call('zrange', key, -1, -1, 'withscores')[2]
-    redis.call('pexpireat', key, top)
-  end
-end
-return 0"#,
-    sha: "db6bfe455e1799346c9a122fdf55e196eb2d35a4",
+    body: concat!(
+        include_str!("lua/prelude.lua"),
+        include_str!("lua/withdraw.lua")
+    ),
+    sha: "24a6faa72386b30f89ef957ee062a6ccfaac889d",
 };
 
 /// Fenced acquisition, round one: `KEYS` are the lock, its fencing counter
@@ -205,32 +133,11 @@ return 0"#,
 /// 2^53 or above, where Lua loses precision, is refused.
 pub(crate) const FENCE_ACQUIRE: Script = Script {
     bit: 64,
-    body: r#"local time = redis.call('time')
-if redis.call('exists', KEYS[1]) == 1 then
-  if ARGV[3] and redis.call('type', KEYS[1]).ok == 'zset' then
-    local now = time[1] * 1000 + math.floor(time[2] / 1000)
-    redis.call('zadd', KEYS[3], now + ARGV[2], ARGV[3])
-    local top = redis.call('zrange', KEYS[3], -1, -1, 'withscores')[2]
-    redis.call('pexpireat', KEYS[3], top)
-  end
-  return 0
-end
-local fence = redis.call('incr', KEYS[2])
-local now = time[1] .. string.format('%06d', time[2])
-if tonumber(now) > fence then
-  redis.call('set', KEYS[2], now)
-  fence = tonumber(now)
-end
-if fence >= 9007199254740992 then
-  return redis.error_reply('fencing counter reached 2^53')
-end
-redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
-if ARGV[3] and redis.call('zrem', KEYS[3], ARGV[3]) == 1 and redis.call('exists', KEYS[3]) == 1 then
-  local top = redis.call('zrange', KEYS[3], -1, -1, 'withscores')[2]
-  redis.call('pexpireat', KEYS[3], top)
-end
-return fence"#,
-    sha: "cc63ee0313ecbf248daef016cd3269bcbd30b0e8",
+    body: concat!(
+        include_str!("lua/prelude.lua"),
+        include_str!("lua/fence_acquire.lua")
+    ),
+    sha: "775025f0f86002bf5c2fbdcda887f2086935cd59",
 };
 
 /// Fenced acquisition, round two. If `KEYS[1]` still holds our token
@@ -238,14 +145,11 @@ return fence"#,
 /// returns 1; otherwise it writes nothing and returns 0.
 pub(crate) const FENCE_CONFIRM: Script = Script {
     bit: 128,
-    body: "if redis.pcall('get', KEYS[1]) ~= ARGV[1] then\n  \
-             return 0\n\
-           end\n\
-           if tonumber(redis.call('get', KEYS[2]) or '0') < tonumber(ARGV[2]) then\n  \
-             redis.call('set', KEYS[2], ARGV[2])\n\
-           end\n\
-           return 1",
-    sha: "a3aa0470c63eef94e11a50eb881ab3983a7cc6cc",
+    body: concat!(
+        include_str!("lua/prelude.lua"),
+        include_str!("lua/fence_confirm.lua")
+    ),
+    sha: "88476fd753dd71e0fdbbc8b3d289e4e5cbec06fd",
 };
 
 /// The shared and counted kinds' acquire, extend, release and clean-up
@@ -256,7 +160,7 @@ pub(crate) const FENCE_CONFIRM: Script = Script {
 ///
 /// Holders are the members of a sorted set at the resource's key, scored
 /// by their expiry on the node's clock. The set also holds one marker,
-/// `redlock-sync:kind=K`, scored `-inf`: it is never counted nor purged, and
+/// `redlock-sync:2:kind=K`, scored `-inf`: it is never counted nor purged, and
 /// a set without it is an application's, held by another and never
 /// written. Every call purges the expired holders. The key expires with its
 /// last live holder, and is deleted when the last one leaves, marker and
@@ -271,99 +175,28 @@ pub(crate) const FENCE_CONFIRM: Script = Script {
 /// Extension returns one reply per lock, the others one.
 pub(crate) const SHARED: Script = Script {
     bit: 16,
-    body: r#"local MARKER = 'redlock-sync:kind='
-local time = redis.call('time')
-local now = time[1] * 1000 + math.floor(time[2] / 1000)
-local op = ARGV[1]
-local out = {}
+    body: concat!(
+        include_str!("lua/prelude.lua"),
+        include_str!("lua/shared.lua")
+    ),
+    sha: "ee13d4154690a238d69731698cebb59b3ae7b637",
+};
 
-local function wrong_kind(kind)
-  if kind == nil then
-    return redis.error_reply('WRONGKIND a plain or fenced lock')
-  elseif kind == '0' then
-    return redis.error_reply('WRONGKIND a shared lock')
-  end
-  return redis.error_reply('WRONGKIND a semaphore of ' .. kind .. ' permits')
-end
-
--- The key expires with its last live holder; with none, the set goes.
-local function keep_expiry(key)
-  if redis.call('zcard', key) <= 1 then
-    redis.call('del', key)
-  else
-    local top = redis.call('zrange', key, -1, -1, 'withscores')[2]
-    redis.call('pexpireat', key, top)
-  end
-end
-
--- Whether a writer waits: a live intent, or an older client's.
-local function writer_waits(intents, older)
-  if redis.call('exists', older) == 1 then
-    return true
-  end
-  redis.call('zremrangebyscore', intents, '-inf', now)
-  return redis.call('exists', intents) == 1
-end
-
-for g = 2, #ARGV, 3 do
-  local key, intents, older = KEYS[g - 1], KEYS[g], KEYS[g + 1]
-  local member, ttl, k = ARGV[g], ARGV[g + 1], ARGV[g + 2]
-  local token = string.sub(member, 1, 40)
-  local t = redis.call('type', key).ok
-  -- Our set's kind, from its marker, and our live member in it.
-  local held, mine
-  if t == 'zset' then
-    local first = redis.call('zrange', key, 0, 0)[1]
-    if string.sub(first, 1, #MARKER) == MARKER then
-      held = string.sub(first, #MARKER + 1)
-      redis.call('zremrangebyscore', key, '(-inf', now)
-      for _, m in ipairs(redis.call('zrange', key, 1, -1)) do
-        if string.sub(m, 1, 40) == token then
-          mine = m
-        end
-      end
-    end
-  end
-  local vote = 0
-  if mine and held ~= k then
-    vote = wrong_kind(held)
-  elseif op ~= 'acquire' and t == 'string' and string.sub(redis.call('get', key), 1, 40) == token then
-    vote = wrong_kind(nil)
-  elseif op == 'extend' then
-    vote = 3
-    if mine then
-      redis.call('zadd', key, now + ttl, mine)
-      vote = 1
-    end
-  elseif op ~= 'acquire' then
-    if mine then
-      redis.call('zrem', key, mine)
-      vote = 1
-    end
-    if op == 'release' and (mine or t == 'none') then
-      redis.pcall('publish', 'redlock-sync:released:' .. key, token)
-    end
-  elseif held and held ~= k then
-    vote = wrong_kind(held)
-  elseif (held or t == 'none') and not mine and not writer_waits(intents, older) then
-    if t == 'none' then
-      redis.call('zadd', key, '-inf', MARKER .. k)
-    end
-    if k == '0' or redis.call('zcard', key) - 1 < tonumber(k) then
-      redis.call('zadd', key, now + ttl, member)
-      vote = 1
-    end
-  end
-  if held or vote == 1 then
-    keep_expiry(key)
-  end
-  out[#out + 1] = vote
-end
-if op == 'extend' then
-  return out
-end
-return out[1]"#,
-    sha: "b385e2c1bf0f65ac805f949298779133962e98b1",
+/// Reads, without writing, the fencing counter, the holders' kind (`K`
+/// from a sorted set's marker, `w` for a token-shaped string), the key's
+/// Redis type, and the time left of the longest live writer's intent
+/// (`-1`: it never expires; `-2`: none). Then each live holder's value and
+/// time left: a writer's key, or the set's members by expiry.
+///
+/// A string is a writer's only if token-shaped: 40 lowercase hex digits,
+/// then optionally `~MARK` and ` OWNER`, 258 bytes at most. Any other key,
+/// and a sorted set without our marker, is not a lock: its kind is empty.
+/// It has no bit: it always goes as `EVAL`, and is never loaded with the
+/// lock scripts.
+pub(crate) const INSPECT: Script = Script {
+    bit: 0,
+    body: include_str!("lua/inspect.lua"),
+    sha: "ba8b07a71b8c70f3f6d861ace0b5c6557a9732a4",
 };
 
 /// One command, packed once, sent to every node of a round.
@@ -478,16 +311,9 @@ mod tests {
     }
 
     #[test]
-    fn the_release_script_publishes_on_the_channels_waiters_listen_on() {
-        let publish =
-            format!("redis.pcall('publish', '{RELEASED_CHANNEL_PREFIX}' .. key, ARGV[1])");
-        assert!(RELEASE.body.contains(&publish), "{}", RELEASE.body);
-    }
-
-    #[test]
     fn every_scripts_hard_coded_sha_is_the_one_script_load_returns() {
         let cluster = redlock_sync_testing::Cluster::start(1).expect("a redis-server node");
-        let scripts: [(&str, &Script); 8] = [
+        let scripts: [(&str, &Script); 9] = [
             ("RELEASE", &RELEASE),
             ("EXTEND", &EXTEND),
             ("CONFIRM", &CONFIRM),
@@ -496,6 +322,7 @@ mod tests {
             ("FENCE_CONFIRM", &FENCE_CONFIRM),
             ("SHARED", &SHARED),
             ("WITHDRAW", &WITHDRAW),
+            ("INSPECT", &INSPECT),
         ];
         let mut bits = 0u8;
         let mut wrong = Vec::new();
@@ -510,6 +337,10 @@ mod tests {
             };
             if script.sha != got {
                 wrong.push(format!("{name}: {got}"));
+            }
+            if script.bit == 0 {
+                // Sent as EVAL every time, never loaded.
+                continue;
             }
             assert_eq!(bits & script.bit, 0, "{name}: bit {} is taken", script.bit);
             assert_eq!(script.bit.count_ones(), 1, "{name}: one bit per script");
