@@ -65,7 +65,8 @@ use std::time::{Duration, Instant};
 
 use common::{cluster, fenced, wait_until};
 use redlock_sync::{
-    Kind, Lock, LockError, LockOptions, Loss, NodeOutcome, Patience, Redlock, RetryPolicy,
+    intents_key, Kind, Lock, LockError, LockOptions, Loss, NodeOutcome, Patience, Redlock,
+    RetryPolicy,
 };
 use redlock_sync_testing::{Cluster, Fault, Proxy};
 
@@ -680,11 +681,11 @@ impl Stage<'_> {
         matches!(reply, Ok(redis::Value::Int(1)))
     }
 
-    /// The nodes where a writer's intent on `resource` stands (the key of
-    /// either storage layout).
+    /// The nodes where a writer's intent on `resource` stands (or an older
+    /// client's).
     fn intents(&self, resource: &str) -> Vec<bool> {
         let old = format!("redlock-sync:intent:{resource}");
-        let new = format!("redlock-sync:intents:{resource}");
+        let new = intents_key(resource);
         (0..NODES)
             .map(|i| {
                 let node = self.faults.nodes.node(i);
