@@ -722,7 +722,8 @@ fn stage(stage: &Stage, case: Case, seed: u64) {
 
 /// A holder of 2 permits on five nodes (q = 4) whose member is deleted on
 /// two nodes that granted it: its next extension renews on at most three,
-/// a majority short of `q`. It must not be told `Ok`.
+/// a majority short of `q`. It must not be told `Ok`, nor `NoQuorum`
+/// where every node answered.
 fn short_of_quorum(stage: &Stage) {
     let resource = stage.resource(Case::ShortOfQuorum);
     let options = LockOptions::new(TTLS[1]).kind(Kind::Semaphore(2));
@@ -739,14 +740,20 @@ fn short_of_quorum(stage: &Stage) {
     }
     if deleted == NODES - 4 + 1 {
         stage.occurred(Case::ShortOfQuorum);
-        let since = Instant::now();
         let result = held.extend(stage, TTLS[1]);
+        // Where every node answered, too few renewed: that is a loss.
+        let answered = |report: &redlock_sync::Report| {
+            let mut nodes = report.nodes.iter();
+            nodes.all(|n| matches!(n.outcome, NodeOutcome::Granted | NodeOutcome::Refused))
+        };
         if result.is_ok() {
             let what = format!("a 2-permit holder renewed with its member gone on {deleted} of {NODES} nodes (q = 4)");
             stage.breach(Case::ShortOfQuorum, what);
-        } else if stage.faults.calm_since(since) && !matches!(result, Err(LockError::Lost { .. })) {
-            let what = format!("a 2-permit holder with its member gone on {deleted} of {NODES} nodes was told {result:?}, not Lost");
-            stage.breach(Case::ShortOfQuorum, what);
+        } else if let Err(LockError::NoQuorum { report, .. }) = &result {
+            if answered(report) {
+                let what = format!("a 2-permit holder with its member gone on {deleted} of {NODES} nodes, every node answering, was told {result:?}, not Lost");
+                stage.breach(Case::ShortOfQuorum, what);
+            }
         }
     }
     held.release(stage);
