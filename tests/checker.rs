@@ -3,9 +3,11 @@
 //! ways a program holds them (an explicit `Lock`, some of which extend
 //! after their validity ran out; a guard from `lock`; a `with_lock`
 //! closure), while the fault classes of the contract's table hit five
-//! nodes, one class at a time. Each hold is of one of five roles: a fenced
-//! writer or a reader ([`Kind::Shared`]) of one resource, or a holder of a
-//! semaphore of 1, 2 or 3 permits, each on a resource of its own:
+//! nodes, one class at a time. Each hold is of one of these roles: a
+//! fenced or a plain writer of one resource, a plain writer of two
+//! resources as one lock, a reader ([`Kind::Shared`]) of either resource,
+//! or a holder of a semaphore of 1, 2 or 3 permits, each on a resource of
+//! its own:
 //!
 //! | class | the table says |
 //! |---|---|
@@ -40,6 +42,13 @@
 //! order the acquisitions returned, in the classes where the fenced
 //! guarantee holds (no data lost, or the guard on).
 //!
+//! Five cases also run on purpose, each in a thread of its own ([`Case`]):
+//! a permit holder renewed on a majority short of `q`, readers of mixed
+//! TTLs before a writer, a reader renewing behind a waiting writer, a
+//! writer behind permit holders, and two writers that give up. Each checks
+//! its own rule, and its holds join the log. Each must occur at least
+//! [`CASE_MINIMUM`] times in a run of the default length.
+//!
 //! It runs for about 45 s (each class for 5 s, in turn).
 //! `REDLOCK_CHECKER_SECS=600` runs longer, cycling through the classes
 //! (with `REDLOCK_SYNC_TEST_TIMEOUT=900`, past the harness's time bound),
@@ -55,10 +64,15 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{cluster, fenced, wait_until};
-use redlock_sync::{Kind, LockError, LockOptions, NodeOutcome, Redlock, RetryPolicy};
+use redlock_sync::{
+    intents_key, Kind, Lock, LockError, LockOptions, Loss, NodeOutcome, Patience, Redlock,
+    RetryPolicy,
+};
 use redlock_sync_testing::{Cluster, Fault, Proxy};
 
-const RESOURCE: &str = "checked";
+/// The writers' and readers' resources: plain writers also take both as
+/// one lock.
+const RESOURCES: [&str; 2] = ["checked", "checked-b"];
 const CLIENTS: usize = 3;
 const THREADS_PER_CLIENT: usize = 3;
 const NODES: usize = 5;
@@ -197,36 +211,49 @@ const CLASSES: [Class; 9] = [
     },
 ];
 
-/// What a hold is of: a resource's writer or reader, or a permit.
+/// What a hold is of: a fenced or plain writer of the first resource, a
+/// plain writer of both as one lock, a reader of one, or a permit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Role {
-    Writer,
-    Reader,
+    Fenced,
+    Plain,
+    Pair,
+    Reader(usize),
     Permit(u32),
 }
 
 impl Role {
     fn draw(rng: &mut Rng) -> Role {
-        match rng.below(10) {
-            0..=4 => Role::Writer,
-            5 | 6 => Role::Reader,
-            k => Role::Permit(k as u32 - 6),
+        match rng.below(12) {
+            0..=2 => Role::Fenced,
+            3 | 4 => Role::Plain,
+            5 => Role::Pair,
+            6 | 7 => Role::Reader(0),
+            8 => Role::Reader(1),
+            k => Role::Permit(k as u32 - 8),
         }
     }
 
-    fn resource(self) -> String {
+    fn resources(self) -> Vec<String> {
         match self {
-            Role::Permit(k) => format!("permits-{k}"),
-            _ => RESOURCE.to_string(),
+            Role::Permit(k) => vec![format!("permits-{k}")],
+            Role::Pair => RESOURCES.map(String::from).to_vec(),
+            Role::Reader(i) => vec![RESOURCES[i].to_string()],
+            Role::Fenced | Role::Plain => vec![RESOURCES[0].to_string()],
         }
     }
 
     fn options(self, ttl: Duration) -> LockOptions {
         match self {
-            Role::Writer => fenced(ttl),
-            Role::Reader => LockOptions::new(ttl).kind(Kind::Shared),
+            Role::Fenced => fenced(ttl),
+            Role::Plain | Role::Pair => LockOptions::new(ttl),
+            Role::Reader(_) => LockOptions::new(ttl).kind(Kind::Shared),
             Role::Permit(k) => LockOptions::new(ttl).kind(Kind::Semaphore(k)),
         }
+    }
+
+    fn is_reader(self) -> bool {
+        matches!(self, Role::Reader(_))
     }
 }
 
@@ -243,6 +270,8 @@ enum Holder {
 struct Hold {
     who: (usize, usize),
     role: Role,
+    /// The role's resources, or a case's own.
+    resources: Vec<String>,
     holder: Holder,
     /// The class in which the acquisition returned.
     class: usize,
@@ -265,6 +294,7 @@ impl Hold {
         Hold {
             who,
             role,
+            resources: role.resources(),
             holder,
             class,
             fence,
@@ -323,6 +353,11 @@ struct Run {
     stop: AtomicBool,
     log: Mutex<Vec<Hold>>,
     failures: Mutex<BTreeMap<String, u64>>,
+    /// How often each case occurred, what the cases found wrong, and how
+    /// many episodes began (each names its resource).
+    cases: Mutex<BTreeMap<Case, u64>>,
+    breaches: Mutex<Vec<(Case, String)>>,
+    episodes: AtomicUsize,
 }
 
 impl Run {
@@ -399,7 +434,7 @@ fn explicit(
     ttl: Duration,
     rng: &mut Rng,
 ) -> Option<Hold> {
-    let mut lock = match locks.acquire(role.resource(), role.options(ttl)) {
+    let mut lock = match locks.acquire(role.resources(), role.options(ttl)) {
         Ok(lock) => lock,
         Err(e) => return run.failed(&e, Holder::Lock),
     };
@@ -467,7 +502,7 @@ fn guarded(
     ttl: Duration,
     rng: &mut Rng,
 ) -> Option<Hold> {
-    let guard = match locks.lock(role.resource(), role.options(ttl)) {
+    let guard = match locks.lock(role.resources(), role.options(ttl)) {
         Ok(guard) => guard,
         Err(e) => return run.failed(&e, Holder::Guard),
     };
@@ -491,7 +526,7 @@ fn scoped(
 ) -> Option<Hold> {
     let work = guard_work(ttl, rng);
     let mut held = None;
-    let result = locks.with_lock(role.resource(), role.options(ttl), |guard| {
+    let result = locks.with_lock(role.resources(), role.options(ttl), |guard| {
         let class = run.class.load(Ordering::Relaxed);
         let fence = guard.fencing_token().unwrap_or_default();
         let mut hold = Hold::new(who, role, Holder::WithLock, class, fence);
@@ -509,6 +544,419 @@ fn scoped(
     }
 }
 
+/// The cases each run makes on purpose, each by a thread of its own, on a
+/// fresh resource per episode, while the class's faults go on. Each one
+/// holds a rule the random holders rarely meet; the end of the run
+/// prints how often each occurred.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Case {
+    /// [`short_of_quorum`].
+    ShortOfQuorum,
+    /// [`mixed_ttls`].
+    MixedTtls,
+    /// [`renewed_behind_writer`].
+    RenewedBehindWriter,
+    /// [`writer_behind_permits`].
+    WriterBehindPermits,
+    /// [`writer_gave_up`].
+    WriterGaveUp,
+}
+
+const CASES: [Case; 5] = [
+    Case::ShortOfQuorum,
+    Case::MixedTtls,
+    Case::RenewedBehindWriter,
+    Case::WriterBehindPermits,
+    Case::WriterGaveUp,
+];
+
+/// How many times each case must occur in a run of the default length.
+const CASE_MINIMUM: u64 = 10;
+
+/// How soon after the last waiting writer gave up a reader gets in: a
+/// retry pause and a few rounds, far below the writers' TTL.
+const GAVE_UP_BOUND: Duration = Duration::from_millis(400);
+
+/// The writers' TTL in [`writer_gave_up`]: an intent left behind would
+/// keep readers out this long.
+const GAVE_UP_TTL: Duration = Duration::from_millis(2000);
+
+/// An explicit lock a case holds, and its claim, logged on release.
+struct Held {
+    lock: Lock,
+    hold: Hold,
+}
+
+impl Held {
+    /// Acquires `resource` as `role` with `options`; `waits`: the waiting
+    /// form, else one attempt.
+    fn take(
+        stage: &Stage,
+        role: Role,
+        resource: &str,
+        options: LockOptions,
+        waits: bool,
+    ) -> Result<Held, LockError> {
+        let result = if waits {
+            stage.locks().acquire(resource, options)
+        } else {
+            stage.locks().try_acquire(resource, options)
+        };
+        let lock = result?;
+        let class = stage.run.class.load(Ordering::Relaxed);
+        let mut hold = Hold::new(stage.who, role, Holder::Lock, class, 0);
+        hold.resources = vec![resource.to_string()];
+        hold.claim_end = lock.valid_until();
+        Ok(Held { lock, hold })
+    }
+
+    /// Which nodes granted the acquisition: their command ran, so our
+    /// member was there, and nothing but our own calls writes it again.
+    fn granted(&self) -> Vec<bool> {
+        self.lock
+            .report()
+            .nodes
+            .iter()
+            .map(|n| n.outcome == NodeOutcome::Granted)
+            .collect()
+    }
+
+    fn extend(&mut self, stage: &Stage, ttl: Duration) -> Result<(), LockError> {
+        let at = Instant::now();
+        let result = stage.locks().extend(&mut self.lock, ttl);
+        if result.is_ok() {
+            self.hold.extended(at, self.lock.valid_until());
+        }
+        result
+    }
+
+    fn release(mut self, stage: &Stage) {
+        let at = Instant::now();
+        let released = stage.locks().release(self.lock).is_ok();
+        self.hold.released(at, released);
+        stage.run.log.lock().unwrap().push(self.hold);
+    }
+}
+
+/// What a case's thread works with: the run, the nodes (read and written
+/// directly, past the proxies), the faults' calm, and who it is.
+struct Stage<'a> {
+    run: &'a Run,
+    faults: &'a Faults<'a>,
+    who: (usize, usize),
+}
+
+impl Stage<'_> {
+    /// The client of the class under way.
+    fn locks(&self) -> &Redlock {
+        let class = self.run.class.load(Ordering::Relaxed);
+        &self.run.clients[usize::from(CLASSES[class].guard)][self.who.1 % CLIENTS]
+    }
+
+    /// A fresh resource for one episode of `case`.
+    fn resource(&self, case: Case) -> String {
+        let n = self.run.episodes.fetch_add(1, Ordering::Relaxed);
+        format!("case-{case:?}-{n}")
+    }
+
+    fn occurred(&self, case: Case) {
+        *self.run.cases.lock().unwrap().entry(case).or_default() += 1;
+    }
+
+    fn breach(&self, case: Case, what: String) {
+        let class = CLASSES[self.run.class.load(Ordering::Relaxed)].name;
+        let seen = format!("{case:?} ({class}): {what}");
+        self.run.breaches.lock().unwrap().push((case, seen));
+    }
+
+    /// Whether node `i` holds `member` in the sorted set `key`, live by the
+    /// node's clock (an error, a paused or stopped node: no).
+    fn holds_live(&self, i: usize, key: &str, member: &str) -> bool {
+        const LIVE: &str = "local s = redis.call('zscore', KEYS[1], ARGV[1])\n\
+            local t = redis.call('time')\n\
+            if s and tonumber(s) > t[1] * 1000 + math.floor(t[2] / 1000) then return 1 end\n\
+            return 0";
+        let node = self.faults.nodes.node(i);
+        let reply = node.query(&["EVAL", LIVE, "1", key, member]);
+        matches!(reply, Ok(redis::Value::Int(1)))
+    }
+
+    /// The nodes where a writer's intent on `resource` stands (or an older
+    /// client's).
+    fn intents(&self, resource: &str) -> Vec<bool> {
+        let old = format!("redlock-sync:intent:{resource}");
+        let new = intents_key(resource);
+        (0..NODES)
+            .map(|i| {
+                let node = self.faults.nodes.node(i);
+                let reply = node.query(&["EXISTS", &old, &new]);
+                matches!(reply, Ok(redis::Value::Int(n)) if n > 0)
+            })
+            .collect()
+    }
+}
+
+/// One case's thread: episodes of `case`, until `stop`.
+fn stage(stage: &Stage, case: Case, seed: u64) {
+    let mut rng = Rng::new(seed);
+    while !stage.run.stop.load(Ordering::Relaxed) {
+        match case {
+            Case::ShortOfQuorum => short_of_quorum(stage),
+            Case::MixedTtls => mixed_ttls(stage),
+            Case::RenewedBehindWriter => renewed_behind_writer(stage),
+            Case::WriterBehindPermits => writer_behind_permits(stage),
+            // Judged only in calm: it waits for one.
+            Case::WriterGaveUp if !stage.faults.calm_since(Instant::now()) => {
+                thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+            // Back to back while calm: calm is short.
+            Case::WriterGaveUp => {
+                writer_gave_up(stage);
+                continue;
+            }
+        }
+        thread::sleep(rng.millis(20, 200));
+    }
+}
+
+/// A holder of 2 permits on five nodes (q = 4) whose member is deleted on
+/// two nodes that granted it: its next extension renews on at most three,
+/// a majority short of `q`. It must not be told `Ok`, nor `NoQuorum`
+/// where every node answered.
+fn short_of_quorum(stage: &Stage) {
+    let resource = stage.resource(Case::ShortOfQuorum);
+    let options = LockOptions::new(TTLS[1]).kind(Kind::Semaphore(2));
+    let Ok(mut held) = Held::take(stage, Role::Permit(2), &resource, options, true) else {
+        return;
+    };
+    let member = held.lock.token().to_string();
+    let granted = held.granted();
+    let mut deleted = 0;
+    for i in (0..NODES).filter(|&i| granted[i]).take(NODES - 4 + 1) {
+        let node = stage.faults.nodes.node(i);
+        let reply = node.query(&["ZREM", &resource, &member]);
+        deleted += usize::from(matches!(reply, Ok(redis::Value::Int(1))));
+    }
+    if deleted == NODES - 4 + 1 {
+        stage.occurred(Case::ShortOfQuorum);
+        let result = held.extend(stage, TTLS[1]);
+        // Where every node answered, too few renewed: that is a loss.
+        let answered = |report: &redlock_sync::Report| {
+            let mut nodes = report.nodes.iter();
+            nodes.all(|n| matches!(n.outcome, NodeOutcome::Granted | NodeOutcome::Refused))
+        };
+        if result.is_ok() {
+            let what = format!("a 2-permit holder renewed with its member gone on {deleted} of {NODES} nodes (q = 4)");
+            stage.breach(Case::ShortOfQuorum, what);
+        } else if let Err(LockError::NoQuorum { report, .. }) = &result {
+            if answered(report) {
+                let what = format!("a 2-permit holder with its member gone on {deleted} of {NODES} nodes, every node answering, was told {result:?}, not Lost");
+                stage.breach(Case::ShortOfQuorum, what);
+            }
+        }
+    }
+    held.release(stage);
+}
+
+/// A long reader, then a short one: once the short one's TTL is over, a
+/// plain writer tries once. The long reader still holds, so the writer
+/// must be refused (the oracle sees an overlap otherwise).
+fn mixed_ttls(stage: &Stage) {
+    let resource = stage.resource(Case::MixedTtls);
+    let shared = |ttl: Duration| LockOptions::new(ttl).kind(Kind::Shared);
+    let long_ttl = Duration::from_millis(1500);
+    let Ok(long) = Held::take(stage, Role::Reader(0), &resource, shared(long_ttl), true) else {
+        return;
+    };
+    let short = Held::take(stage, Role::Reader(0), &resource, shared(TTLS[0]), true);
+    if let Ok(short) = short {
+        // Past the short reader's expiry on every node.
+        thread::sleep(TTLS[0] + Duration::from_millis(100));
+        // Only where the long one is still valid for a while.
+        if long.lock.valid_until() > Instant::now() + Duration::from_millis(200) {
+            stage.occurred(Case::MixedTtls);
+            let options = LockOptions::new(TTLS[0]);
+            let writer = Held::take(stage, Role::Plain, &resource, options, false);
+            // Both claims last a while: an overlap is no matter of timing.
+            thread::sleep(Duration::from_millis(100));
+            if let Ok(writer) = writer {
+                writer.release(stage);
+            }
+        }
+        stage.run.log.lock().unwrap().push(short.hold);
+    }
+    long.release(stage);
+}
+
+/// A reader renews its lock every 100 ms while a plain writer waits
+/// behind it (its intent set). A node that refuses the renewal must not
+/// hold the reader's member, live, just after.
+fn renewed_behind_writer(stage: &Stage) {
+    let resource = stage.resource(Case::RenewedBehindWriter);
+    let ttl = TTLS[0];
+    let options = LockOptions::new(ttl).kind(Kind::Shared);
+    let Ok(mut reader) = Held::take(stage, Role::Reader(0), &resource, options, true) else {
+        return;
+    };
+    let member = reader.lock.token().to_string();
+    let granted = reader.granted();
+    let waiting = AtomicBool::new(true);
+    thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let patience = Patience::For(Duration::from_millis(450));
+            let options = LockOptions::new(ttl).patience(patience);
+            let writer = Held::take(stage, Role::Plain, &resource, options, true);
+            waiting.store(false, Ordering::Relaxed);
+            writer
+        });
+        let began = Instant::now();
+        let mut occurred = false;
+        for _ in 0..5 {
+            thread::sleep(Duration::from_millis(100));
+            let behind =
+                waiting.load(Ordering::Relaxed) && began.elapsed() > Duration::from_millis(60);
+            match reader.extend(stage, ttl) {
+                Ok(()) => occurred |= behind,
+                Err(LockError::Lost { reason, report, .. }) if reason != Loss::Expired => {
+                    occurred |= behind;
+                    let refused = report
+                        .nodes
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, n)| granted[*i] && n.outcome == NodeOutcome::Refused)
+                        .map(|(i, _)| i);
+                    for i in refused.filter(|&i| stage.holds_live(i, &resource, &member)) {
+                        let what = format!("node {i} refused a reader's renewal while it held its member (a writer waiting: {behind})");
+                        stage.breach(Case::RenewedBehindWriter, what);
+                    }
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        if occurred {
+            stage.occurred(Case::RenewedBehindWriter);
+        }
+        reader.release(stage);
+        if let Ok(writer) = writer.join().unwrap() {
+            writer.release(stage);
+        }
+    });
+}
+
+/// Two permit holders of 2 permits and a plain writer waiting behind them;
+/// one leaves, and a new permit holder tries once. Where the writer's
+/// intent stood on more nodes than `N - q` before and after that
+/// attempt, the new holder must be refused.
+fn writer_behind_permits(stage: &Stage) {
+    let resource = stage.resource(Case::WriterBehindPermits);
+    let ttl = TTLS[1];
+    let options = || LockOptions::new(ttl).kind(Kind::Semaphore(2));
+    let Ok(first) = Held::take(stage, Role::Permit(2), &resource, options(), true) else {
+        return;
+    };
+    let Ok(second) = Held::take(stage, Role::Permit(2), &resource, options(), true) else {
+        first.release(stage);
+        return;
+    };
+    let waiting = AtomicBool::new(true);
+    thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let patience = Patience::For(Duration::from_millis(1500));
+            let options = LockOptions::new(ttl).patience(patience);
+            let writer = Held::take(stage, Role::Plain, &resource, options, true);
+            waiting.store(false, Ordering::Relaxed);
+            writer
+        });
+        thread::sleep(Duration::from_millis(100));
+        first.release(stage);
+        let since = Instant::now();
+        let class = stage.run.class.load(Ordering::Relaxed);
+        let before = stage.intents(&resource);
+        let third = Held::take(stage, Role::Permit(2), &resource, options(), false);
+        let after = stage.intents(&resource);
+        let stood = (0..NODES).filter(|&i| before[i] && after[i]).count();
+        // A flush between the two reads could drop an intent that the
+        // writer set again: judged only where no data was lost.
+        let kept = CLASSES[class].cell == Cell::Exclusive
+            && stage.run.class.load(Ordering::Relaxed) == class;
+        let judged = kept || stage.faults.calm_since(since);
+        if judged && stood > NODES - 4 && waiting.load(Ordering::Relaxed) {
+            stage.occurred(Case::WriterBehindPermits);
+            if third.is_ok() {
+                let what = format!(
+                    "a permit holder got in while a writer's intent stood on {stood} nodes"
+                );
+                stage.breach(Case::WriterBehindPermits, what);
+            }
+        }
+        if let Ok(third) = third {
+            third.release(stage);
+        }
+        second.release(stage);
+        if let Ok(writer) = writer.join().unwrap() {
+            writer.release(stage);
+        }
+    });
+}
+
+/// A reader holds; two plain writers wait behind it, one giving up
+/// before the other. While the second waits (its intent on a majority),
+/// a new reader is refused; once it gives up too, a new reader gets in
+/// within a retry pause or two, not a writer's TTL. Judged only where no
+/// fault ran since the episode began (and none could still be felt).
+fn writer_gave_up(stage: &Stage) {
+    let began = Instant::now();
+    let resource = stage.resource(Case::WriterGaveUp);
+    let shared = |ttl: Duration| LockOptions::new(ttl).kind(Kind::Shared);
+    let first = Held::take(stage, Role::Reader(0), &resource, shared(TTLS[1]), true);
+    let Ok(first) = first else {
+        return;
+    };
+    let writer = |patience: u64| {
+        let patience = Patience::For(Duration::from_millis(patience));
+        let options = LockOptions::new(GAVE_UP_TTL).patience(patience);
+        Held::take(stage, Role::Plain, &resource, options, true)
+    };
+    let mut breaches = Vec::new();
+    thread::scope(|s| {
+        // The second cannot give up before its patience ends.
+        let waits_until = Instant::now() + Duration::from_millis(150);
+        let long = s.spawn(|| writer(150));
+        let short = s.spawn(|| writer(60));
+        let short = short.join().unwrap();
+        // Judged where the second's intent stood on a majority throughout.
+        let before = stage.intents(&resource);
+        let beside = Held::take(stage, Role::Reader(0), &resource, shared(TTLS[0]), false);
+        let after = stage.intents(&resource);
+        let stood = (0..NODES).filter(|&i| before[i] && after[i]).count();
+        let judged = stood > NODES / 2 && Instant::now() < waits_until;
+        if judged && beside.is_ok() {
+            breaches.push("a reader got in beside a writer still waiting".to_string());
+        }
+        let long = long.join().unwrap();
+        let gave_up = Instant::now();
+        let options = shared(TTLS[0]).patience(Patience::For(GAVE_UP_BOUND * 2));
+        let next = Held::take(stage, Role::Reader(0), &resource, options, true);
+        let took = gave_up.elapsed();
+        if next.is_err() || took > GAVE_UP_BOUND {
+            let what = format!("the next reader took {took:?} after the last writer gave up");
+            breaches.push(what);
+        }
+        let writers = [short, long].into_iter().filter_map(Result::ok);
+        let readers = [beside, next].into_iter().filter_map(Result::ok);
+        writers.chain(readers).for_each(|held| held.release(stage));
+    });
+    first.release(stage);
+    if stage.faults.calm_since(began) {
+        stage.occurred(Case::WriterGaveUp);
+        breaches
+            .into_iter()
+            .for_each(|what| stage.breach(Case::WriterGaveUp, what));
+    }
+}
+
 /// The nodes and their proxies, which nodes a fault is hurting, and what
 /// the fault threads did.
 struct Faults<'a> {
@@ -516,6 +964,9 @@ struct Faults<'a> {
     proxies: &'a [Proxy],
     busy: Mutex<Vec<bool>>,
     counts: Mutex<BTreeMap<&'static str, u64>>,
+    /// How many faults are under way, and the last time one began or
+    /// ended (or its effects could still be felt).
+    calm: Mutex<(usize, Instant)>,
 }
 
 impl Faults<'_> {
@@ -538,6 +989,22 @@ impl Faults<'_> {
     fn give_back(&self, nodes: &[usize]) {
         let mut busy = self.busy.lock().unwrap();
         nodes.iter().for_each(|&i| busy[i] = false);
+    }
+
+    /// Whether no fault ran, nor could still be felt, since `since`.
+    fn calm_since(&self, since: Instant) -> bool {
+        let calm = self.calm.lock().unwrap();
+        calm.0 == 0 && calm.1 <= since
+    }
+
+    /// A fault begins (`+1`) or ends (`-1`), and is felt until `until`.
+    fn stir(&self, change: isize, until: Instant) {
+        let mut calm = self.calm.lock().unwrap();
+        calm.0 = calm
+            .0
+            .checked_add_signed(change)
+            .expect("a fault ends once");
+        calm.1 = calm.1.max(until);
     }
 
     fn count(&self, class: usize) {
@@ -571,7 +1038,16 @@ impl Faults<'_> {
         } else {
             rng.millis(10, 250)
         };
+        // Commands held up land up to 1.5 s after; a node back from a
+        // restart or a pause, or a proxy healed, has the client reconnect.
+        let felt = match fault {
+            Hurt::DelayPastValidity => QUIET,
+            Hurt::Restart | Hurt::RestartPersisted => Duration::from_millis(300),
+            _ => Duration::from_millis(100),
+        };
+        self.stir(1, Instant::now());
         self.hurt(fault, &nodes, lasts, rng);
+        self.stir(-1, Instant::now() + felt);
         self.give_back(&nodes);
         self.count(class);
     }
@@ -653,7 +1129,7 @@ fn judge(log: &[Hold]) -> Vec<Found> {
         // The claims of b's resource that began first (the sweep goes by start).
         let same = open
             .iter()
-            .filter(|a| a.role.resource() == b.role.resource());
+            .filter(|a| a.resources.iter().any(|r| b.resources.contains(r)));
         let untold = |a: &&&Hold| !a.told_since(b.start);
         if let Role::Permit(k) = b.role {
             let (k, count) = (k as usize, same.clone().count());
@@ -667,7 +1143,7 @@ fn judge(log: &[Hold]) -> Vec<Found> {
             }
         } else {
             for a in same {
-                if (a.role, b.role) == (Role::Reader, Role::Reader) {
+                if a.role.is_reader() && b.role.is_reader() {
                     found.shared += 1;
                     continue;
                 }
@@ -680,7 +1156,8 @@ fn judge(log: &[Hold]) -> Vec<Found> {
         }
         open.push(b);
     }
-    by_start.retain(|h| h.role == Role::Writer);
+    // One counter: the first resource's.
+    by_start.retain(|h| h.role == Role::Fenced && h.resources == [RESOURCES[0]]);
     for pair in by_start.windows(2) {
         let (a, b) = (pair[0], pair[1]);
         let asserted = CLASSES[a.class].fencing && CLASSES[b.class].fencing;
@@ -705,6 +1182,9 @@ fn no_fault_class_breaks_the_contract_for_locks_guards_or_with_lock() {
         stop: AtomicBool::new(false),
         log: Mutex::new(Vec::new()),
         failures: Mutex::new(BTreeMap::new()),
+        cases: Mutex::new(BTreeMap::new()),
+        breaches: Mutex::new(Vec::new()),
+        episodes: AtomicUsize::new(0),
     };
     // Fresh nodes are kept out by the guard until their uptime passes it.
     let guarded = &run.clients[1][0];
@@ -721,6 +1201,7 @@ fn no_fault_class_breaks_the_contract_for_locks_guards_or_with_lock() {
         proxies: &proxies,
         busy: Mutex::new(vec![false; NODES]),
         counts: Mutex::new(BTreeMap::new()),
+        calm: Mutex::new((0, Instant::now())),
     };
     let started = Instant::now();
     thread::scope(|s| {
@@ -731,6 +1212,15 @@ fn no_fault_class_breaks_the_contract_for_locks_guards_or_with_lock() {
                 let run = &run;
                 s.spawn(move || work(run, (c, t), worker_seed));
             }
+        }
+        for (k, case) in CASES.into_iter().enumerate() {
+            let case_seed = seed ^ ((k + 1) as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            let stage_of = Stage {
+                run: &run,
+                faults: &faults,
+                who: (CLIENTS + k, k),
+            };
+            s.spawn(move || stage(&stage_of, case, case_seed));
         }
         // Each class in turn: its faults, then a quiet end.
         let mut turn = 0u64;
@@ -780,11 +1270,42 @@ fn no_fault_class_breaks_the_contract_for_locks_guards_or_with_lock() {
             found.regressions.len()
         );
     }
+    let cases = run.cases.into_inner().unwrap();
+    let breaches = run.breaches.into_inner().unwrap();
+    let mut broken: BTreeMap<Case, usize> = BTreeMap::new();
+    breaches
+        .iter()
+        .for_each(|(case, _)| *broken.entry(*case).or_default() += 1);
+    println!("checker: cases {cases:?}; breaches {broken:?}");
     let shared: usize = found.iter().map(|f| f.shared).sum();
     assert!(
         shared > 0,
         "readers and permit holders never overlapped: the kinds do not share"
     );
+    // The first two of each case.
+    let mut shown: BTreeMap<Case, usize> = BTreeMap::new();
+    let first: Vec<&str> = breaches
+        .iter()
+        .filter(|(case, _)| {
+            let n = shown.entry(*case).or_default();
+            *n += 1;
+            *n <= 2
+        })
+        .map(|(_, seen)| seen.as_str())
+        .collect();
+    assert!(
+        breaches.is_empty(),
+        "{} breaches in the cases (seed {seed}):\n{}",
+        breaches.len(),
+        first.join("\n")
+    );
+    for case in CASES {
+        let n = cases.get(&case).copied().unwrap_or(0);
+        assert!(
+            n >= CASE_MINIMUM || run_for < Duration::from_secs(DEFAULT_SECS),
+            "{case:?} occurred {n} times, fewer than {CASE_MINIMUM} (seed {seed})"
+        );
+    }
     for (class, found) in CLASSES.iter().zip(&found) {
         let what = format!("{} (seed {seed})", class.name);
         assert!(found.holds > 0, "{what}: no hold");
@@ -820,7 +1341,8 @@ fn the_oracle_finds_overlaps_untold_holders_and_token_regressions_in_a_made_up_l
     let at = |ms: u64| t0 + Duration::from_millis(ms);
     let hold = |class: usize, fence: u64, start: u64, claim_end: u64| Hold {
         who: (0, 0),
-        role: Role::Writer,
+        role: Role::Fenced,
+        resources: vec![RESOURCES[0].to_string()],
         holder: Holder::Lock,
         class,
         fence,
@@ -866,14 +1388,31 @@ fn the_oracle_finds_overlaps_untold_holders_and_token_regressions_in_a_made_up_l
     // Readers share; a writer among them conflicts with each.
     let as_role = |role: Role, start: u64, end: u64| Hold {
         role,
+        resources: role.resources(),
         ..hold(class, 0, start, end)
     };
-    let readers = [as_role(Role::Reader, 0, 20), as_role(Role::Reader, 5, 30)];
+    let readers = [
+        as_role(Role::Reader(0), 0, 20),
+        as_role(Role::Reader(0), 5, 30),
+    ];
     let found = judge(&readers);
     assert_eq!((found[class].shared, found[class].overlaps.len()), (1, 0));
     let mut mixed: Vec<Hold> = readers.iter().map(|h| as_role(h.role, 0, 20)).collect();
-    mixed.push(as_role(Role::Writer, 10, 40));
+    mixed.push(as_role(Role::Fenced, 10, 40));
     assert_eq!(judge(&mixed)[class].overlaps.len(), 2);
+    // A writer of both resources conflicts with a reader of the second;
+    // readers of different resources never meet.
+    let apart = [
+        as_role(Role::Reader(1), 0, 20),
+        as_role(Role::Reader(0), 5, 30),
+        as_role(Role::Pair, 10, 40),
+    ];
+    assert_eq!(
+        judge(&apart)[class].overlaps.len(),
+        2,
+        "{:?}",
+        judge(&apart)
+    );
     // Two permits: two holders share, a third conflicts; untold only if
     // neither of the first two was told.
     let permits = |third: u64| {
