@@ -681,16 +681,14 @@ impl Stage<'_> {
         matches!(reply, Ok(redis::Value::Int(1)))
     }
 
-    /// The nodes where a writer's intent on `resource` stands (or an older
-    /// client's).
+    /// The nodes where a writer's intent on `resource` stands.
     fn intents(&self, resource: &str) -> Vec<bool> {
-        let old = format!("redlock-sync:intent:{resource}");
-        let new = intents_key(resource);
+        let key = intents_key(resource);
         (0..NODES)
             .map(|i| {
                 let node = self.faults.nodes.node(i);
-                let reply = node.query(&["EXISTS", &old, &new]);
-                matches!(reply, Ok(redis::Value::Int(n)) if n > 0)
+                let reply = node.query(&["EXISTS", &key]);
+                matches!(reply, Ok(redis::Value::Int(1)))
             })
             .collect()
     }
