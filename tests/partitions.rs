@@ -189,18 +189,23 @@ fn a_slow_minority_does_not_slow_rounds_a_slow_majority_does_and_past_the_io_tim
     for _ in 0..10 {
         locks.release(locks.acquire("learn", TTL).unwrap()).unwrap();
     }
+    // A round that waited for the slow node takes a delayed round trip
+    // (2 x 20 ms) or more: most rounds must not, though a busy machine
+    // may stall one or two.
+    let mut slow_rounds = Vec::new();
     for i in 0..5 {
         let lock = locks.acquire("slow", TTL).unwrap();
         let report = lock.report().clone();
         assert!(report.granted() >= 3, "round {i}: {report}");
-        assert!(
-            report.elapsed < 2 * delay,
-            "round {i}: a quorum of fast nodes should decide the round without the slow one, \
-             took {:?}: {report}",
-            report.elapsed
-        );
+        if report.elapsed >= 2 * delay {
+            slow_rounds.push(format!("round {i}: {report}"));
+        }
         locks.release(lock).unwrap();
     }
+    assert!(
+        slow_rounds.len() <= 2,
+        "a quorum of fast nodes should decide the rounds without the slow one: {slow_rounds:#?}"
+    );
 
     // Three slow nodes: a quorum needs one of them, so the round waits for
     // a delayed round trip, below the io_timeout, and gets the lock.
