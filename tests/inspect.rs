@@ -157,7 +157,9 @@ fn inspect_lets_a_server_named_by_two_urls_answer_once() {
     nodes.node(0).set("twice", STRANGER).unwrap();
     nodes.node(1).set("twice", STRANGER).unwrap();
     let seen = locks.inspect("twice").unwrap();
-    let unknown = (seen.nodes.iter())
+    let unknown = seen
+        .nodes
+        .iter()
         .filter(|n| matches!(n.holding, Holding::Unknown(_)))
         .count();
     assert_eq!(unknown, 1, "{seen:?}");

@@ -37,7 +37,8 @@ fn each_fact_once(message: &str) {
             "`{clause}` said twice: {message}"
         );
     }
-    let words: Vec<String> = (message.split_whitespace())
+    let words: Vec<String> = message
+        .split_whitespace()
         .map(|w| {
             w.trim_matches(|c: char| ",;:().".contains(c))
                 .to_lowercase()

@@ -260,7 +260,8 @@ fn wait_lost_then_an_immediate_drop_runs_the_callback_in_50_of_50_losses() {
     let locks = builder(&nodes).build().unwrap();
     let ttl = Duration::from_millis(200);
     let started = Instant::now();
-    let (mut before_return, mut before_drop) = (0, 0);
+    let mut before_return = 0;
+    let mut before_drop = 0;
     for run in 0..50 {
         let resource = format!("run:{run}");
         // Every other run, the keys are taken over (an extension is

@@ -51,7 +51,8 @@ pub fn status(args: &StatusArgs) -> Result<u8, Failure> {
 
 /// How many nodes answered.
 fn answered(seen: &Inspection) -> usize {
-    (seen.nodes.iter())
+    seen.nodes
+        .iter()
         .filter(|n| !matches!(n.holding, Holding::Unknown(_)))
         .count()
 }

@@ -208,7 +208,9 @@ impl Inspection {
     pub fn verdict(&self) -> Verdict {
         let n = self.nodes.len();
         let majority = Kind::Plain.quorum(n);
-        let others: Vec<&str> = (self.nodes.iter())
+        let others: Vec<&str> = self
+            .nodes
+            .iter()
             .filter_map(|v| match &v.holding {
                 Holding::NotALock { redis_type } => Some(redis_type.as_str()),
                 _ => None,
@@ -222,7 +224,8 @@ impl Inspection {
             };
         }
         let groups = self.groups();
-        let held: Vec<(Kind, Holder)> = (groups.iter())
+        let held: Vec<(Kind, Holder)> = groups
+            .iter()
             .filter(|(kind, found)| found.len() >= kind.quorum(n))
             .map(|(kind, found)| (*kind, gathered(found)))
             .collect();
@@ -230,7 +233,8 @@ impl Inspection {
             return self.free_or_unknown(&groups, others.len());
         };
         let quorum = kind.quorum(n);
-        let mut holders: Vec<Holder> = (held.into_iter())
+        let mut holders: Vec<Holder> = held
+            .into_iter()
             .filter(|(k, _)| *k == kind)
             .map(|(_, holder)| holder)
             .collect();
@@ -243,7 +247,9 @@ impl Inspection {
         });
         // Past the first 100 a node lists, at most as many hold on a
         // quorum as its quorum-th fullest node counts.
-        let mut counts: Vec<usize> = (self.nodes.iter())
+        let mut counts: Vec<usize> = self
+            .nodes
+            .iter()
             .filter_map(|v| match &v.holding {
                 Holding::Shared { kind: k, count, .. } if *k == kind => Some(*count),
                 _ => None,
@@ -292,7 +298,8 @@ impl Inspection {
         }
         let mut groups: Vec<_> = groups.into_iter().collect();
         groups.sort_unstable_by(|a, b| a.0 .1.cmp(b.0 .1));
-        (groups.into_iter())
+        groups
+            .into_iter()
             .map(|((kind, _), found)| (kind, found))
             .collect()
     }

@@ -216,7 +216,9 @@ pub(crate) struct Command {
 impl Command {
     /// `SET resource value NX PX ttl_ms`.
     pub(crate) fn acquire(resource: &str, value: &str, ttl_ms: u64) -> Command {
-        let (key, value, ttl) = (resource.as_bytes(), value.as_bytes(), ttl_ms.to_string());
+        let key = resource.as_bytes();
+        let value = value.as_bytes();
+        let ttl = ttl_ms.to_string();
         Command::packed(None, &[b"SET", key, value, b"NX", b"PX", ttl.as_bytes()])
     }
 
