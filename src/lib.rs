@@ -260,6 +260,7 @@ mod retry;
 mod round;
 mod setters;
 mod store;
+mod sync;
 mod time;
 mod token;
 mod wait;

@@ -16,7 +16,7 @@ mod shared;
 mod subscription;
 mod transport;
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::Value;
@@ -312,9 +312,4 @@ impl Drop for Turn<'_> {
         self.end_batch(Going::Leaving);
         self.let_go(Going::Leaving);
     }
-}
-
-/// Locks `mutex`, even if a thread panicked holding it.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

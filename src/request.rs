@@ -6,8 +6,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::kind::Kind;
-use crate::node::lock;
 use crate::setters::setters;
+use crate::sync::lock;
 
 /// How long a waiting call goes on trying.
 ///

@@ -31,7 +31,8 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::error::Failure;
-use crate::node::{lock, Listener, Message, Node, Sender};
+use crate::node::{Listener, Message, Node, Sender};
+use crate::sync::lock;
 use crate::time::random_below;
 
 /// How long a channel stays subscribed, and the line open, after the last

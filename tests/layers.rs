@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 /// The library's rooms, from the top down.
 const LIBRARY: &[&str] = &[
     "lib", "client", "request", "retry", "wait", "round", "node", "lock", "kind", "store", "event",
-    "token", "time", "setters", "error",
+    "token", "time", "setters", "sync", "error",
 ];
 
 /// The tool's rooms, from the top down.

@@ -31,9 +31,9 @@ use crate::error::{LockError, Loss, Report};
 use crate::event::What;
 use crate::kind::Kind;
 use crate::lock::{IntoResources, Lock};
-use crate::node::lock;
 use crate::request::{LockOptions, Patience};
 use crate::retry::Retries;
+use crate::sync::lock;
 use crate::time::{later, Ttl};
 use crate::token::Token;
 

@@ -22,7 +22,7 @@ use super::guard::Lease;
 use super::observe::caught;
 use super::{Inner, Redlock};
 use crate::lock::Lock;
-use crate::node::lock;
+use crate::sync::lock;
 
 /// How long the watchdog waits with no guard before it exits; the next
 /// guard starts it again.

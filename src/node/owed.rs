@@ -9,7 +9,7 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::lock;
+use crate::sync::lock;
 
 /// At most this many clean-ups are kept per node. Past it the oldest is
 /// dropped, and its key expires on its own.

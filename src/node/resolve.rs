@@ -12,8 +12,8 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::lock;
 use crate::error::{Failure, NodeError};
+use crate::sync::lock;
 
 /// What a lookup gives: the addresses, or why there are none.
 type Answer = io::Result<Vec<SocketAddr>>;

@@ -207,7 +207,7 @@ impl Connection {
 /// A node's shared connection: what its threads share, behind a mutex.
 impl Node {
     fn lock(&self) -> Guard<'_> {
-        super::lock(&self.link)
+        crate::sync::lock(&self.link)
     }
 
     /// Queues `cmd` on the connection. With [`Write::Now`], a script goes
